@@ -1,0 +1,107 @@
+"""Per-request memory flags: settings give the defaults, `X-Memory*` headers override them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+
+MAX_BUDGET = 100_000
+_ON_OFF = {"on": True, "off": False}
+
+
+class FlagError(ValueError):
+    """A header carried a value it cannot take."""
+
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What memory may do for one request."""
+
+    read: bool
+    write: bool
+    budget: int
+    scope: str
+    placement: str
+    dry_run: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether memory does anything at all for this request."""
+        return self.read or self.write or self.dry_run
+
+    @classmethod
+    def defaults(cls, settings: Settings) -> Flags:
+        """The flags a request without X-Memory* headers gets."""
+        return cls(
+            read=settings.memory and settings.memory_read,
+            write=settings.memory and settings.memory_write,
+            budget=settings.memory_budget,
+            scope=settings.memory_scope,
+            placement=settings.memory_placement,
+        )
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str], settings: Settings) -> Flags:
+        """Apply the request's X-Memory* headers to the defaults; raise FlagError."""
+        master = _on_off(headers, "x-memory")
+        read = _on_off(headers, "x-memory-read")
+        write = _on_off(headers, "x-memory-write")
+        dry_run = _on_off(headers, "x-memory-dry-run")
+        enabled = settings.memory if master is None else master
+        return cls(
+            read=enabled and (settings.memory_read if read is None else read),
+            write=enabled and (settings.memory_write if write is None else write),
+            budget=_budget(headers, settings.memory_budget),
+            scope=_choice(headers, "x-memory-scope", ("session", "user"), settings.memory_scope),
+            placement=_choice(
+                headers, "x-memory-placement", ("system", "last_user"), settings.memory_placement
+            ),
+            dry_run=bool(dry_run),
+        )
+
+
+def _on_off(headers: Mapping[str, str], name: str) -> bool | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    value = _ON_OFF.get(raw.strip().lower())
+    if value is None:
+        raise FlagError(_title(name), f"{_title(name)} must be 'on' or 'off', got {raw!r}")
+    return value
+
+
+def _budget(headers: Mapping[str, str], default: int) -> int:
+    raw = headers.get("x-memory-budget")
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not text.isdigit() or int(text) > MAX_BUDGET:
+        raise FlagError(
+            "X-Memory-Budget",
+            f"X-Memory-Budget must be an integer from 0 to {MAX_BUDGET}, got {raw!r}",
+        )
+    return int(text)
+
+
+def _choice(headers: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = headers.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise FlagError(
+            _title(name), f"{_title(name)} must be one of {', '.join(choices)}, got {raw!r}"
+        )
+    return value
+
+
+def _title(name: str) -> str:
+    return "-".join(part.capitalize() for part in name.split("-"))

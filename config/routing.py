@@ -1,0 +1,89 @@
+"""The model routing table and proxy keys, as parsed from settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where requests for a model go.
+
+    `match` is an exact model name, or a prefix when it ends in `*`. With `provider` set the
+    request goes through litellm as `<provider>/<model>`; otherwise `base_url` names an
+    OpenAI-compatible upstream and the body is relayed as sent.
+    """
+
+    match: str
+    base_url: str | None = None
+    api_key: str | None = None
+    provider: str | None = None
+
+    @property
+    def is_prefix(self) -> bool:
+        """True when `match` is a prefix pattern."""
+        return self.match.endswith("*")
+
+    def matches(self, model: str) -> bool:
+        """Whether this route serves `model`."""
+        if self.is_prefix:
+            return model.startswith(self.match[:-1])
+        return model == self.match
+
+    def __repr__(self) -> str:  # never print keys
+        return f"Route(match={self.match!r}, base_url={self.base_url!r}, provider={self.provider!r})"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A proxy key, optionally bound to one user id."""
+
+    key: str
+    user_id: str | None = None
+
+    def __repr__(self) -> str:  # never print keys
+        return f"ApiKey(user_id={self.user_id!r})"
+
+
+def parse_routes(value: Any) -> tuple[Route, ...]:
+    """Routes from a TOML `[[routes]]` array of tables."""
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError("must be an array of tables ([[routes]])")
+    routes = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ValueError(f"entry {i} must be a table")
+        unknown = set(item) - {"match", "base_url", "api_key", "provider"}
+        if unknown:
+            raise ValueError(f"entry {i} has unknown keys: {', '.join(sorted(unknown))}")
+        match = item.get("match")
+        if not isinstance(match, str) or not match:
+            raise ValueError(f"entry {i} needs a non-empty string `match`")
+        base_url, provider = item.get("base_url"), item.get("provider")
+        if base_url is None and provider is None:
+            raise ValueError(f"entry {i} ({match}) needs `base_url` or `provider`")
+        if base_url is not None and not str(base_url).startswith(("http://", "https://")):
+            raise ValueError(f"entry {i} ({match}): base_url must be an http(s) URL")
+        routes.append(Route(match, base_url, item.get("api_key"), provider))
+    # Exact names win over prefixes; longer prefixes win over shorter ones.
+    routes.sort(key=lambda r: (r.is_prefix, -len(r.match)))
+    return tuple(routes)
+
+
+def parse_api_keys(value: Any) -> tuple[ApiKey, ...]:
+    """Keys from `k1,k2:user` (env) or a TOML list of `key` / `key:user` strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, Sequence):
+        raise ValueError("must be a comma-separated list of key or key:user")
+    keys = []
+    for raw in items:
+        text = str(raw).strip()
+        if not text:
+            continue
+        key, _, user = text.partition(":")
+        if len(key) < 8:
+            raise ValueError("every key must be at least 8 characters")
+        keys.append(ApiKey(key, user or None))
+    return tuple(keys)

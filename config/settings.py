@@ -1,0 +1,303 @@
+"""One frozen, typed Settings object read once at start-up.
+
+Every field has a default and a help text. Values come from, in rising priority: the
+defaults below, an optional TOML file (`--config FILE` or `MEMPROXY_CONFIG`), and
+`MEMPROXY_<FIELD>` environment variables. A bad value fails at start-up with a
+`SettingsError` that names every bad setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from config.routing import ApiKey, Route, parse_api_keys, parse_routes
+
+ENV_PREFIX = "MEMPROXY_"
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; the message names each of them."""
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "memproxy"
+
+
+def _setting(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+def _setting_factory(factory: Any, help: str, **extra: Any) -> Any:
+    return field(default_factory=factory, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of memproxy's settings. Field `x` is read from `MEMPROXY_X`."""
+
+    # -- serving
+    host: str = _setting("127.0.0.1", "Address `memproxy serve` binds to.")
+    port: int = _setting(8080, "Port `memproxy serve` listens on.", min=1, max=65535)
+    log_level: str = _setting(
+        "info", "Log level: debug, info, warning or error.",
+        choices=("debug", "info", "warning", "error"),
+    )
+    max_body_bytes: int = _setting(
+        32 * 1024 * 1024, "Largest request body accepted, in bytes; larger bodies get 413.", min=1
+    )
+
+    # -- upstream
+    upstream_base_url: str = _setting(
+        "https://api.openai.com/v1", "Base URL of the default OpenAI-compatible upstream."
+    )
+    upstream_api_key: str | None = _setting(
+        None,
+        "API key sent to the default upstream. Unset: the client's own Authorization "
+        "header is forwarded (bring-your-own-key).",
+        secret=True,
+    )
+    upstream_timeout: float = _setting(
+        600.0, "Seconds to wait for the upstream's response headers and between body bytes.",
+        min=0.001,
+    )
+    upstream_connect_timeout: float = _setting(
+        10.0, "Seconds to wait for a TCP connection to the upstream.", min=0.001
+    )
+    upstream_max_connections: int = _setting(
+        512, "Most simultaneous connections to upstreams.", min=1
+    )
+    routes: tuple[Route, ...] = _setting_factory(
+        tuple,
+        "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
+        "ending in `*`, then `base_url` (+ `api_key`) for an OpenAI-compatible upstream or "
+        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`.",
+        env=False,
+    )
+
+    # -- access
+    api_keys: tuple[ApiKey, ...] = _setting_factory(
+        tuple,
+        "Proxy keys, comma-separated; `key:user` binds a key to a user id. When set, a "
+        "request without a valid key gets 401.",
+        secret=True,
+    )
+    admin_key: str | None = _setting(
+        None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
+    )
+
+    # -- storage
+    data_dir: Path = _setting_factory(
+        _default_data_dir, "Where the database and the vector index live."
+    )
+
+    # -- memory defaults (each overridable per request by an X-Memory* header)
+    memory: bool = _setting(True, "Master switch for memory (X-Memory).")
+    memory_read: bool = _setting(True, "Recall and inject memory (X-Memory-Read).")
+    memory_write: bool = _setting(True, "Log turns and learn from them (X-Memory-Write).")
+    memory_budget: int = _setting(
+        1000, "Token budget of the injected memory block (X-Memory-Budget).", min=0, max=100_000
+    )
+    memory_scope: str = _setting(
+        "user", "Widest scope recall may use: session or user (X-Memory-Scope).",
+        choices=("session", "user"),
+    )
+    memory_placement: str = _setting(
+        "system",
+        "Where the memory block goes: system (the system prompt) or last_user (a system "
+        "message right before the last user message; keeps the prefix cacheable) "
+        "(X-Memory-Placement).",
+        choices=("system", "last_user"),
+    )
+
+    # -- embeddings and indexing
+    embedding_model_dir: Path | None = _setting(
+        None,
+        "Folder of the all-MiniLM-L6-v2 ONNX model (holding onnx/). Unset: chromadb's "
+        "cache path, else a checked download where internet exists.",
+    )
+    embedding_backend: str = _setting(
+        "local",
+        "local (ONNX on this machine) or upstream (an OpenAI-compatible /embeddings endpoint).",
+        choices=("local", "upstream"),
+    )
+    embedding_upstream_model: str = _setting(
+        "text-embedding-3-small", "Model name used when embedding_backend is upstream."
+    )
+    embedding_threads: int = _setting(
+        1, "CPU threads the local embedding model may use.", min=1, max=64
+    )
+    chunk_max_tokens: int = _setting(
+        200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000
+    )
+
+    # -- recall and ranking
+    recall_candidates: int = _setting(
+        60, "Candidates taken from each of dense and lexical search before fusion.", min=1
+    )
+    weight_dense: float = _setting(1.0, "Fusion weight of dense (vector) similarity.", min=0.0)
+    weight_bm25: float = _setting(0.6, "Fusion weight of BM25 (lexical) relevance.", min=0.0)
+    weight_identifier: float = _setting(
+        0.5, "Fusion weight of an exact code-identifier match.", min=0.0
+    )
+    weight_recency: float = _setting(0.1, "Fusion weight of recency.", min=0.0)
+    weight_session: float = _setting(
+        0.1, "Boost for items from the request's own session.", min=0.0
+    )
+    recency_half_life_days: float = _setting(
+        30.0, "Age at which the recency signal halves, in days.", min=0.001
+    )
+
+    # -- background jobs and retention
+    job_concurrency: int = _setting(2, "Background jobs run at once.", min=1, max=64)
+    job_max_attempts: int = _setting(
+        5, "Attempts before a failing job goes to the dead letters.", min=1
+    )
+    job_backoff_seconds: float = _setting(
+        1.0, "First retry delay of a failed job; doubles each attempt.", min=0.0
+    )
+    metrics_retention_days: int = _setting(
+        30, "Days a per-request metrics row is kept.", min=1
+    )
+    shutdown_grace_seconds: float = _setting(
+        30.0, "On shutdown, seconds in-flight streams and jobs get to finish.", min=0.0
+    )
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite database file."""
+        return self.data_dir / "memproxy.db"
+
+    @property
+    def vectors_path(self) -> Path:
+        """The Chroma persistent directory."""
+        return self.data_dir / "vectors"
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed, each checked like a loaded value."""
+        fields = {f.name: f for f in setting_fields()}
+        errors = [f"{name}: unknown setting" for name in changes if name not in fields]
+        values = {}
+        for name, value in changes.items():
+            if name in fields:
+                try:
+                    values[name] = _convert(fields[name], value)
+                except (TypeError, ValueError) as exc:
+                    errors.append(f"{name}: {exc}")
+        if errors:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
+        return dataclasses.replace(self, **values)
+
+
+def setting_fields() -> list[dataclasses.Field[Any]]:
+    """Every setting, in declaration order."""
+    return list(dataclasses.fields(Settings))
+
+
+def env_name(name: str) -> str:
+    """The environment variable that sets field `name`."""
+    return ENV_PREFIX + name.upper()
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, config_file: Path | str | None = None
+) -> Settings:
+    """Read settings from a TOML file and `MEMPROXY_*` variables; raise SettingsError."""
+    env = os.environ if env is None else env
+    config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
+    raw: dict[str, Any] = {}
+    errors: list[str] = []
+    if config_file is not None:
+        raw.update(_read_toml(Path(config_file), errors))
+    for f in setting_fields():
+        if f.metadata.get("env", True) and env_name(f.name) in env:
+            raw[f.name] = env[env_name(f.name)]
+    known = {f.name for f in setting_fields()}
+    errors += [f"{key}: unknown setting" for key in raw if key not in known]
+    values: dict[str, Any] = {}
+    for f in setting_fields():
+        if f.name in raw:
+            try:
+                values[f.name] = _convert(f, raw[f.name])
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{_source(f.name, env)}: {exc}")
+    if errors:
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
+    return Settings(**values)
+
+
+def _source(name: str, env: Mapping[str, str]) -> str:
+    return env_name(name) if env_name(name) in env else name
+
+
+def _read_toml(path: Path, errors: list[str]) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        errors.append(f"MEMPROXY_CONFIG: cannot read {path}: {exc}")
+        return {}
+    # Settings may sit at the top level or under a [memproxy] table.
+    section = data.pop("memproxy", {})
+    return {**data, **section}
+
+
+def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    meta = f.metadata
+    if f.name == "routes":
+        return value if _all(value, Route) else parse_routes(value)
+    if f.name == "api_keys":
+        return value if _all(value, ApiKey) else parse_api_keys(value)
+    if kind == "bool":
+        result: Any = _to_bool(value)
+    elif kind == "int":
+        result = _to_number(value, int)
+    elif kind == "float":
+        result = _to_number(value, float)
+    elif kind in ("Path", "Path | None"):
+        result = None if value in (None, "") and "None" in kind else Path(str(value)).expanduser()
+    elif kind == "str | None":
+        result = None if value in (None, "") else str(value)
+    else:
+        result = str(value)
+    if "choices" in meta and str(result).lower() not in meta["choices"]:
+        raise ValueError(f"must be one of {', '.join(meta['choices'])}, got {value!r}")
+    if "choices" in meta:
+        result = str(result).lower()
+    if "min" in meta and result < meta["min"]:
+        raise ValueError(f"must be >= {meta['min']}, got {value!r}")
+    if "max" in meta and result > meta["max"]:
+        raise ValueError(f"must be <= {meta['max']}, got {value!r}")
+    if f.name == "upstream_base_url" and not str(result).startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {value!r}")
+    return result
+
+
+def _all(value: Any, kind: type) -> bool:
+    return isinstance(value, tuple) and all(isinstance(v, kind) for v in value)
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "on", "yes"):
+        return True
+    if text in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"must be on/off (or true/false), got {value!r}")
+
+
+def _to_number(value: Any, kind: type[int] | type[float]) -> int | float:
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None

@@ -1,0 +1,227 @@
+"""Local sentence embeddings: all-MiniLM-L6-v2 in ONNX, the model chromadb's default function uses.
+
+Vectors match chromadb's `ONNXMiniLM_L6_V2` (truncation to 256 tokens, attention-masked mean
+pooling, L2 normalisation), but each batch is padded only to its longest input instead of to
+256 tokens, which makes a one-sentence query roughly ten times cheaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from tokenizers import Encoding, Tokenizer
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+DIMENSION = 384
+MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model, as chromadb uses
+MODEL_FILES = (
+    "config.json",
+    "model.onnx",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+)
+# Same archive and checksum as chromadb's ONNXMiniLM_L6_V2 (onnx_mini_lm_l6_v2.py), so a
+# machine with internet ends up with exactly the files chromadb itself would download.
+ARCHIVE_URL = "https://chroma-onnx-models.s3.amazonaws.com/all-MiniLM-L6-v2/onnx.tar.gz"
+ARCHIVE_SHA256 = "913d7300ceae3b2dbc2c50d1de4baacab4be7b9380491c27fab7418616a16ec3"
+SETTING_NAME = "MEMPROXY_EMBEDDING_MODEL_DIR"
+
+Vectors = npt.NDArray[np.float32]
+
+
+class EmbeddingModelMissing(Exception):
+    """The embedding model files are not on this machine and could not be fetched."""
+
+
+def chroma_cache_dir() -> Path:
+    """Return chromadb's own cache folder for this model (it holds an `onnx/` folder)."""
+    return Path.home() / ".cache" / "chroma" / "onnx_models" / MODEL_NAME
+
+
+def onnx_dir(model_dir: Path) -> Path:
+    """Return the folder holding the model files, given it or its parent."""
+    nested = model_dir / "onnx"
+    return nested if nested.is_dir() else model_dir
+
+
+def missing_files(model_dir: Path) -> list[str]:
+    """Return the names of model files absent from `model_dir` (or its `onnx/`)."""
+    folder = onnx_dir(model_dir)
+    return [name for name in MODEL_FILES if not (folder / name).is_file()]
+
+
+def find_model_dir(configured: Path | None) -> Path:
+    """Return the folder holding the model: configured, chromadb's cache, or a fresh download."""
+    if configured is not None:
+        absent = missing_files(configured)
+        if absent:
+            raise EmbeddingModelMissing(
+                f"{SETTING_NAME}={configured} does not hold the {MODEL_NAME} ONNX model "
+                f"(missing: {', '.join(absent)})"
+            )
+        return onnx_dir(configured)
+    cache = chroma_cache_dir()
+    if not missing_files(cache):
+        return onnx_dir(cache)
+    download_model(cache)
+    return onnx_dir(cache)
+
+
+def download_model(cache: Path, *, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_SHA256) -> None:
+    """Fetch chromadb's model archive into `cache`, verify its checksum and unpack it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    # Everything lands in a scratch folder first and moves into place only once verified and
+    # complete, so an interrupted download never looks like a usable model on the next start.
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as scratch:
+        archive = Path(scratch) / "onnx.tar.gz"
+        with archive.open("wb") as out:
+            digest = _stream_to(url, out)
+        if digest != sha256:
+            raise EmbeddingModelMissing(
+                f"downloaded {url} has SHA256 {digest}, expected {sha256}; "
+                f"set {SETTING_NAME} to a folder holding the {MODEL_NAME} ONNX model"
+            )
+        with tarfile.open(archive, mode="r:gz") as tar:
+            tar.extractall(scratch, filter="data")
+        unpacked = Path(scratch) / "onnx"  # the archive holds one top-level onnx/ folder
+        absent = missing_files(unpacked)
+        if absent:
+            raise EmbeddingModelMissing(f"archive from {url} lacks {', '.join(absent)}")
+        target = cache / "onnx"
+        shutil.rmtree(target, ignore_errors=True)
+        unpacked.rename(target)
+
+
+def _stream_to(url: str, out: BinaryIO) -> str:
+    """Write the body at `url` to the binary file `out`; return its SHA256."""
+    digest = hashlib.sha256()
+    try:
+        with httpx.stream("GET", url, timeout=30.0, follow_redirects=True) as resp:
+            resp.raise_for_status()
+            for block in resp.iter_bytes():
+                digest.update(block)
+                out.write(block)
+    except httpx.HTTPError as exc:
+        raise EmbeddingModelMissing(
+            f"the {MODEL_NAME} embedding model is not on this machine and downloading it "
+            f"failed ({exc!r}); set {SETTING_NAME} to a folder holding its onnx/ files"
+        ) from exc
+    return digest.hexdigest()
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 sentence embeddings on the CPU through onnxruntime."""
+
+    def __init__(
+        self, model_dir: Path, *, batch_size: int = 32, threads: int | None = None
+    ) -> None:
+        folder = onnx_dir(model_dir)
+        absent = missing_files(folder)
+        if absent:
+            raise EmbeddingModelMissing(f"{folder} lacks {', '.join(absent)}")
+        self._batch_size = max(1, batch_size)
+        self._tokenizer = _load_tokenizer(folder / "tokenizer.json")
+        self._session = ort.InferenceSession(
+            str(folder / "model.onnx"),
+            sess_options=session_options(threads),
+            providers=["CPUExecutionProvider"],
+        )
+        self._inputs = {node.name for node in self._session.get_inputs()}
+        self._output = self._session.get_outputs()[0].name
+
+    @property
+    def dimension(self) -> int:
+        """Length of every vector this model returns."""
+        return DIMENSION
+
+    def embed_sync(self, texts: Sequence[str]) -> Vectors:
+        """Embed `texts` into unit vectors, shape (len(texts), 384), in input order."""
+        result = np.zeros((len(texts), DIMENSION), dtype=np.float32)
+        if not texts:
+            return result
+        encodings = self._tokenizer.encode_batch(list(texts))
+        # Sorting by length puts similar lengths in one batch, so padding stays small.
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        for start in range(0, len(order), self._batch_size):
+            picked = order[start : start + self._batch_size]
+            result[picked] = self._run([encodings[i] for i in picked])
+        return result
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed `texts` in a worker thread so the event loop keeps serving."""
+        return await asyncio.to_thread(self.embed_sync, list(texts))
+
+    def _run(self, batch: list[Encoding]) -> Vectors:
+        """Run the model on one batch of encodings; return pooled, normalised vectors."""
+        ids, mask = _pad(batch)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = np.asarray(self._session.run([self._output], feeds)[0], dtype=np.float32)
+        return _normalise(_mean_pool(hidden, mask))
+
+
+def session_options(threads: int | None) -> ort.SessionOptions:
+    """Return onnxruntime options suited to a small shared CPU box."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = max(1, threads)
+    # By default idle worker threads busy-wait for the next run, which on two cores steals
+    # CPU from the event loop, SQLite and Chroma between queries.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
+    """Load the tokenizer, truncating like chromadb and leaving padding to us."""
+    tokenizer = Tokenizer.from_file(str(path))
+    # tokenizer.json ships fixed padding to 128 and truncation at 128; chromadb overrides both.
+    tokenizer.enable_truncation(max_length=MAX_TOKENS)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def _pad(batch: list[Encoding]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Pad a batch to its longest encoding; return input ids and attention mask."""
+    width = max(len(encoding.ids) for encoding in batch)
+    ids = np.zeros((len(batch), width), dtype=np.int64)
+    mask = np.zeros((len(batch), width), dtype=np.int64)
+    for row, encoding in enumerate(batch):
+        ids[row, : len(encoding.ids)] = encoding.ids
+        mask[row, : len(encoding.attention_mask)] = encoding.attention_mask
+    return ids, mask
+
+
+def _mean_pool(hidden: Vectors, mask: npt.NDArray[np.int64]) -> Vectors:
+    """Average token vectors over real (unmasked) tokens."""
+    weights = mask[:, :, np.newaxis].astype(np.float32)
+    summed = (hidden * weights).sum(axis=1)
+    counts = np.clip(weights.sum(axis=1), 1e-9, None)
+    pooled: Vectors = (summed / counts).astype(np.float32)
+    return pooled
+
+
+def _normalise(vectors: Vectors) -> Vectors:
+    """Scale rows to unit length; zero rows stay zero (torch's epsilon, as chromadb does)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    norms[norms == 0] = 1e-12
+    unit: Vectors = (vectors / norms).astype(np.float32)
+    return unit

@@ -1,0 +1,276 @@
+"""The memory engine: remember turns, index them in the background, recall within a budget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from config import Settings
+from memory.chunking import chunk_text
+from memory.embeddings import LocalEmbedder, find_model_dir
+from memory.jobs import JobWorker
+from memory.messages import TURN_ROLES, last_user_text, turn_text
+from memory.query import build_query, identifiers, is_trivial
+from memory.ranking import Candidate, Weights, fuse
+from memory.render import Entry, pack
+from memory.store import NewTurn, RequestMetrics, Store
+from memory.tokens import count_tokens, ensure_offline_tiktoken
+from memory.vectors import VectorIndex
+
+INDEX_JOB = "index"
+CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
+
+
+class Embedder(Protocol):
+    """Anything that turns texts into unit vectors."""
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    """What recall needs to know about one chat request."""
+
+    user_id: str
+    session_id: str
+    messages: Sequence[Mapping[str, Any]]
+    model: str
+    budget: int
+    scope: str
+
+
+@dataclass(frozen=True)
+class RecalledItem:
+    """One injected item, with where it came from and why it ranked."""
+
+    source: str
+    id: str
+    turn_id: int
+    session_id: str
+    speaker: str
+    created_at: float
+    text: str
+    score: float
+    signals: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """The outcome of recall for one request."""
+
+    block: str = ""
+    items: list[RecalledItem] = field(default_factory=list)
+    tokens: int = 0
+    truncated: bool = False
+    candidates: int = 0
+    recall_ms: float = 0.0
+    embed_ms: float = 0.0
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view (dry runs and the search API)."""
+        return asdict(self)
+
+
+class MemoryEngine:
+    """Storage, vectors, embeddings and the job worker, behind recall and remember."""
+
+    def __init__(
+        self, settings: Settings, store: Store, vectors: VectorIndex, embedder: Embedder
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.vectors = vectors
+        self.embedder = embedder
+        self.weights = Weights(
+            settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
+            settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
+        )
+        self.worker = JobWorker(
+            store, {INDEX_JOB: self._index_job}, concurrency=settings.job_concurrency,
+            backoff_base=settings.job_backoff_seconds,
+        )
+
+    @classmethod
+    async def open(cls, settings: Settings, *, embedder: Embedder | None = None) -> MemoryEngine:
+        """Open the database, the vector index and the model, then start the worker."""
+        ensure_offline_tiktoken()
+        store = await Store.open(settings.db_path)
+        try:
+            vectors = await asyncio.to_thread(VectorIndex.open, settings.vectors_path)
+            if embedder is None:
+                model_dir = find_model_dir(settings.embedding_model_dir)
+                embedder = LocalEmbedder(model_dir, threads=settings.embedding_threads)
+        except BaseException:
+            await store.close()
+            raise
+        engine = cls(settings, store, vectors, embedder)
+        await engine.worker.start()
+        return engine
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop the worker (unfinished jobs stay queued), then close stores."""
+        await self.worker.stop(timeout)
+        await asyncio.to_thread(self.vectors.close)
+        await self.store.close()
+
+    async def health(self) -> dict[str, str]:
+        """Each dependency's state: "ok" or the error it raised."""
+        probes = {
+            "database": self.store.check(),
+            "vectors": asyncio.to_thread(self.vectors.count),
+            "embeddings": self.embedder.embed(["ready?"]),
+        }
+        parts = {}
+        for name, probe in probes.items():
+            try:
+                await probe
+                parts[name] = "ok"
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
+        return parts
+
+    # -- remember
+
+    async def remember_request(
+        self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
+        model: str, request_id: str,
+    ) -> int | None:
+        """Store the request's turns (each once, however often resent); return the last id."""
+        now = time.time()
+        turns = [
+            NewTurn(
+                role=m["role"], content=text, name=m.get("name"), created_at=now, model=model,
+                tokens=count_tokens(text, model), request_id=request_id,
+            )
+            for m in messages
+            if m.get("role") in TURN_ROLES and (text := turn_text(m))
+        ]
+        if not turns:
+            return None
+        result = await self.store.append_turns(user_id, session_id, turns, job_kind=INDEX_JOB)
+        if result.new_ids:
+            self.worker.notify()
+        return result.last_id
+
+    async def remember_reply(
+        self, user_id: str, session_id: str, after: int | None, text: str, *,
+        model: str, request_id: str, incomplete: bool,
+    ) -> None:
+        """Store the assistant's reply after the turn it answers."""
+        turn = NewTurn(
+            role="assistant", content=text, created_at=time.time(), model=model,
+            tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
+        )
+        result = await self.store.append_turns(
+            user_id, session_id, [turn], after=after, job_kind=INDEX_JOB
+        )
+        if result.new_ids:
+            self.worker.notify()
+
+    async def record(self, row: RequestMetrics) -> None:
+        """Keep one per-request metrics row."""
+        await self.store.record_request_metrics(row)
+
+    async def _index_job(self, payload: dict[str, Any]) -> None:
+        turns = await self.store.get_turns(payload["turn_ids"])
+        ids: list[str] = []
+        texts: list[str] = []
+        metas: list[dict[str, str | int | float | bool]] = []
+        for turn in turns:
+            chunks = chunk_text(
+                turn.content, max_tokens=self.settings.chunk_max_tokens,
+                count=lambda t: count_tokens(t, CHUNK_COUNT_MODEL),
+            )
+            chunk_ids = await self.store.add_chunks(
+                turn.id, [(c.ordinal, c.kind, c.text, c.tokens) for c in chunks]
+            )
+            speaker = turn.name or turn.role
+            for chunk, chunk_id in zip(chunks, chunk_ids, strict=True):
+                ids.append(f"c{chunk_id}")
+                texts.append(f"{speaker}: {chunk.text}")
+                metas.append({
+                    "user_id": turn.user_id, "session_id": turn.session_id,
+                    "turn_id": turn.id, "source": "turn", "created_at": turn.created_at,
+                })
+        if ids:
+            vectors = await self.embedder.embed(texts)
+            await asyncio.to_thread(self.vectors.add, ids, vectors, metas)
+
+    # -- recall
+
+    async def recall(self, request: RecallRequest) -> Recalled:
+        """Find, rank and pack what this request should be reminded of."""
+        started = time.perf_counter()
+        query = build_query(request.messages)
+        if not query or is_trivial(last_user_text(request.messages)):
+            return Recalled(skipped="trivial", recall_ms=_ms(started))
+        session = request.session_id if request.scope == "session" else None
+        k = self.settings.recall_candidates
+        (dense, embed_ms), lexical = await asyncio.gather(
+            self._dense(request.user_id, session, query, k),
+            self.store.fts_search(request.user_id, query, k=k, session_id=session),
+        )
+        candidates = await self._candidates(request, dense, lexical)
+        ranked = fuse(
+            candidates, self.weights, session_id=request.session_id,
+            query_identifiers=identifiers(query), now=time.time(),
+        )
+        packed = pack(
+            [Entry(c.speaker, c.created_at, c.text) for c in ranked],
+            request.budget, lambda t: count_tokens(t, request.model),
+        )
+        items = [_item(ranked[i]) for i in packed.included]
+        return Recalled(
+            packed.block, items, packed.tokens, packed.truncated, len(ranked),
+            _ms(started), embed_ms,
+        )
+
+    async def _dense(
+        self, user_id: str, session_id: str | None, query: str, k: int
+    ) -> tuple[list[tuple[str, float]], float]:
+        started = time.perf_counter()
+        vector = (await self.embedder.embed([query]))[0]
+        embed_ms = _ms(started)
+        where = {"user_id": user_id} if session_id is None else {
+            "user_id": user_id, "session_id": session_id,
+        }
+        hits = await asyncio.to_thread(self.vectors.query, vector, k=k, where=where)
+        return hits, embed_ms
+
+    async def _candidates(
+        self, request: RecallRequest, dense: list[tuple[str, float]], lexical: list[tuple[int, float]]
+    ) -> dict[str, Candidate]:
+        scores: dict[int, list[float]] = {}
+        for key, similarity in dense:
+            scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
+        for chunk_id, bm25 in lexical:
+            scores.setdefault(chunk_id, [0.0, 0.0])[1] = bm25
+        rows = await self.store.get_chunks(list(scores))
+        present = "\n".join(turn_text(m) for m in request.messages)
+        candidates: dict[str, Candidate] = {}
+        for row in rows:
+            if row.user_id != request.user_id or row.text.strip() in present:
+                continue  # already in the prompt (or, defensively, not this user's)
+            dense_score, bm25 = scores[row.id]
+            candidates[f"c{row.id}"] = Candidate(
+                f"c{row.id}", row.session_id, row.created_at, row.text,
+                speaker=row.name or row.role, turn_id=row.turn_id, dense=dense_score, bm25=bm25,
+            )
+        return candidates
+
+
+def _item(c: Candidate) -> RecalledItem:
+    return RecalledItem(
+        "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
+        c.signals,
+    )
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

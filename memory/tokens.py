@@ -1,0 +1,71 @@
+"""Token counting with tiktoken, per target model, without touching the network."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import tiktoken
+
+DEFAULT_ENCODING = "cl100k_base"
+# Families that use o200k_base, matched after provider prefixes are stripped; tiktoken's own
+# table lags new model names (e.g. it has no "o3-pro" or "gpt-4.1-nano" before its release).
+_O200K_MODEL = re.compile(r"^(?:ft:)?(?:chatgpt-4o|gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|o1|o3|o4)\b")
+# Encodings whose BPE files litellm bundles (o200k_harmony derives from o200k_base). Any other
+# encoding tiktoken names (r50k_base, gpt2) would be downloaded, so it falls back instead.
+_OFFLINE_ENCODINGS = frozenset(
+    {"cl100k_base", "o200k_base", "o200k_harmony", "p50k_base", "p50k_edit"}
+)
+
+
+def ensure_offline_tiktoken() -> None:
+    """Point tiktoken at litellm's bundled encodings unless TIKTOKEN_CACHE_DIR is already set."""
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return
+    folder = litellm_tokenizers_dir()
+    if folder is not None:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
+
+
+def litellm_tokenizers_dir() -> Path | None:
+    """Return litellm's folder of tiktoken cache files, found without importing litellm."""
+    # Importing litellm takes seconds (and fetches a price map unless told not to), so locate
+    # the installed package from its spec instead.
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+    return folder if folder.is_dir() else None
+
+
+def encoding_name_for_model(model: str) -> str:
+    """Return the tiktoken encoding name to count tokens for `model`."""
+    name = _bare_model_name(model)
+    if _O200K_MODEL.match(name):
+        return "o200k_base"
+    try:
+        known = tiktoken.encoding_name_for_model(name)
+    except KeyError:
+        return DEFAULT_ENCODING
+    return known if known in _OFFLINE_ENCODINGS else DEFAULT_ENCODING
+
+
+@functools.lru_cache(maxsize=256)
+def encoding_for_model(model: str) -> tiktoken.Encoding:
+    """Return the (cached) tiktoken encoding for `model`."""
+    ensure_offline_tiktoken()
+    return tiktoken.get_encoding(encoding_name_for_model(model))
+
+
+def count_tokens(text: str, model: str) -> int:
+    """Count the tokens of `text` as `model` would see them."""
+    # disallowed_special=() counts "<|endoftext|>" typed by a user as text instead of raising.
+    return len(encoding_for_model(model).encode(text, disallowed_special=()))
+
+
+def _bare_model_name(model: str) -> str:
+    """Strip provider prefixes ("openai/", "azure/gpt-4o") and normalise case."""
+    return model.strip().lower().rsplit("/", 1)[-1]

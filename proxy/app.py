@@ -1,0 +1,98 @@
+"""The app factory: routes, error handlers and a lifespan that owns every resource."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from config import Settings
+from memory.engine import MemoryEngine
+from proxy.chat import chat_completions
+from proxy.errors import (
+    ProxyError,
+    handle_http_exception,
+    handle_proxy_error,
+    handle_unexpected,
+)
+from proxy.logs import configure_logging, get_logger
+from proxy.metrics import Metrics, metrics_endpoint
+from proxy.passthrough import passthrough
+from proxy.state import AppState
+from proxy.upstream import Upstream
+
+log = get_logger("app")
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def create_app(
+    settings: Settings, *, upstream: Upstream | None = None, memory: MemoryEngine | None = None,
+    with_memory: bool = True,
+) -> Starlette:
+    """Build the memproxy ASGI app; nothing is opened until the lifespan starts."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        configure_logging(settings.log_level)
+        state = AppState(settings, upstream or Upstream(settings), Metrics())
+        app.state.memproxy = state
+        try:
+            if memory is not None:
+                state.memory = memory
+            elif with_memory:
+                state.memory = await MemoryEngine.open(settings)
+            app.state.ready = True
+            log.info("memproxy ready", extra={
+                "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
+                "memory": state.memory is not None,
+            })
+            yield
+        finally:
+            app.state.ready = False
+            await state.drain(settings.shutdown_grace_seconds)
+            if state.memory is not None and memory is None:
+                await state.memory.close(settings.shutdown_grace_seconds)
+            if upstream is None:
+                await state.upstream.aclose()
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/{path:path}", passthrough, methods=METHODS),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ProxyError: handle_proxy_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
+    )
+    app.state.ready = False
+    return app
+
+
+async def healthz(request: Request) -> Response:
+    """200 while the process serves."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """200 once every dependency is open and answering, else 503 naming the failing parts."""
+    state: AppState | None = getattr(request.app.state, "memproxy", None)
+    if state is None or not request.app.state.ready:
+        return JSONResponse({"status": "starting"}, status_code=503)
+    parts: dict[str, str] = {"upstream_client": "ok" if not state.upstream.client.is_closed else "closed"}
+    if state.memory is not None:
+        parts.update(await state.memory.health())
+    ok = all(value == "ok" for value in parts.values())
+    return JSONResponse({"status": "ok" if ok else "degraded", "parts": parts},
+                        status_code=200 if ok else 503)

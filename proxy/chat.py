@@ -1,0 +1,176 @@
+"""POST /v1/chat/completions: recall, inject, forward, relay, remember."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from config import Flags
+from config.flags import FlagError
+from memory.engine import Recalled
+from memory.inject import inject
+from proxy.chat_body import parse_chat_body
+from proxy.errors import InvalidHeader, ProxyError
+from proxy.identity import Identity, authenticate, resolve_session, resolve_user
+from proxy.memory_step import MemoryStep
+from proxy.relay import RelayResponse, StreamOutcome
+from proxy.requests import read_body
+from proxy.sse import ChatReplyTee, reply_text
+from proxy.state import AppState
+from proxy.upstream import (
+    Target,
+    forward_headers,
+    map_transport_error,
+    raise_for_status,
+    read_body as read_upstream_body,
+    relay_headers,
+    url_for,
+)
+
+ROUTE = "chat"
+
+
+@dataclass
+class ChatCall:
+    """Everything one chat request carries through its steps."""
+
+    body: dict[str, Any]
+    raw: bytes
+    identity: Identity
+    flags: Flags
+    target: Target
+    request_id: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def chat_completions(request: Request) -> Response:
+    """Handle one chat completion, streamed or not."""
+    state: AppState = request.app.state.memproxy
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await _handle(request, state)
+        status = getattr(response, "status", getattr(response, "status_code", 200))
+        return response  # type: ignore[no-any-return]
+    except ProxyError as exc:
+        status = exc.status
+        if exc.status >= 500:
+            state.metrics.upstream_errors.labels(exc.code or "error").inc()
+        raise
+    finally:
+        state.metrics.observe(ROUTE, status, time.perf_counter() - started)
+
+
+async def _handle(request: Request, state: AppState) -> Response | RelayResponse:
+    settings = state.settings
+    raw = await read_body(request, settings.max_body_bytes)
+    body = parse_chat_body(raw)
+    key = authenticate(request.headers, settings.api_keys)
+    try:
+        flags = Flags.from_headers(request.headers, settings)
+    except FlagError as exc:
+        raise InvalidHeader(exc.header, str(exc)) from None
+    user_id = resolve_user(request.headers, body, key)
+    identity = Identity(user_id, resolve_session(request.headers, user_id, body["messages"]))
+    call = ChatCall(
+        body, raw, identity, flags, state.upstream.target_for(body["model"]),
+        request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
+    )
+    call.headers["X-Memory-Session-Id"] = identity.session_id
+    step = MemoryStep(state, call.identity, call.flags, call.request_id, body)
+    recalled = await step.recall()
+    if flags.dry_run:
+        return _dry_run(call, recalled, step)
+    payload = raw
+    if recalled is not None and recalled.items:
+        messages = inject(body["messages"], recalled.block, flags.placement)
+        payload = orjson.dumps({**body, "messages": messages})
+    step.start_remembering()
+    call.headers.update(step.headers())
+    if call.target.via_litellm:
+        from proxy.litellm_adapter import forward_litellm
+
+        return await forward_litellm(state, call, orjson.loads(payload), step)
+    return await _forward(request, state, call, payload, step)
+
+
+async def _forward(
+    request: Request, state: AppState, call: ChatCall, payload: bytes, step: MemoryStep
+) -> Response | RelayResponse:
+    headers = forward_headers(
+        request.headers.items(), call.target,
+        strip_auth=bool(state.settings.api_keys), identity_encoding=True,
+    )
+    upstream = await state.upstream.open(
+        "POST", url_for(call.target, "/v1/chat/completions"), headers, payload
+    )
+    try:
+        await raise_for_status(upstream)
+    except ProxyError:
+        step.remember_reply(None, incomplete=True)
+        raise
+    out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers}
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        return _relay_stream(state, upstream, out_headers, step)
+    try:
+        content = await read_upstream_body(upstream)
+    except ProxyError:
+        step.remember_reply(None, incomplete=True)
+        raise
+    finally:
+        await upstream.aclose()
+    step.remember_reply(_reply_from_json(content), incomplete=False)
+    return Response(content, upstream.status_code, out_headers)
+
+
+def _relay_stream(
+    state: AppState, upstream: Any, headers: dict[str, str], step: MemoryStep
+) -> RelayResponse:
+    tee = ChatReplyTee() if step.writing else None
+
+    async def chunks() -> Any:
+        async for chunk in upstream.aiter_raw():
+            if tee is not None:
+                tee.feed(chunk)
+            yield chunk
+
+    def done(outcome: StreamOutcome) -> None:
+        state.metrics.inflight_streams.dec()
+        if outcome.error is not None:
+            state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
+        if tee is not None:
+            step.remember_reply(tee.text, incomplete=not (outcome.completed and tee.finished))
+
+    state.metrics.inflight_streams.inc()
+    return RelayResponse(
+        chunks(), status=upstream.status_code, headers=headers, close=upstream.aclose,
+        on_error=map_transport_error, on_done=done,
+    )
+
+
+def _reply_from_json(content: bytes) -> str | None:
+    try:
+        completion = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    return reply_text(completion) if isinstance(completion, dict) else None
+
+
+def _dry_run(call: ChatCall, recalled: Recalled | None, step: MemoryStep) -> Response:
+    payload = {
+        "object": "memory.dry_run",
+        "user_id": call.identity.user_id,
+        "session_id": call.identity.session_id,
+        "placement": call.flags.placement,
+        "budget": call.flags.budget,
+        **(recalled.as_dict() if recalled is not None else {"block": "", "items": [], "tokens": 0}),
+        "errors": step.errors,
+    }
+    return Response(orjson.dumps(payload), 200, {**call.headers, **step.headers()},
+                    media_type="application/json")

@@ -1,0 +1,130 @@
+"""Memory around one chat request: recall before forwarding, remember after the reply.
+
+Memory never breaks the chat: every failure here is caught, counted, and reported in the
+`X-Memory-Error` response header while the request goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from config import Flags
+from memory.engine import RecallRequest, Recalled
+from memory.store import RequestMetrics
+from proxy.identity import Identity
+from proxy.logs import get_logger
+from proxy.state import AppState
+
+log = get_logger("memory")
+
+
+class MemoryStep:
+    """The recall and remember steps of one chat request."""
+
+    def __init__(
+        self, state: AppState, identity: Identity, flags: Flags, request_id: str,
+        body: dict[str, Any],
+    ) -> None:
+        self.state = state
+        self.identity = identity
+        self.flags = flags
+        self.request_id = request_id
+        self.body = body
+        self.model: str = body["model"]
+        self.errors: list[str] = []
+        self.recalled: Recalled | None = None
+        self._stored: asyncio.Task[int | None] | None = None
+
+    @property
+    def writing(self) -> bool:
+        """Whether this request's turns are remembered."""
+        return self.flags.write and not self.flags.dry_run and self.state.memory is not None
+
+    async def recall(self) -> Recalled | None:
+        """Recalled memory for this request, or None when reading is off or failed."""
+        memory = self.state.memory
+        if memory is None or not (self.flags.read or self.flags.dry_run):
+            return None
+        started = time.perf_counter()
+        try:
+            self.recalled = await memory.recall(RecallRequest(
+                self.identity.user_id, self.identity.session_id, self.body["messages"],
+                self.model, self.flags.budget, self.flags.scope,
+            ))
+        except Exception as exc:  # noqa: BLE001 - memory must never break the chat
+            self._failed("recall", exc)
+        self.state.metrics.recall_latency.observe(time.perf_counter() - started)
+        if self.recalled is not None:
+            self.state.metrics.injected_tokens.observe(self.recalled.tokens)
+        return self.recalled
+
+    def start_remembering(self) -> None:
+        """Store the request's turns in the background, alongside forwarding."""
+        memory = self.state.memory
+        if memory is None or not self.writing:
+            return
+        self._stored = self.state.spawn(memory.remember_request(
+            self.identity.user_id, self.identity.session_id, self.body["messages"],
+            model=self.model, request_id=self.request_id,
+        ))
+
+    def remember_reply(self, text: str | None, *, incomplete: bool) -> None:
+        """Store the assistant's reply once the request's turns are in, then the metrics row."""
+        if self.state.memory is None or not self.flags.active:
+            return
+        self.state.spawn(self._after_reply(text, incomplete))
+
+    async def _after_reply(self, text: str | None, incomplete: bool) -> None:
+        memory = self.state.memory
+        assert memory is not None
+        try:
+            after = await self._stored if self._stored is not None else None
+            if self._stored is not None and text:
+                await memory.remember_reply(
+                    self.identity.user_id, self.identity.session_id, after, text,
+                    model=self.model, request_id=self.request_id, incomplete=incomplete,
+                )
+        except Exception as exc:  # noqa: BLE001 - the reply already went out
+            self._failed("remember", exc)
+        try:
+            await memory.record(self._metrics_row())
+        except Exception as exc:  # noqa: BLE001
+            self._failed("metrics", exc)
+
+    def headers(self) -> dict[str, str]:
+        """X-Memory-* response headers describing what memory did."""
+        headers: dict[str, str] = {}
+        if self.recalled is not None:
+            headers["X-Memory-Injected-Tokens"] = str(self.recalled.tokens)
+            headers["X-Memory-Items"] = str(len(self.recalled.items))
+            headers["X-Memory-Recall-Ms"] = f"{self.recalled.recall_ms:.1f}"
+        if self._stored is not None and self._stored.done() and self._stored.exception():
+            self._failed("remember", self._stored.exception())  # type: ignore[arg-type]
+        if self.errors:
+            headers["X-Memory-Error"] = "; ".join(self.errors)[:500]
+        return headers
+
+    def _failed(self, stage: str, exc: BaseException) -> None:
+        reason = f"{stage}: {type(exc).__name__}"
+        if reason not in self.errors:
+            self.errors.append(reason)
+            self.state.metrics.memory_errors.labels(stage).inc()
+            log.warning("memory degraded", extra={
+                "stage": stage, "error": type(exc).__name__, "detail": str(exc)[:200],
+                "request_id": self.request_id,
+            })
+
+    def _metrics_row(self) -> RequestMetrics:
+        recalled = self.recalled
+        return RequestMetrics(
+            created_at=time.time(), user_id=self.identity.user_id,
+            session_id=self.identity.session_id, request_id=self.request_id, model=self.model,
+            items={"turn": len(recalled.items)} if recalled else {},
+            injected_tokens=recalled.tokens if recalled else 0,
+            truncated=bool(recalled and recalled.truncated),
+            recall_ms=recalled.recall_ms if recalled else None,
+            embed_ms=recalled.embed_ms if recalled else None,
+            error="; ".join(self.errors) or None,
+        )

@@ -1,0 +1,56 @@
+"""Prometheus metrics, one registry per app (no module globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The counters and histograms memproxy exports at /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "memproxy_requests", "Requests handled, by route and status.",
+            ["route", "status"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "memproxy_request_seconds",
+            "Time to response headers (streams: to the first byte), by route.",
+            ["route"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "memproxy_upstream_errors", "Upstream failures, by kind.",
+            ["kind"], registry=self.registry,
+        )
+        self.inflight_streams = Gauge(
+            "memproxy_inflight_streams", "Streams being relayed now.", registry=self.registry
+        )
+        self.recall_latency = Histogram(
+            "memproxy_recall_seconds", "Memory recall time per request.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.injected_tokens = Histogram(
+            "memproxy_injected_tokens", "Tokens injected per request.",
+            buckets=(0, 50, 100, 250, 500, 1000, 2000, 4000, 8000), registry=self.registry,
+        )
+        self.memory_errors = Counter(
+            "memproxy_memory_errors", "Memory failures the chat went through despite.",
+            ["stage"], registry=self.registry,
+        )
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Count one request."""
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """GET /metrics in Prometheus' text format."""
+    metrics: Metrics = request.app.state.metrics
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

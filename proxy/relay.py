@@ -1,0 +1,91 @@
+"""The streaming response: relay upstream bytes as they arrive, untouched.
+
+Once the first byte went out the status can no longer change, so a failure after that is
+one SSE `error` event and the end of the stream. A client that disconnects cancels the
+upstream request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import ProxyError, sse_error_event
+
+
+@dataclass
+class StreamOutcome:
+    """How a relayed stream ended."""
+
+    completed: bool = False
+    client_disconnected: bool = False
+    error: ProxyError | None = None
+
+
+class RelayResponse:
+    """An ASGI response that copies an async byte iterator to the client."""
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        *,
+        status: int,
+        headers: dict[str, str],
+        close: Callable[[], Awaitable[None]],
+        on_error: Callable[[Exception], ProxyError] | None = None,
+        on_done: Callable[[StreamOutcome], None] | None = None,
+        sse: bool = True,
+    ) -> None:
+        self.body = body
+        self.status = status
+        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.close = close
+        self.on_error = on_error
+        self.on_done = on_done
+        self.sse = sse
+        self.outcome = StreamOutcome()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+                await self._relay(send)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close()
+            if self.on_done is not None:
+                self.on_done(self.outcome)
+
+    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.outcome.client_disconnected = True
+                scope.cancel()
+                return
+
+    async def _relay(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        try:
+            async for chunk in self.body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError:
+            self.outcome.client_disconnected = True
+            return
+        except Exception as exc:  # noqa: BLE001 - any upstream failure becomes one error event
+            if self.on_error is None:
+                raise
+            self.outcome.error = self.on_error(exc)
+            if not self.sse:
+                raise  # a plain body cannot carry an error: abort the connection instead
+            await send({
+                "type": "http.response.body", "body": sse_error_event(self.outcome.error),
+                "more_body": True,
+            })
+        else:
+            self.outcome.completed = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

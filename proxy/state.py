@@ -1,0 +1,36 @@
+"""The typed state the lifespan builds and every handler reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from config import Settings
+from memory.engine import MemoryEngine
+from proxy.metrics import Metrics
+from proxy.upstream import Upstream
+
+
+@dataclass
+class AppState:
+    """Resources owned by the app's lifespan."""
+
+    settings: Settings
+    upstream: Upstream
+    metrics: Metrics
+    memory: MemoryEngine | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run work after the response; kept referenced until done, awaited at shutdown."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for background work to finish, up to `timeout` seconds."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=timeout)

@@ -1,0 +1,161 @@
+"""Forwarding to upstreams: pick a route for a model, relay bytes with httpx.
+
+OpenAI-compatible upstreams get the request body as sent and their response bytes come
+back untouched. Providers that are not OpenAI-compatible go through litellm
+(`proxy.litellm_adapter`), which is only imported when a route needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from config import Route, Settings
+from proxy.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
+
+# RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones httpx or the server recompute.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length",
+})
+# Credentials the client sent to memproxy itself when proxy keys are on.
+PROXY_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+MAX_ERROR_BODY = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one request goes and with which credentials."""
+
+    base_url: str
+    api_key: str | None
+    provider: str | None = None  # set: translate through litellm
+
+    @property
+    def via_litellm(self) -> bool:
+        """Whether this target speaks a non-OpenAI protocol."""
+        return self.provider is not None
+
+
+class Upstream:
+    """The shared HTTP client and the routing table."""
+
+    def __init__(self, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None):
+        self.settings = settings
+        self.default = Target(settings.upstream_base_url.rstrip("/"), settings.upstream_api_key)
+        timeout = httpx.Timeout(settings.upstream_timeout, connect=settings.upstream_connect_timeout)
+        limits = httpx.Limits(
+            max_connections=settings.upstream_max_connections,
+            max_keepalive_connections=min(settings.upstream_max_connections, 128),
+        )
+        self.client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, transport=transport, follow_redirects=False
+        )
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self.client.aclose()
+
+    def target_for(self, model: str | None) -> Target:
+        """The route serving `model` (exact names first, then the longest prefix)."""
+        if model:
+            for route in self.settings.routes:
+                if route.matches(model):
+                    return _target(route, self.default)
+        return self.default
+
+    async def open(
+        self, method: str, url: str, headers: list[tuple[str, str]], content: bytes | AsyncIterator[bytes]
+    ) -> httpx.Response:
+        """Send a request and return the response with its body still unread."""
+        request = self.client.build_request(method, url, headers=headers, content=content)
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"upstream timed out: {_describe(exc)}") from None
+        except httpx.TransportError as exc:
+            raise UpstreamUnreachable(f"upstream unreachable: {_describe(exc)}") from None
+
+
+async def raise_for_status(response: httpx.Response) -> None:
+    """Turn an upstream error status into UpstreamStatus, keeping its body."""
+    if response.status_code < 400:
+        return
+    try:
+        body = await read_body(response, limit=MAX_ERROR_BODY)
+    finally:
+        await response.aclose()
+    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()))
+
+
+async def read_body(response: httpx.Response, *, limit: int | None = None) -> bytes:
+    """Read a whole response body, mapping transport failures to our errors."""
+    try:
+        parts = []
+        size = 0
+        async for part in response.aiter_raw():
+            parts.append(part)
+            size += len(part)
+            if limit is not None and size >= limit:
+                break
+        return b"".join(parts)
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"upstream timed out: {_describe(exc)}") from None
+    except httpx.TransportError as exc:
+        raise UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}") from None
+
+
+def forward_headers(
+    incoming: Iterable[tuple[str, str]], target: Target, *, strip_auth: bool, identity_encoding: bool
+) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop and memproxy's own, with the target's key."""
+    out = []
+    for name, value in incoming:
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower.startswith("x-memory"):
+            continue
+        if lower in PROXY_AUTH_HEADERS and (strip_auth or target.api_key):
+            continue
+        if identity_encoding and lower == "accept-encoding":
+            continue
+        out.append((name, value))
+    if target.api_key:
+        out.append(("authorization", f"Bearer {target.api_key}"))
+    if identity_encoding:
+        # Chat replies are read by memproxy (to remember them), so ask for plain bytes.
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def relay_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The upstream's response headers that go back to the client."""
+    return {name: value for name, value in headers if name.lower() not in HOP_BY_HOP}
+
+
+def url_for(target: Target, path: str, query: str = "") -> str:
+    """The upstream URL for a `/v1/...` path (the base URL already ends in its version)."""
+    suffix = path[3:] if path.startswith("/v1/") else path
+    return f"{target.base_url}{suffix}" + (f"?{query}" if query else "")
+
+
+def map_transport_error(exc: Exception) -> ProxyError:
+    """An httpx failure during a body read, as our error."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"upstream timed out: {_describe(exc)}")
+    return UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}")
+
+
+def _target(route: Route, default: Target) -> Target:
+    base = (route.base_url or default.base_url).rstrip("/")
+    return Target(base, route.api_key if route.api_key is not None else None, route.provider)
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def header_map(headers: Mapping[str, str]) -> dict[str, str]:
+    """Lower-cased header dict (Starlette's Headers are already case-insensitive)."""
+    return {k.lower(): v for k, v in headers.items()}

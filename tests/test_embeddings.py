@@ -1,0 +1,223 @@
+"""Local embeddings: same vectors as chromadb's default function, cheaper padding, offline."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chromadb.utils.embedding_functions.onnx_mini_lm_l6_v2 import ONNXMiniLM_L6_V2
+from tokenizers import Tokenizer
+
+from memory.embeddings import (
+    DIMENSION,
+    MODEL_FILES,
+    EmbeddingModelMissing,
+    LocalEmbedder,
+    download_model,
+    find_model_dir,
+)
+
+SHARED_MODEL = Path(__file__).parents[1].parent / "shared/models/all-MiniLM-L6-v2"
+
+TEXTS = [
+    "hi",
+    "",
+    "The user prefers TypeScript for new projects and uses pnpm.",
+    "Ünïcödé, 日本語のテキスト and an emoji 🚀 in one line.",
+    "def add(a: int, b: int) -> int:\n    return a + b\n",
+    " ".join(f"sentence {i} talks about memory, recall and budgets." for i in range(80)),
+    "A medium paragraph. " * 12,
+]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> LocalEmbedder:
+    return LocalEmbedder(SHARED_MODEL, threads=2)
+
+
+@pytest.fixture(scope="module")
+def chroma_function() -> ONNXMiniLM_L6_V2:
+    function = ONNXMiniLM_L6_V2(preferred_providers=["CPUExecutionProvider"])
+    # The class looks for <DOWNLOAD_PATH>/onnx/*; pointing the instance at the shared model
+    # makes it skip its download entirely.
+    function.DOWNLOAD_PATH = SHARED_MODEL  # type: ignore[misc]
+    return function
+
+
+def test_matches_chromadb_default_function(
+    embedder: LocalEmbedder, chroma_function: ONNXMiniLM_L6_V2
+) -> None:
+    untruncated = Tokenizer.from_file(str(SHARED_MODEL / "onnx/tokenizer.json"))
+    untruncated.no_truncation()
+    untruncated.no_padding()
+    assert len(untruncated.encode(TEXTS[5]).ids) > 256  # exercises truncation
+
+    ours = embedder.embed_sync(TEXTS)
+    theirs = np.asarray(chroma_function(TEXTS), dtype=np.float32)
+
+    assert ours.dtype == np.float32
+    assert ours.shape == (len(TEXTS), DIMENSION)
+    assert float(np.abs(ours - theirs).max()) < 1e-5
+    assert float((ours * theirs).sum(axis=1).min()) > 0.99999
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_batching_preserves_order(embedder: LocalEmbedder) -> None:
+    one_by_one = np.stack([embedder.embed_sync([text])[0] for text in TEXTS])
+    small_batches = LocalEmbedder(SHARED_MODEL, batch_size=2, threads=1)
+
+    assert np.abs(small_batches.embed_sync(TEXTS) - one_by_one).max() < 1e-5
+    reversed_texts = TEXTS[::-1]
+    assert np.abs(embedder.embed_sync(reversed_texts) - one_by_one[::-1]).max() < 1e-5
+
+
+def test_duplicates_get_identical_vectors(embedder: LocalEmbedder) -> None:
+    vectors = embedder.embed_sync(["same text", "other", "same text"])
+    assert np.array_equal(vectors[0], vectors[2])
+
+
+def test_empty_input(embedder: LocalEmbedder) -> None:
+    vectors = embedder.embed_sync([])
+    assert vectors.shape == (0, DIMENSION)
+    assert vectors.dtype == np.float32
+
+
+async def test_embed_async_matches_sync(embedder: LocalEmbedder) -> None:
+    vectors = await embedder.embed(TEXTS[:3])
+    assert np.array_equal(vectors, embedder.embed_sync(TEXTS[:3]))
+
+
+def test_accepts_the_onnx_folder_itself() -> None:
+    embedder = LocalEmbedder(SHARED_MODEL / "onnx", threads=1)
+    assert embedder.dimension == DIMENSION
+    assert embedder.embed_sync(["hello"]).shape == (1, DIMENSION)
+
+
+def test_latency(embedder: LocalEmbedder) -> None:
+    query = "What programming language does the user prefer for new projects?"
+    embedder.embed_sync([query])
+    runs = 30
+    started = time.perf_counter()
+    for _ in range(runs):
+        embedder.embed_sync([query])
+    per_query = (time.perf_counter() - started) / runs * 1000
+    docs = [
+        f"Turn {i}: we discussed the deployment plan and its risks. " * (1 + i % 6)
+        for i in range(128)
+    ]
+    started = time.perf_counter()
+    LocalEmbedder(SHARED_MODEL, batch_size=64, threads=2).embed_sync(docs)
+    per_doc = (time.perf_counter() - started) / len(docs) * 1000
+    print(
+        f"\nembedding: {per_query:.1f} ms per query, {per_doc:.1f} ms per document (batches of 64)"
+    )
+
+
+# -- locating the model
+
+
+def test_find_model_dir_uses_configured_folder() -> None:
+    assert find_model_dir(SHARED_MODEL) == SHARED_MODEL / "onnx"
+    assert find_model_dir(SHARED_MODEL / "onnx") == SHARED_MODEL / "onnx"
+
+
+def test_find_model_dir_names_a_bad_configured_folder(tmp_path: Path) -> None:
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "model.onnx").write_bytes(b"")
+    with pytest.raises(EmbeddingModelMissing, match=str(tmp_path)) as caught:
+        find_model_dir(tmp_path)
+    assert "MEMPROXY_EMBEDDING_MODEL_DIR" in str(caught.value)
+    assert "tokenizer.json" in str(caught.value)
+
+
+def test_find_model_dir_uses_chromadb_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / ".cache/chroma/onnx_models/all-MiniLM-L6-v2/onnx"
+    cache.mkdir(parents=True)
+    for name in MODEL_FILES:
+        (cache / name).symlink_to(SHARED_MODEL / "onnx" / name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    assert find_model_dir(None) == cache
+
+
+# -- downloading, against a server on 127.0.0.1 only
+
+
+@pytest.fixture
+def archive_server() -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Serve bytes put in the returned dict at http://127.0.0.1:<port>/<name>."""
+    served: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = served.get(self.path.lstrip("/"))
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _fake_archive() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in MODEL_FILES:
+            data = f"fake {name}".encode()
+            info = tarfile.TarInfo(f"onnx/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_download_verifies_and_unpacks(
+    tmp_path: Path, archive_server: tuple[str, dict[str, bytes]]
+) -> None:
+    base, served = archive_server
+    served["onnx.tar.gz"] = archive = _fake_archive()
+
+    download_model(tmp_path, url=f"{base}/onnx.tar.gz", sha256=hashlib.sha256(archive).hexdigest())
+
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == sorted(MODEL_FILES)
+    assert [p.name for p in tmp_path.iterdir()] == ["onnx"]  # no scratch left behind
+
+
+def test_download_rejects_a_bad_checksum(
+    tmp_path: Path, archive_server: tuple[str, dict[str, bytes]]
+) -> None:
+    base, served = archive_server
+    served["onnx.tar.gz"] = _fake_archive()
+
+    with pytest.raises(EmbeddingModelMissing, match="SHA256"):
+        download_model(tmp_path, url=f"{base}/onnx.tar.gz", sha256="0" * 64)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_failure_names_the_setting(
+    tmp_path: Path, archive_server: tuple[str, dict[str, bytes]]
+) -> None:
+    base, _ = archive_server
+    with pytest.raises(EmbeddingModelMissing, match="MEMPROXY_EMBEDDING_MODEL_DIR"):
+        download_model(tmp_path, url=f"{base}/missing.tar.gz")
+    assert list(tmp_path.iterdir()) == []
