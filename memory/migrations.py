@@ -173,12 +173,14 @@ def _run_step(conn: sqlite3.Connection, step: MigrationStep) -> None:
 def split_statements(script: str) -> Iterator[str]:
     """Split an SQL script into complete statements (trigger bodies stay whole)."""
     pending = ""
-    for piece in script.split(";"):
+    *pieces, tail = script.split(";")
+    for piece in pieces:
         pending += piece + ";"
         if sqlite3.complete_statement(pending):
             if _strip_comments(pending).strip(" \n\t;"):
                 yield pending
             pending = ""
+    pending += tail
     if _strip_comments(pending).strip(" \n\t;"):
         raise ValueError(f"incomplete SQL statement in migration: {pending.strip()!r}")
 

@@ -208,12 +208,12 @@ class Store:
         if readers < 1:
             raise ValueError("a store needs at least one reader connection")
         path.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_prepare_database, path)
+        read_only_uri = await asyncio.to_thread(_prepare_database, path)
         opened: list[aiosqlite.Connection] = []
         try:
-            opened.append(await _connect(path, read_only=False))
+            opened.append(await _connect(str(path)))
             for _ in range(readers):
-                opened.append(await _connect(path, read_only=True))
+                opened.append(await _connect(read_only_uri, uri=True))
         except BaseException:
             for conn in opened:
                 await conn.close()
@@ -494,7 +494,8 @@ class Store:
         return rows
 
 
-def _prepare_database(path: Path) -> None:
+def _prepare_database(path: Path) -> str:
+    """Migrate the file and return the URI that opens it read-only."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
@@ -503,15 +504,12 @@ def _prepare_database(path: Path) -> None:
         migrations.apply(conn)
     finally:
         conn.close()
+    return f"{path.resolve().as_uri()}?mode=ro"
 
 
-async def _connect(path: Path, *, read_only: bool) -> aiosqlite.Connection:
-    if read_only:
-        conn = await aiosqlite.connect(
-            f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
-        )
-    else:
-        conn = await aiosqlite.connect(path, isolation_level=None)
+async def _connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
+    # isolation_level=None: transactions are begun explicitly, never implicitly.
+    conn = await aiosqlite.connect(database, uri=uri, isolation_level=None)
     try:
         for pragma in (
             f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
@@ -593,10 +591,11 @@ async def _insert_job(
     now: float,
     run_after: float | None = None,
 ) -> int:
+    ready_at = now if run_after is None else run_after
     inserted = await db.execute_fetchall(
         "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
         " created_at, updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
-        (kind, json.dumps(payload), max_attempts, now if run_after is None else run_after, now, now),
+        (kind, json.dumps(payload), max_attempts, ready_at, now, now),
     )
     return int(_only_row(inserted, "insert returned no id")[0])
 
@@ -608,7 +607,9 @@ def _only_row(rows: Iterable[sqlite3.Row], error: str) -> sqlite3.Row:
 
 
 def _turn(row: sqlite3.Row) -> Turn:
-    return Turn(*row[:13], incomplete=bool(row[13]))
+    values = list(row)
+    values[-1] = bool(values[-1])  # incomplete is stored as 0/1
+    return Turn(*values)
 
 
 def _chunk(row: sqlite3.Row) -> ChunkRow:

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from config import Settings
-from memory.engine import MemoryEngine
+from memory.engine import Embedder, MemoryEngine
 from proxy.chat import chat_completions
 from proxy.errors import (
     ProxyError,
@@ -32,9 +32,13 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 def create_app(
     settings: Settings, *, upstream: Upstream | None = None, memory: MemoryEngine | None = None,
-    with_memory: bool = True,
+    with_memory: bool = True, embedder: Embedder | None = None,
 ) -> Starlette:
-    """Build the memproxy ASGI app; nothing is opened until the lifespan starts."""
+    """Build the memproxy ASGI app; nothing is opened until the lifespan starts.
+
+    `memory` injects an engine the caller owns; `with_memory=False` runs a pure gateway;
+    `embedder` replaces the local model (tests share one loaded model).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -45,7 +49,7 @@ def create_app(
             if memory is not None:
                 state.memory = memory
             elif with_memory:
-                state.memory = await MemoryEngine.open(settings)
+                state.memory = await MemoryEngine.open(settings, embedder=embedder)
             app.state.ready = True
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),

@@ -124,7 +124,8 @@ class UpstreamStatus(UpstreamError):
         text = self.body.decode("utf-8", "replace").strip()[:2000] or self.message
         envelope = {"error": {"message": text, "type": _type_for(self.status),
                               "param": None, "code": "upstream_status"}}
-        return error_response(self.status, envelope, self.headers)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
+        return error_response(self.status, envelope, headers)
 
 
 def _type_for(status: int) -> str:

@@ -52,5 +52,5 @@ class Metrics:
 
 async def metrics_endpoint(request: Request) -> Response:
     """GET /metrics in Prometheus' text format."""
-    metrics: Metrics = request.app.state.metrics
+    metrics: Metrics = request.app.state.memproxy.metrics
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -7,7 +7,7 @@ back untouched. Providers that are not OpenAI-compatible go through litellm
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -148,14 +148,13 @@ def map_transport_error(exc: Exception) -> ProxyError:
 
 
 def _target(route: Route, default: Target) -> Target:
-    base = (route.base_url or default.base_url).rstrip("/")
-    return Target(base, route.api_key if route.api_key is not None else None, route.provider)
+    if route.provider is not None:
+        # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
+        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider)
+    # A route's own key only: the default key must never leak to another host.
+    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key)
 
 
 def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
-
-def header_map(headers: Mapping[str, str]) -> dict[str, str]:
-    """Lower-cased header dict (Starlette's Headers are already case-insensitive)."""
-    return {k.lower(): v for k, v in headers.items()}

@@ -1,0 +1,176 @@
+"""Runs the durable job queue kept by `Store`: claim ready jobs, run their handlers
+concurrently, retry failures with exponential backoff and bury the ones that keep failing.
+
+A job is never lost: it is claimed and settled through the database, a job interrupted by
+`stop()` goes back to the queue, and one left running by a crash is queued again by the next
+`start()`. Delivery is therefore at-least-once, so handlers must be idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from memory.store import Job, Store
+
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+_MAX_ERROR_CHARS = 4000
+_IDLE_CHECK_INTERVAL = 0.01
+
+
+class JobWorker:
+    """Claims jobs from a Store and runs the handler registered for each kind."""
+
+    def __init__(
+        self,
+        store: Store,
+        handlers: Mapping[str, Handler],
+        *,
+        concurrency: int = 2,
+        poll_interval: float = 1.0,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._store = store
+        self._handlers = dict(handlers)
+        self._concurrency = concurrency
+        self._poll_interval = poll_interval
+        self._backoff_base = backoff_base
+        self._backoff_max = backoff_max
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: dict[asyncio.Task[None], Job] = {}
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Requeue jobs a crash left running, then start claiming."""
+        if self._loop_task is not None:
+            raise RuntimeError("the job worker is already started")
+        requeued = await self._store.requeue_running()
+        if requeued:
+            log.info("requeued %d job(s) left running by a previous process", requeued)
+        self._loop_task = asyncio.create_task(self._loop(), name="job-worker")
+
+    def notify(self) -> None:
+        """Look for ready jobs now instead of at the next poll."""
+        self._wake.set()
+
+    async def stop(self, timeout: float) -> None:  # noqa: ASYNC109 - a grace period, not a deadline
+        """Stop claiming, give running handlers `timeout` seconds, then cancel and requeue them."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        in_flight = dict(self._running)
+        if not in_flight:
+            return
+        _, unfinished = await asyncio.wait(in_flight, timeout=timeout)
+        for task in unfinished:
+            task.cancel()
+        if unfinished:
+            await asyncio.wait(unfinished, timeout=timeout)
+        for task in unfinished:
+            # Guarded in the store: a job the handler settled anyway stays settled.
+            await self._store.retry_later(
+                in_flight[task].id, "interrupted: the worker stopped during this attempt",
+                run_after=self._clock(),
+            )  # fmt: skip
+        log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
+
+    async def run_until_idle(self, timeout: float) -> None:  # noqa: ASYNC109 - part of the contract
+        """Return once no job runs and none is due within `timeout`; else raise TimeoutError."""
+        if self._loop_task is None:
+            raise RuntimeError("start() the job worker first")
+        deadline = self._clock() + timeout
+        async with asyncio.timeout(timeout):
+            while self._running or await self._due_before(deadline):
+                self.notify()
+                await asyncio.sleep(_IDLE_CHECK_INTERVAL)
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds to wait after failed attempt number `attempts`: doubling, jittered, capped."""
+        # Jitter spreads retries of jobs that failed together (e.g. an upstream outage).
+        delay = self._backoff_base * 2.0 ** min(attempts - 1, 60) * random.uniform(1.0, 1.1)
+        return min(self._backoff_max, delay)
+
+    async def _due_before(self, deadline: float) -> bool:
+        due = await self._store.next_job_due()
+        return due is not None and due <= deadline
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                delay = await self._claim_ready()
+            except Exception:  # the worker must outlive a transient database error
+                log.exception("job worker: claiming jobs failed; retrying after a poll interval")
+                delay = self._poll_interval
+            if delay > 0:
+                await self._sleep(delay)
+
+    async def _claim_ready(self) -> float:
+        """Start ready jobs in the free slots; return how long to sleep before looking again."""
+        free = self._concurrency - len(self._running)
+        if free <= 0:
+            return self._poll_interval  # a finishing job wakes the loop
+        jobs = await self._store.claim(None, free, self._clock())
+        for job in jobs:
+            task = asyncio.create_task(self._run(job), name=f"job-{job.id}-{job.kind}")
+            self._running[task] = job
+            task.add_done_callback(self._finished)
+        if len(jobs) == free:
+            return 0.0  # there may be more ready jobs than there were slots
+        due = await self._store.next_job_due()
+        if due is None:
+            return self._poll_interval
+        return min(self._poll_interval, max(0.0, due - self._clock()))
+
+    async def _sleep(self, delay: float) -> None:
+        try:
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+
+    async def _run(self, job: Job) -> None:
+        handler = self._handlers.get(job.kind)
+        if handler is None:
+            log.error("job %d has kind %r, which has no handler; burying it", job.id, job.kind)
+            await self._store.bury(job.id, f"no handler is registered for job kind {job.kind!r}")
+            return
+        try:
+            await handler(job.payload)
+        except Exception as exc:  # a handler's failure belongs to its job: retry or bury
+            await self._failed(job, exc)
+        else:
+            await self._store.complete(job.id)
+
+    async def _failed(self, job: Job, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        if job.attempts >= job.max_attempts:
+            log.error("job %d (%s) failed attempt %d of %d and is dead: %s",
+                      job.id, job.kind, job.attempts, job.max_attempts, error, exc_info=exc)  # fmt: skip
+            await self._store.bury(job.id, error)
+            return
+        delay = self.backoff(job.attempts)
+        log.warning("job %d (%s) failed attempt %d of %d, retrying in %.1fs: %s",
+                    job.id, job.kind, job.attempts, job.max_attempts, delay, error)  # fmt: skip
+        await self._store.retry_later(job.id, error, run_after=self._clock() + delay)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        self._wake.set()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Only settling failed (e.g. the database went away); start() will requeue it.
+            log.error("%s could not be settled", task.get_name(), exc_info=exc)

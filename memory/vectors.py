@@ -1,0 +1,119 @@
+"""Dense vector index on embedded Chroma; the only module that imports chromadb.
+
+Every call is synchronous because chromadb is; callers run them in worker threads. We always
+pass our own vectors, so the collection has no embedding function and never loads a model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import chromadb
+import numpy as np
+import numpy.typing as npt
+from chromadb.api.client import Client
+from chromadb.api.models.Collection import Collection
+from chromadb.config import Settings
+
+Metadata = Mapping[str, str | int | float | bool]
+
+
+class VectorIndex:
+    """A persistent cosine-space collection of vectors with metadata filters."""
+
+    def __init__(self, client: Client, collection: Collection) -> None:
+        self._client = client
+        self._collection = collection
+        # Measured: without it, concurrent writes from a few threads intermittently fail
+        # inside chroma's embedded SQLite ("database is locked"); see tests/test_vectors.py.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path, collection: str = "memory") -> VectorIndex:
+        """Open (creating if needed) the collection stored under `path`."""
+        path.mkdir(parents=True, exist_ok=True)
+        # PersistentClient is typed as the ClientAPI protocol but builds a Client, which adds
+        # close(); telemetry off (with it off chromadb makes no network calls of its own).
+        client = cast(
+            Client,
+            chromadb.PersistentClient(
+                path=str(path), settings=Settings(anonymized_telemetry=False, allow_reset=False)
+            ),
+        )
+        handle = client.get_or_create_collection(
+            collection,
+            configuration={"hnsw": {"space": "cosine"}},
+            embedding_function=None,
+        )
+        return cls(client, handle)
+
+    def add(
+        self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
+    ) -> None:
+        """Insert or replace vectors by id (idempotent)."""
+        if not len(ids) == len(vectors) == len(metadatas):
+            raise ValueError(
+                f"add needs as many vectors and metadatas as ids: "
+                f"{len(ids)} ids, {len(vectors)} vectors, {len(metadatas)} metadatas"
+            )
+        if not ids:
+            return
+        with self._lock:
+            self._collection.upsert(
+                ids=list(ids),
+                embeddings=np.asarray(vectors, dtype=np.float32),
+                metadatas=[dict(metadata) for metadata in metadatas],
+            )
+
+    def query(
+        self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str]
+    ) -> list[tuple[str, float]]:
+        """Return up to `k` (id, cosine similarity) pairs matching `where`, best first."""
+        if k < 1:
+            return []
+        with self._lock:
+            result = self._collection.query(
+                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                n_results=k,
+                where=where_clause(where),
+                include=["distances"],
+            )
+        ids = result["ids"][0]
+        distances = (result["distances"] or [[]])[0]
+        # Chroma's cosine space reports distance = 1 - cosine similarity.
+        return [(id_, 1.0 - float(d)) for id_, d in zip(ids, distances, strict=True)]
+
+    def delete(
+        self, *, ids: Sequence[str] | None = None, where: Mapping[str, str] | None = None
+    ) -> None:
+        """Delete vectors by id and/or metadata equality; at least one must be given."""
+        if ids is None and where is None:
+            raise ValueError("delete needs ids or where; refusing to delete everything")
+        if ids is not None and not ids:
+            return
+        with self._lock:
+            self._collection.delete(
+                ids=list(ids) if ids is not None else None,
+                where=where_clause(where) if where is not None else None,
+            )
+
+    def count(self) -> int:
+        """Number of vectors in the collection."""
+        with self._lock:
+            return self._collection.count()
+
+    def close(self) -> None:
+        """Release chroma's resources (its SQLite handles and segment files)."""
+        with self._lock:
+            self._client.close()
+
+
+def where_clause(filters: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """Translate equality filters into chroma's `where` syntax (several keys -> `$and`)."""
+    if not filters:
+        return None
+    terms = [{key: {"$eq": value}} for key, value in filters.items()]
+    return terms[0] if len(terms) == 1 else {"$and": cast(Any, terms)}

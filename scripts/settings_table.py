@@ -1,0 +1,30 @@
+"""Print the README's settings table from the Settings definition (`python -m scripts.settings_table`)."""
+
+from __future__ import annotations
+
+from config.settings import Settings, env_name, setting_fields
+
+
+def default_text(name: str) -> str:
+    """A setting's default as the README shows it."""
+    value = getattr(Settings(), name)
+    if name == "data_dir":
+        return "`$XDG_DATA_HOME/memproxy` (`~/.local/share/memproxy`)"
+    if value is None or value == ():
+        return "unset"
+    if isinstance(value, bool):
+        return "`on`" if value else "`off`"
+    return f"`{value}`"
+
+
+def table() -> str:
+    """The markdown table: variable, default, meaning."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in setting_fields():
+        name = f"`{env_name(f.name)}`" if f.metadata.get("env", True) else f"`{f.name}` (TOML)"
+        rows.append(f"| {name} | {default_text(f.name)} | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

@@ -1,0 +1,142 @@
+"""Shared fixtures: the scripted upstream, settings, and memproxy on a real socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from config import Settings, load_settings
+from memory.embeddings import LocalEmbedder
+from proxy.app import create_app
+from scripts.scripted_upstream import ScriptedUpstream
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScriptedUpstream]:
+    """A scripted OpenAI-compatible server on 127.0.0.1."""
+    with ScriptedUpstream() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def embedder() -> LocalEmbedder:
+    """The real local embedding model, loaded once for the whole run."""
+    return LocalEmbedder(MODEL_DIR)
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, upstream: ScriptedUpstream) -> Callable[..., Settings]:
+    """Settings pointing at the scripted upstream and a fresh data directory."""
+
+    def make(**changes: Any) -> Settings:
+        env = {
+            "MEMPROXY_UPSTREAM_BASE_URL": upstream.base_url,
+            "MEMPROXY_DATA_DIR": str(tmp_path / "data"),
+            "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR),
+            "MEMPROXY_LOG_LEVEL": "warning",
+            "MEMPROXY_UPSTREAM_TIMEOUT": "10",
+            "MEMPROXY_SHUTDOWN_GRACE_SECONDS": "5",
+        }
+        return load_settings(env=env).replace(**changes)
+
+    return make
+
+
+@dataclass
+class RunningProxy:
+    """memproxy served by uvicorn in a thread."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def url(self) -> str:
+        """Base URL of the proxy (no /v1)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What a client puts in OPENAI_BASE_URL."""
+        return f"{self.url}/v1"
+
+    @property
+    def state(self) -> Any:
+        """The app's typed state (for assertions on storage)."""
+        return self.server.config.app.state.memproxy  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Shut uvicorn down and wait for the lifespan to close everything."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def serve(settings: Settings, **app_kwargs: Any) -> RunningProxy:
+    """Start memproxy on a free loopback port and wait until it is ready."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings, **app_kwargs), log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("memproxy did not start")
+        time.sleep(0.01)
+    sock.close()
+    return RunningProxy(server, thread, port)
+
+
+@pytest.fixture
+def start_proxy(
+    make_settings: Callable[..., Settings], embedder: LocalEmbedder
+) -> Iterator[Callable[..., RunningProxy]]:
+    """Start memproxy (memory off unless asked); stopped at the end of the test."""
+    running: list[RunningProxy] = []
+
+    def start(*, memory: bool = False, **changes: Any) -> RunningProxy:
+        from memory.engine import MemoryEngine  # noqa: F401 - real engine, shared model
+
+        settings = make_settings(**changes)
+        kwargs: dict[str, Any] = {"with_memory": memory}
+        if memory:
+            kwargs["embedder"] = embedder
+        proxy = serve(settings, **kwargs)
+        running.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in running:
+        proxy.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    """memproxy with memory off: a pure gateway in front of the scripted upstream."""
+    return start_proxy()
+
+
+@pytest.fixture
+def client(proxy: RunningProxy) -> Iterator[httpx.Client]:
+    """A raw httpx client aimed at the proxy."""
+    with httpx.Client(base_url=proxy.url, timeout=20) as http:
+        yield http

@@ -1,0 +1,109 @@
+"""Schema migrations: blank databases, re-runs, upgrades and failed steps."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from memory import migrations
+from memory.store import Store
+
+EXPECTED_TABLES = {"migrations", "sessions", "turns", "chunks", "chunks_fts", "jobs", "request_metrics"}
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(tmp_path / "memory.db", isolation_level=None)) as conn:
+        yield conn
+
+
+def tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {row[0] for row in rows}
+
+
+def add_column(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE sessions ADD COLUMN title TEXT")
+
+
+def test_blank_database_gets_the_whole_schema(conn: sqlite3.Connection) -> None:
+    assert migrations.apply(conn) == ["0001_initial"]
+    assert EXPECTED_TABLES <= tables(conn)
+    assert migrations.applied(conn) == ["0001_initial"]
+
+
+def test_applying_again_is_a_no_op(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn)
+    before = conn.execute("SELECT name, applied_at FROM migrations").fetchall()
+    assert migrations.apply(conn) == []
+    assert conn.execute("SELECT name, applied_at FROM migrations").fetchall() == before
+
+
+def test_old_database_is_upgraded_in_order_and_keeps_its_data(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn)
+    conn.execute("INSERT INTO sessions VALUES ('alice', 's1', 1.0, 2.0, 3)")
+    extended = [
+        *migrations.MIGRATIONS,
+        ("0002_notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);"
+                       " CREATE INDEX notes_body ON notes (body);"),
+        ("0003_session_title", add_column),
+    ]  # fmt: skip
+
+    assert migrations.apply(conn, extended) == ["0002_notes", "0003_session_title"]
+
+    assert migrations.applied(conn) == ["0001_initial", "0002_notes", "0003_session_title"]
+    assert "notes" in tables(conn)
+    assert conn.execute("SELECT user_id, title FROM sessions").fetchall() == [("alice", None)]
+    assert migrations.apply(conn, extended) == []
+
+
+def test_a_failing_migration_leaves_no_trace(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn)
+    broken = [*migrations.MIGRATIONS, ("0002_broken", "CREATE TABLE half (x); SELECT * FROM nope;")]
+
+    with pytest.raises(sqlite3.OperationalError, match="nope"):
+        migrations.apply(conn, broken)
+
+    assert "half" not in tables(conn)
+    assert migrations.applied(conn) == ["0001_initial"]
+    assert not conn.in_transaction
+
+
+def test_duplicate_names_are_rejected(conn: sqlite3.Connection) -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        migrations.apply(conn, [("0001_a", "SELECT 1;"), ("0001_a", "SELECT 2;")])
+
+
+def test_trigger_bodies_are_not_split_at_their_semicolons() -> None:
+    script = """
+    -- a comment; with a semicolon
+    CREATE TABLE t (x);
+    CREATE TRIGGER t_ai AFTER INSERT ON t BEGIN
+        INSERT INTO t (x) VALUES (1);
+        INSERT INTO t (x) VALUES (2);
+    END;
+    SELECT ';';
+    """
+    statements = list(migrations.split_statements(script))
+    assert len(statements) == 3
+    assert "VALUES (2);" in statements[1]
+
+
+def test_an_unfinished_statement_is_an_error() -> None:
+    with pytest.raises(ValueError, match="incomplete"):
+        list(migrations.split_statements("CREATE TABLE t (x); CREATE TABLE u (y)"))
+
+
+async def test_store_open_migrates_once_and_sets_wal(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "memory.db"
+    for _ in range(2):
+        store = await Store.open(path)
+        await store.check()
+        await store.close()
+    with closing(sqlite3.connect(path)) as conn:
+        assert migrations.applied(conn) == ["0001_initial"]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -1,0 +1,92 @@
+"""Settings: defaults, environment, TOML, validation that names the bad setting, README."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config import Route, SettingsError, env_name, load_settings, setting_fields
+from scripts.settings_table import table
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_defaults_need_nothing() -> None:
+    settings = load_settings(env={})
+    assert settings.upstream_base_url == "https://api.openai.com/v1"
+    assert settings.upstream_api_key is None
+    assert settings.memory_budget == 1000
+    assert settings.api_keys == ()
+
+
+def test_every_field_has_help_and_the_readme_lists_it() -> None:
+    readme = README.read_text()
+    assert table() in readme, "README settings table is stale: python -m scripts.settings_table"
+    for f in setting_fields():
+        assert f.metadata.get("help"), f.name
+        name = env_name(f.name) if f.metadata.get("env", True) else f.name
+        assert name in readme, name
+
+
+def test_environment_overrides_toml(tmp_path: Path) -> None:
+    config = tmp_path / "memproxy.toml"
+    config.write_text(
+        'memory_budget = 300\nport = 9000\n'
+        '[[routes]]\nmatch = "claude-*"\nprovider = "anthropic"\napi_key = "sk-ant-secret"\n'
+        '[[routes]]\nmatch = "llama3"\nbase_url = "http://127.0.0.1:11434/v1"\n'
+        '[[routes]]\nmatch = "claude-3-opus*"\nprovider = "anthropic"\n'
+    )
+    settings = load_settings(env={"MEMPROXY_CONFIG": str(config), "MEMPROXY_PORT": "9100"})
+    assert settings.memory_budget == 300
+    assert settings.port == 9100
+    # Exact names first, then longer prefixes before shorter ones.
+    assert [r.match for r in settings.routes] == ["llama3", "claude-3-opus*", "claude-*"]
+    assert settings.routes[2] == Route("claude-*", None, "sk-ant-secret", "anthropic")
+    assert "sk-ant-secret" not in repr(settings.routes)
+
+
+def test_api_keys_with_user_binding() -> None:
+    settings = load_settings(env={"MEMPROXY_API_KEYS": "key-aaaaaaaa, key-bbbbbbbb:alice"})
+    assert [(k.key, k.user_id) for k in settings.api_keys] == [
+        ("key-aaaaaaaa", None), ("key-bbbbbbbb", "alice")]
+    assert "key-bbbbbbbb" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MEMPROXY_PORT": "eighty"}, "MEMPROXY_PORT"),
+        ({"MEMPROXY_PORT": "70000"}, "MEMPROXY_PORT"),
+        ({"MEMPROXY_MEMORY": "maybe"}, "MEMPROXY_MEMORY"),
+        ({"MEMPROXY_MEMORY_SCOPE": "galaxy"}, "MEMPROXY_MEMORY_SCOPE"),
+        ({"MEMPROXY_UPSTREAM_BASE_URL": "ftp://x"}, "MEMPROXY_UPSTREAM_BASE_URL"),
+        ({"MEMPROXY_API_KEYS": "short"}, "MEMPROXY_API_KEYS"),
+        ({"MEMPROXY_MEMORY_BUDGET": "-5"}, "MEMPROXY_MEMORY_BUDGET"),
+    ],
+)
+def test_bad_values_fail_naming_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        load_settings(env=env)
+
+
+def test_every_bad_setting_is_named_at_once(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('colour = "blue"\n[[routes]]\nmatch = "x"\n')
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env={"MEMPROXY_CONFIG": str(config), "MEMPROXY_PORT": "x"})
+    message = str(caught.value)
+    assert "colour: unknown setting" in message
+    assert "routes" in message and "MEMPROXY_PORT" in message
+
+
+def test_unreadable_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="MEMPROXY_CONFIG"):
+        load_settings(env={"MEMPROXY_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_replace_validates() -> None:
+    settings = load_settings(env={})
+    assert settings.replace(port="9001").port == 9001
+    with pytest.raises(SettingsError, match="port"):
+        settings.replace(port=0)
