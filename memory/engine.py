@@ -153,7 +153,10 @@ class MemoryEngine:
         ]
         if not turns:
             return None
-        result = await self.store.append_turns(user_id, session_id, turns, job_kind=INDEX_JOB)
+        result = await self.store.append_turns(
+            user_id, session_id, turns, job_kind=INDEX_JOB,
+            max_attempts=self.settings.job_max_attempts,
+        )
         if result.new_ids:
             self.worker.notify()
         return result.last_id
@@ -168,7 +171,8 @@ class MemoryEngine:
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
         result = await self.store.append_turns(
-            user_id, session_id, [turn], after=after, job_kind=INDEX_JOB
+            user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,
+            max_attempts=self.settings.job_max_attempts,
         )
         if result.new_ids:
             self.worker.notify()

@@ -62,9 +62,12 @@ CREATE TABLE chunks (
     UNIQUE (turn_id, ordinal)
 );
 
--- External content: the text lives once, in chunks. The triggers are the only writers of
--- the index, and they pass the old row's exact values on delete as FTS5 requires. Never
--- use INSERT OR REPLACE on chunks: REPLACE deletes rows without firing the delete trigger.
+-- External content: the text lives once, in chunks. New chunks are indexed by
+-- Store.add_chunks with one INSERT ... SELECT per batch: an AFTER INSERT trigger would make
+-- FTS5 flush a segment per row (it syncs on every savepoint), indexing ~5x slower.
+-- Updates and deletes (rare, and deletes also arrive by cascade from turns) use triggers,
+-- which pass the old row's exact values as FTS5 requires. Never use INSERT OR REPLACE on
+-- chunks: REPLACE deletes rows without firing the delete trigger.
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
     text, owner, sess,
     content='chunks', content_rowid='id',
@@ -73,10 +76,6 @@ CREATE VIRTUAL TABLE chunks_fts USING fts5(
 -- Scope tokens only filter; they must never add to the score.
 INSERT INTO chunks_fts (chunks_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0, 0.0)');
 
-CREATE TRIGGER chunks_fts_insert AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_fts (rowid, text, owner, sess)
-    VALUES (new.id, new.text, new.owner, new.sess);
-END;
 CREATE TRIGGER chunks_fts_delete AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_fts (chunks_fts, rowid, text, owner, sess)
     VALUES ('delete', old.id, old.text, old.owner, old.sess);

@@ -299,18 +299,30 @@ class Store:
                 "SELECT user_id, session_id FROM turns WHERE id = ?", (turn_id,)
             )
             user_id, session_id = _only_row(owner, f"no turn with id {turn_id}")
-            tokens = (owner_token(user_id), session_token(user_id, session_id))
-            # An upsert, not REPLACE: the row (and its id) survives and the FTS update
-            # trigger fires only when the chunk really changed.
-            await db.executemany(
-                "INSERT INTO chunks (turn_id, user_id, session_id, ordinal, kind, text, tokens,"
-                " owner, sess) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (turn_id, ordinal) DO UPDATE SET kind = excluded.kind,"
-                " text = excluded.text, tokens = excluded.tokens"
-                " WHERE kind != excluded.kind OR text != excluded.text"
-                " OR tokens != excluded.tokens",
-                [(turn_id, user_id, session_id, *chunk, *tokens) for chunk in chunks],
-            )
+            existing = {
+                row[0]: tuple(row[1:])
+                for row in await db.execute_fetchall(
+                    "SELECT ordinal, kind, text, tokens FROM chunks WHERE turn_id = ?", (turn_id,)
+                )
+            }
+            fresh = [chunk for chunk in chunks if chunk[0] not in existing]
+            changed = [c for c in chunks if c[0] in existing and existing[c[0]] != tuple(c[1:])]
+            if fresh:
+                scope = (
+                    user_id,
+                    session_id,
+                    owner_token(user_id),
+                    session_token(user_id, session_id),
+                )
+                await _insert_chunks(db, turn_id, scope, fresh)
+            if changed:  # the update trigger re-indexes them; ids stay stable
+                await db.executemany(
+                    "UPDATE chunks SET kind = ?, text = ?, tokens = ? WHERE turn_id = ? AND ordinal = ?",
+                    [
+                        (kind, text, tokens, turn_id, ordinal)
+                        for ordinal, kind, text, tokens in changed
+                    ],
+                )
             rows = await db.execute_fetchall(
                 "SELECT ordinal, id FROM chunks WHERE turn_id = ? ORDER BY ordinal", (turn_id,)
             )
@@ -568,6 +580,25 @@ async def _insert_turn(
         ),
     )  # fmt: skip
     return int(_only_row(inserted, "insert returned no id")[0])
+
+
+async def _insert_chunks(
+    db: aiosqlite.Connection,
+    turn_id: int,
+    scope: tuple[str, str, str, str],
+    chunks: Sequence[tuple[int, str, str, int]],
+) -> None:
+    await db.executemany(
+        "INSERT INTO chunks (turn_id, ordinal, kind, text, tokens, user_id, session_id, owner,"
+        " sess) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(turn_id, *chunk, *scope) for chunk in chunks],
+    )
+    # One statement for the batch: see the migration for why this is not a trigger.
+    await db.execute(
+        "INSERT INTO chunks_fts (rowid, text, owner, sess) SELECT id, text, owner, sess"
+        " FROM chunks WHERE turn_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
+        (turn_id, json.dumps([chunk[0] for chunk in chunks])),
+    )
 
 
 async def _touch_session(

@@ -1,0 +1,338 @@
+"""Gateway overhead: the same load sent straight to the upstream and through memproxy.
+
+Starts a zero-delay scripted upstream and memproxy (memory off) as subprocesses on
+127.0.0.1, then alternates direct and proxied phases (ABBA across rounds, medians taken)
+for JSON and streamed chat completions at several concurrencies. Per phase: p50/p99
+latency, time to first token (streams), requests per second, and the CPU milliseconds per
+request of memproxy (utime+stime from /proc), the upstream and this client::
+
+    .venv/bin/python -m scripts.bench_overhead                 # full run, a few minutes
+    .venv/bin/python -m scripts.bench_overhead --quick         # smoke run, ~15 s
+    .venv/bin/python -m scripts.bench_overhead --json out.json
+
+The load generator is raw asyncio streams with keep-alive and pre-encoded requests, so the
+client costs the same, and little, in both arms (it shares the cores with both servers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = (ROOT / "../shared/models/all-MiniLM-L6-v2").resolve()
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONCURRENCY = (1, 8, 32)
+KINDS = ("json", "stream")
+MESSAGES = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "In one sentence, what does a reverse proxy do?"},
+]
+
+
+class BenchError(RuntimeError):
+    """A server misbehaved, so the figures would mean nothing."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One arm at one concurrency for one round."""
+
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    ttft_p50_ms: float | None
+    rps: float
+    proxy_cpu_ms: float
+    upstream_cpu_ms: float
+    client_cpu_ms: float
+
+
+# -- load generator ---------------------------------------------------------------------------
+
+
+def request_bytes(port: int, stream: bool) -> bytes:
+    """One pre-encoded keep-alive chat completion request."""
+    body = orjson.dumps({"model": "gpt-4o-mini", "messages": MESSAGES, "stream": stream})
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        "content-type: application/json\r\nauthorization: Bearer sk-bench\r\n"
+        f"x-memory: off\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that reads just enough to frame responses."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Connection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer)
+
+    async def exchange(self, request: bytes) -> tuple[float, float]:
+        """Send one request; seconds to the first body byte and to the end of the body."""
+        start = time.perf_counter()
+        self.writer.write(request)
+        head = (await self.reader.readuntil(b"\r\n\r\n")).lower()
+        if not head.startswith(b"http/1.1 200"):
+            raise BenchError(f"unexpected response: {head[:200]!r}")
+        marker = head.find(b"\r\ncontent-length:")
+        if marker >= 0:
+            length = int(head[marker + 17 : head.index(b"\r\n", marker + 2)])
+            tail = await self.reader.readexactly(length)
+            first = end = time.perf_counter()
+            if b'"choices"' not in tail:
+                raise BenchError(f"not a chat completion: {tail[:200]!r}")
+            return first - start, end - start
+        first, tail = 0.0, b""
+        while size := int((await self.reader.readline()).split(b";")[0], 16):
+            tail = (await self.reader.readexactly(size + 2))[:-2]
+            first = first or time.perf_counter()
+        await self.reader.readuntil(b"\r\n")  # the (empty) trailer section
+        if not tail.endswith(b"data: [DONE]\n\n"):
+            raise BenchError(f"stream did not end with [DONE]: {tail[-200:]!r}")
+        return first - start, time.perf_counter() - start
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of unsorted values."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (every thread), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+async def run_phase(
+    port: int, request: bytes, concurrency: int, total: int, cap: float, pids: tuple[int, int]
+) -> Phase:
+    """Send `total` requests over `concurrency` connections (or stop at `cap` seconds)."""
+    connections = [await Connection.open(port) for _ in range(concurrency)]
+    latencies: list[float] = []
+    firsts: list[float] = []
+    remaining = total
+    deadline = time.perf_counter() + cap
+
+    async def worker(connection: Connection) -> None:
+        nonlocal remaining
+        while remaining > 0 and time.perf_counter() < deadline:
+            remaining -= 1
+            first, whole = await connection.exchange(request)
+            firsts.append(first)
+            latencies.append(whole)
+
+    before = (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time())
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker(c) for c in connections))
+    finally:
+        seconds = time.perf_counter() - started
+        after = (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time())
+        await asyncio.gather(*(c.close() for c in connections))
+    done = len(latencies)
+    per_request = [(b - a) * 1000 / done for a, b in zip(before, after, strict=True)]
+    streamed = b'"stream":true' in request
+    return Phase(
+        done, seconds, percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000,
+        percentile(firsts, 0.5) * 1000 if streamed else None, done / seconds, *per_request,
+    )
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(name: str, argv: list[str], env: dict[str, str], url: str, logs: Path) -> Iterator[int]:
+    """Run a server subprocess until the block ends; yield its pid once `url` answers 200."""
+    log_path = logs / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # Ctrl-C reaches us; we stop it
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise BenchError(f"{name} exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url, timeout=2, trust_env=False).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise BenchError(f"{name} not ready after 90 s: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment without HTTP proxies (loopback only), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+async def bench(args: argparse.Namespace, ports: dict[str, int], pids: tuple[int, int]) -> dict[str, Any]:
+    """Warm up, then the rounds; every phase of every round, keyed by kind/concurrency/arm."""
+    arms = ("direct", "proxy")
+    requests = {(kind, arm): request_bytes(ports[arm], kind == "stream") for kind in KINDS for arm in arms}
+    for (_kind, arm), request in requests.items():
+        await run_phase(ports[arm], request, 8, args.warmup, args.cap, pids)
+    phases: dict[str, list[Phase]] = {}
+    for round_no in range(args.rounds):
+        order = arms if round_no % 2 == 0 else arms[::-1]  # ABBA cancels drift
+        for kind in KINDS:
+            for concurrency in args.concurrency:
+                total = args.requests * (1 if concurrency == 1 else 2)
+                for arm in order:
+                    phase = await run_phase(ports[arm], requests[kind, arm], concurrency, total, args.cap, pids)
+                    phases.setdefault(f"{kind}/{concurrency}/{arm}", []).append(phase)
+                    print(f"  round {round_no + 1} {kind:6} c={concurrency:<3} {arm:6} "
+                          f"p50 {phase.p50_ms:6.2f} ms  {phase.rps:7.0f} req/s", file=sys.stderr)
+    return phases
+
+
+def summarise(phases: dict[str, list[Phase]], concurrency: Sequence[int]) -> dict[str, Any]:
+    """Median of each figure across rounds, plus the overheads and target checks."""
+    rows = []
+    for key, runs in phases.items():
+        kind, c, arm = key.split("/")
+        figures = {name: statistics.median(getattr(p, name) for p in runs)
+                   if getattr(runs[0], name) is not None else None for name in asdict(runs[0])}
+        rows.append({"kind": kind, "concurrency": int(c), "arm": arm, "rounds": len(runs), **figures})
+    overhead: dict[str, dict[str, float]] = {}
+    for kind in KINDS:
+        for c in concurrency:
+            direct, proxy = phases[f"{kind}/{c}/direct"], phases[f"{kind}/{c}/proxy"]
+            overhead[f"{kind}/{c}"] = {
+                "added_p50_ms": statistics.median(p.p50_ms - d.p50_ms for d, p in zip(direct, proxy, strict=True)),
+                "proxy_cpu_ms": statistics.median(p.proxy_cpu_ms for p in proxy),
+                "rps_ratio": statistics.median(p.rps / d.rps for d, p in zip(direct, proxy, strict=True)),
+            }
+    return {"rows": rows, "overhead": overhead}
+
+
+def print_report(summary: dict[str, Any], concurrency: Sequence[int]) -> list[str]:
+    """The figures table, then the target lines (returned too)."""
+    print(f"\n{'kind':6} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>9} {'req/s':>8} "
+          f"{'proxy cpu':>10} {'upstr cpu':>10} {'client cpu':>11} {'added p50':>10}")
+    for row in sorted(summary["rows"], key=lambda r: (KINDS.index(r["kind"]), r["concurrency"], r["arm"])):
+        ttft = f"{row['ttft_p50_ms']:9.2f}" if row["ttft_p50_ms"] is not None else f"{'-':>9}"
+        proxy = row["arm"] == "proxy"
+        added = summary["overhead"][f"{row['kind']}/{row['concurrency']}"]["added_p50_ms"]
+        print(f"{row['kind']:6} {row['concurrency']:>3} {row['arm']:6} {row['p50_ms']:8.2f} "
+              f"{row['p99_ms']:8.2f} {ttft} {row['rps']:8.0f} "
+              f"{row['proxy_cpu_ms'] if proxy else 0:10.2f} {row['upstream_cpu_ms']:10.2f} "
+              f"{row['client_cpu_ms']:11.2f} {f'{added:+.2f}' if proxy else '':>10}")
+    print("(cpu columns: ms per request; medians over rounds)\n")
+    first = min(concurrency)
+    lines = []
+    for kind, label in (("json", "JSON"), ("stream", "stream")):
+        added = summary["overhead"][f"{kind}/{first}"]["added_p50_ms"]
+        lines.append(f"added p50 at c={first} ({label}): {added:.2f} ms (target <= 1.5)")
+    for kind, label in (("json", "JSON"), ("stream", "stream")):
+        cpus = [summary["overhead"][f"{kind}/{c}"]["proxy_cpu_ms"] for c in concurrency]
+        detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in zip(concurrency, cpus, strict=True))
+        lines.append(f"proxy CPU per request {label}: {max(cpus):.2f} ms (target <= 2; {detail})")
+    print("\n".join(lines))
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per phase at c=1 (x2 above)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating phases (medians)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--warmup", type=int, default=300, help="warm-up requests per arm and kind")
+    parser.add_argument("--cap", type=float, default=30.0, help="seconds at most per phase")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 150 requests, 1 round")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rounds, args.warmup, args.cap = 150, 1, 50, 5.0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ports = {"direct": free_port(), "proxy": free_port()}
+    upstream_argv = [sys.executable, "-m", "scripts.scripted_upstream", "--port", str(ports["direct"])]
+    proxy_argv = [sys.executable, "-m", "proxy", "serve", "--port", str(ports["proxy"])]
+    with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp:
+        proxy_env = child_env(
+            MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{ports['direct']}/v1",
+            MEMPROXY_MEMORY="off", MEMPROXY_DATA_DIR=str(Path(tmp) / "data"),
+            MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
+            MEMPROXY_SHUTDOWN_GRACE_SECONDS="2", LITELLM_LOCAL_MODEL_COST_MAP="True",
+        )
+        base = "http://127.0.0.1:{}"
+        try:
+            with (
+                serving("upstream", upstream_argv, child_env(), base.format(ports["direct"]) + "/v1/models", Path(tmp)) as up_pid,
+                serving("proxy", proxy_argv, proxy_env, base.format(ports["proxy"]) + "/readyz", Path(tmp)) as proxy_pid,
+            ):
+                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                    phases = runner.run(bench(args, ports, (proxy_pid, up_pid)))
+        except (BenchError, KeyboardInterrupt) as exc:
+            print(f"bench_overhead: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}", file=sys.stderr)
+            return 1
+    summary = summarise(phases, args.concurrency)
+    targets = print_report(summary, args.concurrency)
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        args.json.write_bytes(orjson.dumps({"config": config, **summary, "targets": targets},
+                                           option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _loop_factory() -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Memory end to end: the official SDK, memproxy with real storage, the scripted upstream."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import tiktoken
+
+from memory.render import CLOSE, OPEN
+from scripts.scripted_upstream import JSONReply, ScriptedUpstream, SSEReply, chat_chunks, chat_completion
+from tests.conftest import RunningProxy
+
+
+def db(proxy: RunningProxy) -> sqlite3.Connection:
+    return sqlite3.connect(proxy.state.settings.db_path)
+
+
+def wait_indexed(proxy: RunningProxy, timeout: float = 30) -> None:
+    """Wait until no job is queued or running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # The reply is stored after the response went out: give that a moment first.
+        time.sleep(0.1)
+        if not proxy.state.tasks:
+            with db(proxy) as conn:
+                pending = conn.execute(
+                    "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
+                ).fetchone()[0]
+            if pending == 0:
+                return
+    raise TimeoutError("jobs did not finish")
+
+
+def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **headers: str) -> Any:
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
+                           default_headers=headers)
+    return client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+
+
+def system_text(received: Any) -> str:
+    return "\n".join(m["content"] for m in received.json["messages"] if m["role"] == "system")
+
+
+@pytest.fixture
+def memproxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    return start_proxy(memory=True)
+
+
+def test_a_fact_from_one_session_is_injected_in_another(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(JSONReply(chat_completion("Noted, Postgres 16 with pgvector.")))
+    chat(memproxy, [{"role": "user", "content": "Our billing service runs on Postgres 16 with the pgvector extension."}],
+         **{"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s1"})
+    wait_indexed(memproxy)
+    raw = chat(memproxy, [{"role": "user", "content": "Which database does the billing service use?"}],
+               **{"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s2"})
+    injected = system_text(upstream.history[-1])
+    assert OPEN in injected and CLOSE in injected
+    assert "Postgres 16 with the pgvector extension" in injected
+    assert int(raw.headers["x-memory-items"]) >= 1
+    assert int(raw.headers["x-memory-injected-tokens"]) > 0
+    assert float(raw.headers["x-memory-recall-ms"]) >= 0
+    assert "x-memory-error" not in raw.headers
+
+
+def test_resent_history_is_stored_once_and_replies_are_stored(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for i in range(4):
+        history.append({"role": "user", "content": f"question number {i}"})
+        if i % 2:
+            upstream.enqueue(SSEReply(chat_chunks(f"streamed answer {i}", split=3)))
+            client = openai.OpenAI(base_url=memproxy.base_url, api_key="k", max_retries=0)
+            stream = client.chat.completions.create(model="gpt-4o", messages=history, stream=True)  # type: ignore[arg-type]
+            reply = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        else:
+            reply = chat(memproxy, history).parse().choices[0].message.content
+        history.append({"role": "assistant", "content": reply})
+        wait_indexed(memproxy)
+    again = chat(memproxy, history).parse()  # the whole history once more: only its reply is new
+    history.append({"role": "assistant", "content": again.choices[0].message.content})
+    wait_indexed(memproxy)
+    with db(memproxy) as conn:
+        rows = conn.execute("SELECT role, content, incomplete FROM turns ORDER BY id").fetchall()
+    assert [(r, c) for r, c, _ in rows] == [(m["role"], m["content"]) for m in history[1:]]
+    assert "streamed answer 1" in [c for _, c, _ in rows]
+    assert all(flag == 0 for _, _, flag in rows)
+
+
+def test_budget_holds_exactly_from_50_to_4000_tokens(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    topics = ["deploy pipeline", "kubernetes cluster", "database migration", "cache layer"]
+    for i in range(24):
+        text = (f"Note {i} about the {topics[i % 4]}: " + "we changed the retry policy, the "
+                "timeouts and the alerting thresholds after the incident review. " * 6)
+        chat(memproxy, [{"role": "user", "content": text}],
+             **{"X-Memory-Session-Id": f"long-{i}"})
+    wait_indexed(memproxy, timeout=60)
+    encoding = tiktoken.get_encoding("o200k_base")  # gpt-4o
+    http = httpx.Client(base_url=memproxy.url, timeout=30)
+    for budget in (50, 120, 250, 500, 1000, 2000, 4000):
+        result = http.post("/v1/chat/completions", headers={
+            "X-Memory-Dry-Run": "on", "X-Memory-Budget": str(budget),
+            "X-Memory-Session-Id": "question"},
+            json={"model": "gpt-4o", "messages": [
+                {"role": "user", "content": "what did we change in the deploy pipeline and cache layer?"}]},
+        ).json()
+        assert len(encoding.encode(result["block"])) == result["tokens"] <= budget
+        if budget >= 250:
+            assert result["items"], budget
+    http.close()
+
+
+def test_users_never_see_each_other(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+    chat(memproxy, [{"role": "user", "content": "My locker code is 4471 and my cat is Miso."}],
+         **{"X-Memory-User-Id": "alice"})
+    wait_indexed(memproxy)
+    for user in ("bob", "alice "[:-1] + "_", "default"):
+        chat(memproxy, [{"role": "user", "content": "What is my locker code and my cat's name?"}],
+             **{"X-Memory-User-Id": user})
+        assert "4471" not in system_text(upstream.history[-1])
+    chat(memproxy, [{"role": "user", "content": "What is my locker code and my cat's name?"}],
+         **{"X-Memory-User-Id": "alice", "X-Memory-Session-Id": "later"})
+    assert "4471" in system_text(upstream.history[-1])
+
+
+def test_placement_last_user_keeps_the_prefix(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+    chat(memproxy, [{"role": "user", "content": "The staging cluster is called aurora-west."}])
+    wait_indexed(memproxy)
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "What is the staging cluster called?"}]
+    chat(memproxy, messages, **{"X-Memory-Placement": "last_user"})
+    sent = upstream.history[-1].json["messages"]
+    assert sent[:3] == messages[:3]
+    assert sent[3]["role"] == "system" and "aurora-west" in sent[3]["content"]
+    assert sent[4] == messages[3]
+
+
+def test_switches_do_exactly_what_they_say(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+    chat(memproxy, [{"role": "user", "content": "The launch codename is BLUE HERON."}])
+    wait_indexed(memproxy)
+    ask = [{"role": "user", "content": "What is the launch codename?"}]
+
+    def turns() -> int:
+        wait_indexed(memproxy)
+        with db(memproxy) as conn:
+            return int(conn.execute("SELECT count(*) FROM turns").fetchone()[0])
+
+    before = turns()
+    raw = chat(memproxy, ask, **{"X-Memory": "off"})
+    assert upstream.history[-1].body and "BLUE HERON" not in upstream.history[-1].body.decode()
+    assert "x-memory-items" not in raw.headers and turns() == before
+    chat(memproxy, ask, **{"X-Memory-Read": "off"})
+    assert "BLUE HERON" not in upstream.history[-1].body.decode()
+    assert turns() == before + 2  # question and reply stored
+    ask2 = [{"role": "user", "content": "Remind me: what is the launch codename?"}]
+    chat(memproxy, ask2, **{"X-Memory-Write": "off"})
+    assert "BLUE HERON" in system_text(upstream.history[-1])
+    assert turns() == before + 2
+
+
+def test_recall_failure_degrades_but_the_chat_goes_through(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    memproxy.state.memory.vectors.close()  # the vector store becomes unavailable
+    raw = chat(memproxy, [{"role": "user", "content": "What did we decide about the schema?"}])
+    assert raw.http_response.status_code == 200
+    assert raw.headers["x-memory-error"].startswith("recall:")
+    assert raw.parse().choices[0].message.content.startswith("echo:")
+    ready = httpx.get(f"{memproxy.url}/readyz")
+    assert ready.status_code == 503 and ready.json()["parts"]["vectors"] != "ok"
