@@ -131,7 +131,7 @@ class MemoryEngine:
             try:
                 await probe
                 parts[name] = "ok"
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
+            except Exception as exc:
                 parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
         return parts
 
@@ -216,9 +216,11 @@ class MemoryEngine:
             return Recalled(skipped="trivial", recall_ms=_ms(started))
         session = request.session_id if request.scope == "session" else None
         k = self.settings.recall_candidates
+        # A signal weighted 0 is not searched at all (that is how ablations run).
         (dense, embed_ms), lexical = await asyncio.gather(
-            self._dense(request.user_id, session, query, k),
-            self.store.fts_search(request.user_id, query, k=k, session_id=session),
+            self._dense(request.user_id, session, query, k) if self.weights.dense else _none(),
+            self.store.fts_search(request.user_id, query, k=k, session_id=session)
+            if self.weights.bm25 else _empty(),
         )
         candidates = await self._candidates(request, dense, lexical)
         ranked = fuse(
@@ -274,6 +276,14 @@ def _item(c: Candidate) -> RecalledItem:
         "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
         c.signals,
     )
+
+
+async def _none() -> tuple[list[tuple[str, float]], float]:
+    return [], 0.0
+
+
+async def _empty() -> list[tuple[int, float]]:
+    return []
 
 
 def _ms(started: float) -> float:

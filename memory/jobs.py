@@ -66,7 +66,7 @@ class JobWorker:
         """Look for ready jobs now instead of at the next poll."""
         self._wake.set()
 
-    async def stop(self, timeout: float) -> None:  # noqa: ASYNC109 - a grace period, not a deadline
+    async def stop(self, timeout: float) -> None:
         """Stop claiming, give running handlers `timeout` seconds, then cancel and requeue them."""
         self._stopping = True
         self._wake.set()
@@ -88,13 +88,15 @@ class JobWorker:
             )  # fmt: skip
         log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
 
-    async def run_until_idle(self, timeout: float) -> None:  # noqa: ASYNC109 - part of the contract
+    async def run_until_idle(self, timeout: float) -> None:
         """Return once no job runs and none is due within `timeout`; else raise TimeoutError."""
         if self._loop_task is None:
             raise RuntimeError("start() the job worker first")
         deadline = self._clock() + timeout
         async with asyncio.timeout(timeout):
-            while self._running or await self._due_before(deadline):
+            # Ask the database, not self._running: a job's status changes atomically, while
+            # a just-claimed job is briefly in neither the queue nor self._running.
+            while await self._store.pending_jobs(due_before=deadline):
                 self.notify()
                 await asyncio.sleep(_IDLE_CHECK_INTERVAL)
 
@@ -103,10 +105,6 @@ class JobWorker:
         # Jitter spreads retries of jobs that failed together (e.g. an upstream outage).
         delay = self._backoff_base * 2.0 ** min(attempts - 1, 60) * random.uniform(1.0, 1.1)
         return min(self._backoff_max, delay)
-
-    async def _due_before(self, deadline: float) -> bool:
-        due = await self._store.next_job_due()
-        return due is not None and due <= deadline
 
     async def _loop(self) -> None:
         while not self._stopping:

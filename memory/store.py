@@ -430,6 +430,15 @@ class Store:
         rows = await self._read("SELECT MIN(run_after) FROM jobs WHERE status = 'queued'")
         return None if rows[0][0] is None else float(rows[0][0])
 
+    async def pending_jobs(self, due_before: float) -> int:
+        """How many jobs are running or queued to become ready before `due_before`."""
+        rows = await self._read(
+            "SELECT COUNT(*) FROM jobs WHERE status = 'running'"
+            " OR (status = 'queued' AND run_after <= ?)",
+            (due_before,),
+        )
+        return int(rows[0][0])
+
     async def job_counts(self) -> dict[str, int]:
         """Number of jobs in each status."""
         rows = await self._read("SELECT status, COUNT(*) FROM jobs GROUP BY status")

@@ -27,8 +27,9 @@ class VectorIndex:
     def __init__(self, client: Client, collection: Collection) -> None:
         self._client = client
         self._collection = collection
-        # Measured: without it, concurrent writes from a few threads intermittently fail
-        # inside chroma's embedded SQLite ("database is locked"); see tests/test_vectors.py.
+        # Chroma survives concurrent calls (2 writers + 1 reader: no errors, no leaks), but
+        # measured with one thread upserting batches of 64 nonstop, a query waited p50 110-200
+        # ms and up to 6 s without this lock, against p50 25-60 ms and at most 1.3 s with it.
         self._lock = threading.Lock()
 
     @classmethod

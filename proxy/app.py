@@ -45,6 +45,9 @@ def create_app(
         configure_logging(settings.log_level)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
+        uses_litellm = any(route.provider for route in settings.routes)
+        if uses_litellm:
+            import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
         try:
             if memory is not None:
                 state.memory = memory
@@ -63,6 +66,10 @@ def create_app(
                 await state.memory.close(settings.shutdown_grace_seconds)
             if upstream is None:
                 await state.upstream.aclose()
+            if uses_litellm:
+                from proxy.litellm_adapter import close_clients
+
+                await close_clients()
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),

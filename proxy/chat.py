@@ -28,9 +28,11 @@ from proxy.upstream import (
     forward_headers,
     map_transport_error,
     raise_for_status,
-    read_body as read_upstream_body,
     relay_headers,
     url_for,
+)
+from proxy.upstream import (
+    read_body as read_upstream_body,
 )
 
 ROUTE = "chat"

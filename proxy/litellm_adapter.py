@@ -25,10 +25,15 @@ if TYPE_CHECKING:
 # Never fetch the price map from the internet at import.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import litellm  # noqa: E402
+import litellm
 
 litellm.telemetry = False
 litellm.drop_params = True
+
+
+async def close_clients() -> None:
+    """Close the HTTP clients litellm caches per event loop."""
+    await litellm.close_litellm_async_clients()
 
 
 async def forward_litellm(
@@ -45,7 +50,7 @@ async def forward_litellm(
             api_base=target.base_url or None,
             timeout=state.settings.upstream_timeout, **params,
         )
-    except Exception as exc:  # noqa: BLE001 - litellm raises its own tree; map it
+    except Exception as exc:
         step.remember_reply(None, incomplete=True)
         raise to_proxy_error(exc) from None
     if not body.get("stream"):

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from config import Flags
-from memory.engine import RecallRequest, Recalled
+from memory.engine import Recalled, RecallRequest
 from memory.store import RequestMetrics
 from proxy.identity import Identity
 from proxy.logs import get_logger
@@ -53,7 +53,7 @@ class MemoryStep:
                 self.identity.user_id, self.identity.session_id, self.body["messages"],
                 self.model, self.flags.budget, self.flags.scope,
             ))
-        except Exception as exc:  # noqa: BLE001 - memory must never break the chat
+        except Exception as exc:
             self._failed("recall", exc)
         self.state.metrics.recall_latency.observe(time.perf_counter() - started)
         if self.recalled is not None:
@@ -86,11 +86,11 @@ class MemoryStep:
                     self.identity.user_id, self.identity.session_id, after, text,
                     model=self.model, request_id=self.request_id, incomplete=incomplete,
                 )
-        except Exception as exc:  # noqa: BLE001 - the reply already went out
+        except Exception as exc:
             self._failed("remember", exc)
         try:
             await memory.record(self._metrics_row())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._failed("metrics", exc)
 
     def headers(self) -> dict[str, str]:

@@ -12,7 +12,13 @@ from proxy.errors import PayloadTooLarge, ProxyError
 from proxy.identity import authenticate
 from proxy.relay import RelayResponse
 from proxy.state import AppState
-from proxy.upstream import forward_headers, map_transport_error, raise_for_status, relay_headers, url_for
+from proxy.upstream import (
+    forward_headers,
+    map_transport_error,
+    raise_for_status,
+    relay_headers,
+    url_for,
+)
 
 ROUTE = "passthrough"
 

@@ -76,7 +76,7 @@ class RelayResponse:
         except OSError:
             self.outcome.client_disconnected = True
             return
-        except Exception as exc:  # noqa: BLE001 - any upstream failure becomes one error event
+        except Exception as exc:
             if self.on_error is None:
                 raise
             self.outcome.error = self.on_error(exc)

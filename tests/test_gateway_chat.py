@@ -10,7 +10,13 @@ import openai
 import orjson
 import pytest
 
-from scripts.scripted_upstream import JSONReply, ScriptedUpstream, SSEReply, chat_chunks, chat_completion
+from scripts.scripted_upstream import (
+    JSONReply,
+    ScriptedUpstream,
+    SSEReply,
+    chat_chunks,
+    chat_completion,
+)
 from tests.conftest import RunningProxy
 
 MESSAGES = [

@@ -13,7 +13,13 @@ import pytest
 import tiktoken
 
 from memory.render import CLOSE, OPEN
-from scripts.scripted_upstream import JSONReply, ScriptedUpstream, SSEReply, chat_chunks, chat_completion
+from scripts.scripted_upstream import (
+    JSONReply,
+    ScriptedUpstream,
+    SSEReply,
+    chat_chunks,
+    chat_completion,
+)
 from tests.conftest import RunningProxy
 
 
@@ -179,3 +185,37 @@ def test_recall_failure_degrades_but_the_chat_goes_through(
     assert raw.parse().choices[0].message.content.startswith("echo:")
     ready = httpx.get(f"{memproxy.url}/readyz")
     assert ready.status_code == 503 and ready.json()["parts"]["vectors"] != "ok"
+
+
+async def test_queued_and_interrupted_jobs_survive_a_restart(
+    make_settings: Callable[..., Any], start_proxy: Callable[..., RunningProxy]
+) -> None:
+    from memory.store import NewTurn, Store
+
+    settings = make_settings()
+    store = await Store.open(settings.db_path)
+    first = await store.append_turns("ada", "before-restart", [
+        NewTurn("user", "The on-call rotation moved to Thursdays."),
+    ])
+    second = await store.append_turns("ada", "before-restart", [
+        NewTurn("user", "Grafana dashboards live in the ops-observability repo."),
+    ], after=first.last_id)
+    assert first.job_id and second.job_id
+    # A crash while the second job ran: it is still marked running.
+    await store.claim(None, limit=1, now=time.time() + 1)
+    await store.close()
+    with sqlite3.connect(settings.db_path) as conn:
+        states = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
+    assert sorted(states.values()) == ["queued", "running"]
+
+    proxy = start_proxy(memory=True)
+    wait_indexed(proxy)
+    with db(proxy) as conn:
+        assert {s for (s,) in conn.execute("SELECT status FROM jobs")} == {"done"}
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 2
+    for question, expected in [("When is the on-call rotation?", "Thursdays"),
+                               ("Where are the Grafana dashboards?", "ops-observability")]:
+        result = httpx.post(f"{proxy.base_url}/chat/completions", headers={
+            "X-Memory-Dry-Run": "on", "X-Memory-User-Id": "ada"},
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": question}]}).json()
+        assert expected in result["block"]

@@ -12,7 +12,15 @@ import pytest
 from memory import migrations
 from memory.store import Store
 
-EXPECTED_TABLES = {"migrations", "sessions", "turns", "chunks", "chunks_fts", "jobs", "request_metrics"}
+EXPECTED_TABLES = {
+    "migrations",
+    "sessions",
+    "turns",
+    "chunks",
+    "chunks_fts",
+    "jobs",
+    "request_metrics",
+}
 
 
 @pytest.fixture

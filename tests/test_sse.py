@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import ChatReplyTee, SSEDecoder, ServerSentEvent
+from proxy.sse import ChatReplyTee, ServerSentEvent, SSEDecoder
 
 STREAM = (
     b": keep-alive comment\r\n"

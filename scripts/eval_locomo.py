@@ -1,0 +1,505 @@
+"""Retrieval quality on LoCoMo: replay conversations through memproxy, then ask the questions.
+
+Each conversation of ``../shared/eval/locomo-dev.json`` is replayed through a running memproxy
+the way a chat client would talk to it: speaker A is the user (messages carry ``name``),
+speaker B's recorded turn is the reply of a scripted upstream, every LoCoMo session is one
+proxy session, and each request resends the session's history. Once indexing is done, every
+question is asked in a fresh session as a dry run (``X-Memory-Write: off``), and the recalled
+items are mapped back to LoCoMo turns (``dia_id``) by their text. Reported, per arm:
+
+* evidence recall at a budget B: the share of a question's gold evidence turns whose text is
+  in the block injected at ``X-Memory-Budget: B`` (250, 500, 1000, 2000 by default);
+* recall@k: the share found in the first k items of the ranking (asked at budget 100000);
+
+for the hybrid ranking and for BM25-only and dense-only ablations (memproxy restarted on the
+same data with MEMPROXY_WEIGHT_DENSE=0 or MEMPROXY_WEIGHT_BM25=0; nothing is re-ingested).
+Figures are means over questions, over categories 1-4 and over all five (category 5 is
+LoCoMo's adversarial set: questions about things that did not happen)::
+
+    .venv/bin/python -m scripts.eval_locomo                    # 5 conversations, ~10 minutes
+    .venv/bin/python -m scripts.eval_locomo --quick            # 1 conversation, 30 questions
+    .venv/bin/python -m scripts.eval_locomo --json out.json    # per-question details too
+
+The scripted upstream runs in this process; memproxy runs as a subprocess; both listen on
+127.0.0.1 only and are stopped at the end. The dataset stays outside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from scripts.bench_overhead import BenchError, child_env, free_port, serving
+from scripts.scripted_upstream import JSONReply, Received, ScriptedUpstream, chat_completion
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASET = (ROOT / "../shared/eval/locomo-dev.json").resolve()
+MODEL_DIR = (ROOT / "../shared/models/all-MiniLM-L6-v2").resolve()
+MODEL = "gpt-4o-mini"
+BUDGETS = (250, 500, 1000, 2000)
+KS = (5, 10, 25)
+RANKING_BUDGET = 100_000  # large enough that every candidate is rendered: the full ranking
+ARMS = {
+    "hybrid": {},
+    "bm25-only": {"MEMPROXY_WEIGHT_DENSE": "0"},
+    "dense-only": {"MEMPROXY_WEIGHT_BM25": "0"},
+}
+DRAGON = {5: 0.588, 10: 0.675, 25: 0.799}  # LoCoMo paper, DRAGON over turns, 10 conversations
+TARGET_BUDGET, TARGET_RECALL = 1000, 0.85
+GROUPS = {"cat 1-4": (1, 2, 3, 4), "all": (1, 2, 3, 4, 5)}
+REPLY_HEADER = "x-eval-reply"  # not X-Memory-*: the proxy forwards it to the upstream
+_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # OpenAI's pattern for a message `name`
+
+
+# -- the dataset ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    dia_id: str
+    speaker: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Question:
+    index: int
+    text: str
+    category: int
+    evidence: tuple[str, ...]  # dia_ids that exist in the conversation
+
+
+@dataclass
+class Conversation:
+    sample_id: str
+    speaker_a: str
+    speaker_b: str
+    sessions: list[tuple[int, list[Turn]]]
+    questions: list[Question]
+    unknown_evidence: int = 0
+    by_text: dict[str, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for _, turns in self.sessions:
+            for turn in turns:
+                self.by_text.setdefault(turn.text.strip(), set()).add(turn.dia_id)
+
+    def dia_ids(self, text: str) -> set[str]:
+        """The turns a recalled item's text comes from (an item may be a chunk of a turn)."""
+        text = text.strip()
+        found = self.by_text.get(text)
+        if found is None:
+            found = {d for whole, ids in self.by_text.items() if text in whole for d in ids}
+            self.by_text[text] = found
+        return found
+
+
+def turn_text(raw: dict[str, Any]) -> str:
+    """A turn as the user typed it, with the caption of a shared photo."""
+    caption = raw.get("blip_caption")
+    return str(raw["text"]) + (f" [shares a photo: {caption}]" if caption else "")
+
+
+def load(path: Path, conversations: int, questions: int | None) -> list[Conversation]:
+    """The first `conversations` of the dataset (with at most `questions` each, spread out)."""
+    loaded = []
+    for raw in orjson.loads(path.read_bytes())[:conversations]:
+        conv = raw["conversation"]
+        numbers = sorted(int(m[1]) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+        sessions = [
+            (n, [Turn(t["dia_id"], t["speaker"], turn_text(t)) for t in conv[f"session_{n}"]])
+            for n in numbers
+        ]
+        known = {t.dia_id for _, turns in sessions for t in turns}
+        asked, unknown = [], 0
+        for i, qa in enumerate(raw["qa"]):
+            cited = [f"D{s}:{t}" for e in qa["evidence"] for s, t in _EVIDENCE.findall(e)]
+            unknown += sum(1 for d in cited if d not in known) + sum(
+                1 for e in qa["evidence"] if not _EVIDENCE.search(e)
+            )
+            evidence = tuple(dict.fromkeys(d for d in cited if d in known))
+            if evidence:
+                asked.append(Question(i, qa["question"], int(qa["category"]), evidence))
+        if questions is not None and len(asked) > questions:
+            step = len(asked) / questions
+            asked = [asked[int(i * step)] for i in range(questions)]
+        loaded.append(Conversation(raw["sample_id"], conv["speaker_a"], conv["speaker_b"],
+                                   sessions, asked, unknown))
+    return loaded
+
+
+# -- replaying conversations ------------------------------------------------------------------
+
+
+class Replies:
+    """The scripted upstream's replies, looked up by the key the client sends along.
+
+    Conversations are replayed concurrently, so the upstream's FIFO queue cannot pair
+    replies with requests by order; each queued entry is this lookup instead.
+    """
+
+    def __init__(self, upstream: ScriptedUpstream) -> None:
+        self._upstream = upstream
+        self._texts: dict[str, str] = {}
+
+    def expect(self, key: str, text: str) -> None:
+        self._texts[key] = text
+        self._upstream.enqueue(self, path="/v1/chat/completions")
+
+    def __call__(self, received: Received) -> JSONReply:
+        return JSONReply(chat_completion(self._texts.pop(received.headers.get(REPLY_HEADER, ""), "")))
+
+
+def exchanges(conv: Conversation, turns: Sequence[Turn]) -> Iterator[tuple[list[dict[str, Any]], str]]:
+    """(messages to send, speaker B's reply) for one session, as a client builds them.
+
+    Speaker A's turns are user messages; the reply to each is speaker B's next turn, which
+    the client then appends as an assistant message. A session opened by speaker B starts
+    with that turn as an assistant message. A last message nobody answered is sent once
+    more with an empty reply, so that it is stored too.
+    """
+    history: list[dict[str, Any]] = []
+    unsent = False
+    a_name, b_name = (_NAME_UNSAFE.sub("_", n) for n in (conv.speaker_a, conv.speaker_b))
+    for turn in turns:
+        if turn.speaker == conv.speaker_a:
+            history.append({"role": "user", "name": a_name, "content": turn.text})
+            unsent = True
+            continue
+        if unsent and history[-1]["role"] == "user":
+            yield list(history), turn.text
+            unsent = False
+        else:
+            unsent = True
+        history.append({"role": "assistant", "name": b_name, "content": turn.text})
+    if unsent:
+        yield list(history), ""
+
+
+async def ingest(http: httpx.AsyncClient, replies: Replies, conv: Conversation) -> int:
+    """Replay one conversation, session by session; return the number of requests."""
+    sent = 0
+    for number, turns in conv.sessions:
+        for messages, reply in exchanges(conv, turns):
+            key = f"{conv.sample_id}/{number}/{sent}"
+            replies.expect(key, reply)
+            response = await http.post("/v1/chat/completions", headers={
+                "X-Memory-User-Id": conv.sample_id,
+                "X-Memory-Session-Id": f"{conv.sample_id}-session-{number}",
+                REPLY_HEADER: key,
+            }, json={"model": MODEL, "messages": messages})
+            if response.status_code != 200:
+                raise BenchError(f"replay of {key} got {response.status_code}: {response.text[:300]}")
+            sent += 1
+    return sent
+
+
+def ingested_users(db_path: Path) -> set[str]:
+    """Users that already have turns in the database."""
+    if not db_path.exists():
+        return set()
+    with contextlib.closing(sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)) as db:
+        return {row[0] for row in db.execute("SELECT DISTINCT user_id FROM turns")}
+
+
+def wait_indexed(db_path: Path, timeout: float = 1800) -> dict[str, int]:
+    """Poll the database read-only until no job is queued or running and nothing changes."""
+    deadline = time.monotonic() + timeout
+    last: tuple[int, ...] | None = None
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        with contextlib.closing(sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)) as db:
+            jobs = dict(db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+            turns, chunks = db.execute(
+                "SELECT (SELECT COUNT(*) FROM turns), (SELECT COUNT(*) FROM chunks)"
+            ).fetchone()
+        state = (jobs.get("queued", 0), jobs.get("running", 0), turns, chunks)
+        if state[:2] == (0, 0) and state == last:  # idle, and no reply was still being stored
+            return {"turns": turns, "chunks": chunks, "dead_jobs": jobs.get("dead", 0)}
+        last = state
+    raise BenchError(f"indexing did not finish within {timeout:.0f} s")
+
+
+# -- asking -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """What one arm recalled for one question."""
+
+    ranking: list[set[str]]  # dia_ids of each item of the full ranking, best first
+    found: dict[int, set[str]]  # budget -> dia_ids in the block
+    tokens: dict[int, int]
+    items: dict[int, int]
+    recall_ms: float  # at the default budget
+
+
+async def ask(
+    http: httpx.AsyncClient, conv: Conversation, question: Question, budgets: Sequence[int]
+) -> Answer:
+    """Dry runs of one question at the ranking budget and at every reported budget."""
+    answer = Answer([], {}, {}, {}, 0.0)
+    for budget in (RANKING_BUDGET, *budgets):
+        response = await http.post("/v1/chat/completions", headers={
+            "X-Memory-User-Id": conv.sample_id,
+            "X-Memory-Session-Id": f"{conv.sample_id}-question-{question.index}",
+            "X-Memory-Dry-Run": "on", "X-Memory-Write": "off", "X-Memory-Budget": str(budget),
+        }, json={"model": MODEL, "messages": [{"role": "user", "content": question.text}]})
+        if response.status_code != 200:
+            raise BenchError(f"question got {response.status_code}: {response.text[:300]}")
+        result = response.json()
+        if result.get("errors"):
+            raise BenchError(f"recall degraded: {result['errors']}")
+        turns = [conv.dia_ids(item["text"]) for item in result["items"]]
+        if budget == RANKING_BUDGET:
+            answer.ranking = turns
+        else:
+            answer.found[budget] = set().union(*turns)
+            answer.tokens[budget] = result["tokens"]
+            answer.items[budget] = len(turns)
+        if budget == TARGET_BUDGET or answer.recall_ms == 0.0:
+            answer.recall_ms = float(result["recall_ms"])
+    return answer
+
+
+async def ask_all(
+    port: int, conversations: Sequence[Conversation], budgets: Sequence[int], concurrency: int
+) -> dict[tuple[str, int], Answer]:
+    """Every question of every conversation, `concurrency` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+    async with _client(port) as http:
+
+        async def one(conv: Conversation, question: Question) -> tuple[tuple[str, int], Answer]:
+            async with gate:
+                return (conv.sample_id, question.index), await ask(http, conv, question, budgets)
+
+        pairs = await asyncio.gather(*(one(c, q) for c in conversations for q in c.questions))
+    return dict(pairs)
+
+
+def _client(port: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=120, trust_env=False,
+        headers={"authorization": "Bearer sk-eval"},
+    )
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+
+def share(evidence: Iterable[str], found: set[str]) -> float:
+    wanted = set(evidence)
+    return len(wanted & found) / len(wanted)
+
+
+def score(question: Question, answer: Answer, budgets: Sequence[int]) -> dict[str, float]:
+    """The question's figures: recall@k over the ranking and evidence recall per budget."""
+    figures = {
+        f"@{k}": share(question.evidence, set().union(*answer.ranking[:k])) for k in KS
+    }
+    figures |= {f"B{b}": share(question.evidence, answer.found[b]) for b in budgets}
+    return figures
+
+
+def summarise(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Mean of each figure per group (cat 1-4, all) and per category."""
+    groups = {**GROUPS, **{f"cat {c}": (c,) for c in range(1, 6)}}
+    out: dict[str, dict[str, float]] = {}
+    for name, categories in groups.items():
+        chosen = [r for r in rows if r["category"] in categories]
+        if chosen:
+            out[name] = {"n": len(chosen)} | {
+                k: statistics.fmean(r["figures"][k] for r in chosen) for k in keys
+            }
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q * len(ordered)) - 1))]
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def print_report(results: dict[str, Any], budgets: Sequence[int]) -> list[str]:
+    """Tables per arm and per category, then the target lines (returned too)."""
+    keys = [f"@{k}" for k in KS] + [f"B{b}" for b in budgets]
+    head = f"{'arm':11} {'group':8} {'n':>5} " + " ".join(f"{k:>6}" for k in keys)
+    print("\nrecall@k: evidence turns in the first k items; Bn: evidence turns in the block at "
+          "budget n tokens")
+    print(head)
+    for arm, result in results.items():
+        for group in ("cat 1-4", "all"):
+            row = result["summary"].get(group)
+            if row:
+                print(f"{arm:11} {group:8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
+    print("\nper category (category 5 = adversarial)")
+    print(head)
+    for arm, result in results.items():
+        for c in range(1, 6):
+            row = result["summary"].get(f"cat {c}")
+            if row:
+                print(f"{arm:11} {f'cat {c}':8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
+    print("\nblock size per budget (hybrid): mean items / mean tokens")
+    hybrid = results.get("hybrid") or next(iter(results.values()))
+    print("  " + "   ".join(f"B{b}: {hybrid['items'][str(b)]:.1f} / {hybrid['tokens'][str(b)]:.0f}"
+                            for b in budgets))
+    lines = []
+    for arm, result in results.items():
+        lines.append(f"recall latency {arm}: p50 {result['recall_ms']['p50']:.1f} ms, "
+                     f"p95 {result['recall_ms']['p95']:.1f} ms (budget {TARGET_BUDGET})")
+    if "hybrid" in results:
+        for group in ("cat 1-4", "all"):
+            row = results["hybrid"]["summary"].get(group)
+            if not row:
+                continue
+            beats = all(row[f"@{k}"] > DRAGON[k] for k in KS)
+            detail = ", ".join(f"@{k} {row[f'@{k}']:.3f} vs {DRAGON[k]}" for k in KS)
+            lines.append(f"hybrid {group}: beat DRAGON at every k: {'yes' if beats else 'NO'} ({detail})")
+            if f"B{TARGET_BUDGET}" in row:
+                value = row[f"B{TARGET_BUDGET}"]
+                lines.append(f"hybrid {group}: evidence recall at {TARGET_BUDGET} tokens {value:.3f} "
+                             f"(target >= {TARGET_RECALL}: {'yes' if value >= TARGET_RECALL else 'NO'})")
+    print("\n" + "\n".join(lines))
+    return lines
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def memproxy(port: int, upstream: str, data_dir: Path, logs: Path, arm: str,
+             extra: dict[str, str]) -> contextlib.AbstractContextManager[int]:
+    """memproxy serving `data_dir` on `port` with the arm's weights."""
+    env = child_env(
+        MEMPROXY_UPSTREAM_BASE_URL=upstream, MEMPROXY_DATA_DIR=str(data_dir),
+        MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
+        MEMPROXY_SHUTDOWN_GRACE_SECONDS="5", LITELLM_LOCAL_MODEL_COST_MAP="True",
+        **extra, **ARMS[arm],
+    )
+    argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
+    return serving(f"memproxy-{arm}", argv, env, f"http://127.0.0.1:{port}/readyz", logs)
+
+
+def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, Any]:
+    conversations = load(args.dataset, args.conversations, args.questions)
+    timings: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    with ScriptedUpstream(keep_history=False) as upstream:
+        replies = Replies(upstream)
+        for n, arm in enumerate(args.arms):
+            port = free_port()
+            with memproxy(port, upstream.base_url, data_dir, logs, arm, args.env):
+                if n == 0:
+                    started = time.perf_counter()
+                    done = ingested_users(data_dir / "memproxy.db") if args.reuse else set()
+                    todo = [c for c in conversations if c.sample_id not in done]
+                    requests = asyncio.run(_ingest_all(port, replies, todo))
+                    timings["replay_s"] = time.perf_counter() - started
+                    stats = wait_indexed(data_dir / "memproxy.db")
+                    timings["replay_and_index_s"] = time.perf_counter() - started
+                    print(f"replayed {len(todo)} conversations ({requests} requests; "
+                          f"{len(conversations) - len(todo)} reused); stored {stats}", file=sys.stderr)
+                started = time.perf_counter()
+                answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
+                timings[f"questions_{arm}_s"] = time.perf_counter() - started
+            results[arm] = collect(conversations, answers, args.budgets)
+            print(f"{arm}: {len(answers)} questions in {timings[f'questions_{arm}_s']:.0f} s",
+                  file=sys.stderr)
+    return {"conversations": [c.sample_id for c in conversations], "timings": timings,
+            "unknown_evidence": sum(c.unknown_evidence for c in conversations), "arms": results}
+
+
+async def _ingest_all(port: int, replies: Replies, conversations: Sequence[Conversation]) -> int:
+    async with _client(port) as http:
+        return sum(await asyncio.gather(*(ingest(http, replies, c) for c in conversations)))
+
+
+def collect(conversations: Sequence[Conversation], answers: dict[tuple[str, int], Answer],
+            budgets: Sequence[int]) -> dict[str, Any]:
+    """Per-question rows and their summary for one arm."""
+    rows = []
+    for conv in conversations:
+        for q in conv.questions:
+            answer = answers[conv.sample_id, q.index]
+            ranks = {d: next((i + 1 for i, ids in enumerate(answer.ranking) if d in ids), None)
+                     for d in q.evidence}
+            rows.append({
+                "sample_id": conv.sample_id, "index": q.index, "question": q.text,
+                "category": q.category, "evidence": list(q.evidence), "evidence_rank": ranks,
+                "figures": score(q, answer, budgets), "recall_ms": answer.recall_ms,
+            })
+    latencies = [a.recall_ms for a in answers.values()]
+    return {
+        "summary": summarise(rows, [f"@{k}" for k in KS] + [f"B{b}" for b in budgets]),
+        "items": {str(b): statistics.fmean(a.items[b] for a in answers.values()) for b in budgets},
+        "tokens": {str(b): statistics.fmean(a.tokens[b] for a in answers.values()) for b in budgets},
+        "recall_ms": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95)},
+        "questions": rows,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.eval_locomo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=5, help="how many conversations (default all 5)")
+    parser.add_argument("--questions", type=int, help="at most this many questions per conversation")
+    parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="token budgets to report")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                        help="rankings to evaluate (the first one also replays the conversations)")
+    parser.add_argument("--quick", action="store_true", help="1 conversation, 30 questions")
+    parser.add_argument("--concurrency", type=int, default=4, help="questions asked at once")
+    parser.add_argument("--data-dir", type=Path, help="memproxy's data directory (kept); default a temporary one")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --data-dir: skip replaying conversations already stored there")
+    parser.add_argument("--env", action="append", default=[], metavar="MEMPROXY_X=VALUE",
+                        help="extra memproxy setting for every arm (repeatable)")
+    parser.add_argument("--dataset", type=Path, default=DATASET, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write figures and per-question details")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.conversations, args.questions = 1, args.questions or 30
+    if args.reuse and args.data_dir is None:
+        parser.error("--reuse needs --data-dir")
+    args.env = dict(item.split("=", 1) for item in args.env)
+    if bad := [k for k in args.env if not k.startswith("MEMPROXY_")]:
+        parser.error(f"--env takes MEMPROXY_* settings only, got {bad}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="memproxy-locomo-") as tmp:
+        data_dir = args.data_dir.resolve() if args.data_dir else Path(tmp) / "data"
+        try:
+            run = evaluate(args, data_dir, Path(tmp))
+        except (BenchError, KeyboardInterrupt) as exc:
+            print(f"eval_locomo: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}",
+                  file=sys.stderr)
+            return 1
+    run["timings"]["wall_s"] = time.perf_counter() - started
+    targets = print_report(run["arms"], args.budgets)
+    print(f"conversations {', '.join(run['conversations'])}; evidence ids not in the "
+          f"conversation (skipped): {run['unknown_evidence']}; wall time {run['timings']['wall_s']:.0f} s")
+    if args.json:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"}
+        args.json.write_bytes(orjson.dumps({"config": config, **run, "targets": targets},
+                                           option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

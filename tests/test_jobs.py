@@ -1,0 +1,267 @@
+"""JobWorker over a real Store: completion, retries with backoff, dead letters, crash
+recovery, graceful stop and concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.jobs import Handler, JobWorker
+from memory.store import Store
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    store = await Store.open(tmp_path / "memory.db")
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def make_worker(store: Store) -> AsyncIterator[Callable[..., JobWorker]]:
+    """Build started-later workers with fast timings; every one is stopped at teardown."""
+    workers: list[JobWorker] = []
+
+    def make(handlers: Mapping[str, Handler], **options: Any) -> JobWorker:
+        options = {"poll_interval": 0.05, "backoff_base": 0.02, **options}
+        worker = JobWorker(options.pop("store", store), handlers, **options)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        await worker.stop(timeout=1)
+
+
+class Recorder:
+    """A handler that records its calls and fails the first `failures` of them."""
+
+    def __init__(self, failures: int = 0, error: Exception | None = None) -> None:
+        self.calls: list[tuple[float, dict[str, Any]]] = []
+        self.failures = failures
+        self.error = error or ValueError("boom")
+
+    async def __call__(self, payload: dict[str, Any]) -> None:
+        self.calls.append((time.time(), payload))
+        if len(self.calls) <= self.failures:
+            raise self.error
+
+
+async def test_a_job_runs_once_and_is_done(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    handler = Recorder()
+    worker = make_worker({"index": handler})
+    await worker.start()
+
+    await store.enqueue("index", {"turn_ids": [1, 2]})
+    worker.notify()
+    await worker.run_until_idle(timeout=5)
+
+    assert [payload for _, payload in handler.calls] == [{"turn_ids": [1, 2]}]
+    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+
+
+async def test_a_failing_job_backs_off_then_is_buried_with_its_error(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    handler = Recorder(failures=99, error=ConnectionError("upstream refused"))
+    worker = make_worker({"extract": handler}, backoff_base=0.05)
+    await worker.start()
+
+    job_id = await store.enqueue("extract", {"n": 1}, max_attempts=3)
+    await worker.run_until_idle(timeout=5)
+
+    assert len(handler.calls) == 3
+    first_gap = handler.calls[1][0] - handler.calls[0][0]
+    second_gap = handler.calls[2][0] - handler.calls[1][0]
+    assert first_gap >= 0.05 and second_gap >= 0.1  # base * 2 ** (attempt - 1)
+    (dead,) = await store.dead_jobs(10)
+    assert (dead.id, dead.kind, dead.attempts) == (job_id, "extract", 3)
+    assert dead.last_error == "ConnectionError: upstream refused"
+    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 1}
+
+
+async def test_a_job_that_fails_once_succeeds_on_retry(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    handler = Recorder(failures=1)
+    worker = make_worker({"index": handler})
+    await worker.start()
+
+    await store.enqueue("index", {})
+    await worker.run_until_idle(timeout=5)
+
+    assert len(handler.calls) == 2
+    assert (await store.job_counts())["done"] == 1
+
+
+async def test_an_unknown_kind_is_buried_at_once(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    worker = make_worker({"index": Recorder()})
+    await worker.start()
+
+    await store.enqueue("summarise", {}, max_attempts=5)
+    await worker.run_until_idle(timeout=5)
+
+    (dead,) = await store.dead_jobs(10)
+    assert dead.attempts == 1
+    assert dead.last_error == "no handler is registered for job kind 'summarise'"
+
+
+async def test_a_job_running_at_a_crash_is_retried_after_restart(
+    tmp_path: Path, make_worker: Callable[..., JobWorker]
+) -> None:
+    path = tmp_path / "crash.db"
+    crashed = await Store.open(path)
+    job_id = await crashed.enqueue("index", {"turn_ids": [7]})
+    assert [job.id for job in await crashed.claim(None, 1, now=time.time())] == [job_id]
+    await crashed.close()  # the process dies mid-job: nothing settles it
+
+    restarted = await Store.open(path)
+    try:
+        handler = Recorder()
+        worker = make_worker({"index": handler}, store=restarted)
+        await worker.start()
+        await worker.run_until_idle(timeout=5)
+
+        assert [payload for _, payload in handler.calls] == [{"turn_ids": [7]}]
+        assert (await restarted.job_counts())["done"] == 1
+        await worker.stop(timeout=1)
+    finally:
+        await restarted.close()
+
+
+async def test_stop_requeues_a_job_whose_handler_is_too_slow(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    worker = make_worker({"index": slow})
+    await worker.start()
+    await store.enqueue("index", {"n": 1})
+    await asyncio.wait_for(started.wait(), timeout=5)
+
+    await worker.stop(timeout=0.05)
+
+    assert cancelled.is_set()
+    assert await store.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 0}
+    handler = Recorder()
+    successor = make_worker({"index": handler})
+    await successor.start()
+    await successor.run_until_idle(timeout=5)
+    assert [payload for _, payload in handler.calls] == [{"n": 1}]
+
+
+async def test_stop_lets_a_handler_that_finishes_in_time_complete(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    started = asyncio.Event()
+
+    async def brief(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.sleep(0.05)
+
+    worker = make_worker({"index": brief})
+    await worker.start()
+    await store.enqueue("index", {})
+    await asyncio.wait_for(started.wait(), timeout=5)
+
+    await worker.stop(timeout=5)
+
+    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+
+
+async def test_handlers_run_concurrently_up_to_the_limit(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    active, peak = 0, 0
+
+    async def handler(payload: dict[str, Any]) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.05)
+        active -= 1
+
+    worker = make_worker({"index": handler}, concurrency=3)
+    for n in range(9):
+        await store.enqueue("index", {"n": n})
+    started = time.perf_counter()
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert peak == 3
+    assert time.perf_counter() - started < 0.05 * 9  # faster than one at a time
+    assert (await store.job_counts())["done"] == 9
+
+
+async def test_notify_wakes_the_worker_without_waiting_for_the_poll(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    ran = asyncio.Event()
+
+    async def handler(payload: dict[str, Any]) -> None:
+        ran.set()
+
+    worker = make_worker({"index": handler}, poll_interval=60)
+    await worker.start()
+    await asyncio.sleep(0.01)  # let the loop go to sleep on an empty queue
+
+    await store.enqueue("index", {})
+    worker.notify()
+
+    await asyncio.wait_for(ran.wait(), timeout=2)
+
+
+async def test_run_until_idle_times_out_while_a_job_is_still_running(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    async def stuck(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(60)
+
+    worker = make_worker({"index": stuck})
+    await worker.start()
+    await store.enqueue("index", {})
+
+    with pytest.raises(TimeoutError):
+        await worker.run_until_idle(timeout=0.2)
+
+
+async def test_run_until_idle_ignores_jobs_due_after_the_timeout(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    handler = Recorder()
+    worker = make_worker({"index": handler})
+    await worker.start()
+    await store.enqueue("index", {}, run_after=time.time() + 3600)
+
+    await worker.run_until_idle(timeout=1)
+
+    assert handler.calls == []
+    assert (await store.job_counts())["queued"] == 1
+
+
+async def test_backoff_doubles_and_is_capped(store: Store) -> None:
+    worker = JobWorker(store, {}, backoff_base=1.0, backoff_max=10.0)
+
+    assert 1.0 <= worker.backoff(1) <= 1.1
+    assert 2.0 <= worker.backoff(2) <= 2.2
+    assert 4.0 <= worker.backoff(3) <= 4.4
+    assert worker.backoff(4) == pytest.approx(8.0, rel=0.1)
+    assert worker.backoff(5) == 10.0
+    assert worker.backoff(500) == 10.0

@@ -1,0 +1,75 @@
+"""Routes to providers that are not OpenAI-compatible go through litellm and come back as OpenAI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import openai
+
+from config import Route
+from scripts.scripted_upstream import JSONReply, ScriptedUpstream
+from tests.conftest import RunningProxy
+
+ANTHROPIC_REPLY = {
+    "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-test",
+    "content": [{"type": "text", "text": "Bonjour from Claude"}],
+    "stop_reason": "end_turn", "stop_sequence": None,
+    "usage": {"input_tokens": 12, "output_tokens": 4},
+}
+
+
+def test_anthropic_route_is_translated_both_ways(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    origin = upstream.base_url.removesuffix("/v1")
+    proxy = start_proxy(routes=(
+        Route("claude-*", base_url=origin, api_key="sk-ant-route", provider="anthropic"),
+    ))
+    upstream.enqueue(JSONReply(ANTHROPIC_REPLY), path="/v1/messages")
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    completion = client.chat.completions.create(
+        model="claude-test", max_tokens=50,
+        messages=[{"role": "system", "content": "Be French."}, {"role": "user", "content": "Hi"}],
+    )
+    assert completion.choices[0].message.content == "Bonjour from Claude"
+    assert completion.usage is not None and completion.usage.prompt_tokens == 12
+    sent = upstream.history[-1]
+    assert sent.path == "/v1/messages"
+    assert sent.headers["x-api-key"] == "sk-ant-route"  # the route's key, not the client's
+    assert sent.json["system"] in ("Be French.", [{"type": "text", "text": "Be French."}])
+    assert sent.json["messages"][-1]["role"] == "user"
+
+
+def test_litellm_openai_provider_streams(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    stream = client.chat.completions.create(
+        model="via-litellm-model", stream=True,
+        messages=[{"role": "user", "content": "stream me"}],
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "echo: stream me"
+    assert upstream.history[-1].headers["authorization"] == "Bearer sk-route"
+    assert upstream.history[-1].json["model"] == "via-litellm-model"
+
+
+def test_litellm_upstream_errors_keep_their_status(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    from scripts.scripted_upstream import ErrorReply
+
+    proxy = start_proxy(routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    upstream.enqueue(*[ErrorReply(429, "slow down")] * 5)
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    try:
+        client.chat.completions.create(model="via-litellm-x", messages=[{"role": "user", "content": "x"}])
+    except openai.RateLimitError as exc:
+        assert exc.status_code == 429
+    else:
+        raise AssertionError("expected a 429")

@@ -1,0 +1,220 @@
+"""Vector index on real embedded Chroma: filters, upserts, deletes, persistence, threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memory.vectors import VectorIndex, where_clause
+
+DIM = 384
+Vectors = npt.NDArray[np.float32]
+
+
+def unit_vectors(rng: np.random.Generator, n: int) -> Vectors:
+    vectors = rng.normal(size=(n, DIM)).astype(np.float32)
+    normalised: Vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return normalised
+
+
+def near(rng: np.random.Generator, vector: Vectors, noise: float) -> Vectors:
+    moved = vector + rng.normal(scale=noise, size=DIM).astype(np.float32)
+    normalised: Vectors = (moved / np.linalg.norm(moved)).astype(np.float32)
+    return normalised
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(7)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[VectorIndex]:
+    opened = VectorIndex.open(tmp_path / "vectors")
+    yield opened
+    opened.close()
+
+
+def test_query_returns_cosine_similarity_best_first(
+    index: VectorIndex, rng: np.random.Generator
+) -> None:
+    vectors = unit_vectors(rng, 20)
+    index.add([f"v{i}" for i in range(20)], vectors, [{"user_id": "a"}] * 20)
+
+    hits = index.query(vectors[3], k=5, where={"user_id": "a"})
+
+    assert hits[0][0] == "v3"
+    assert hits[0][1] == pytest.approx(1.0, abs=1e-5)
+    similarities = [score for _, score in hits]
+    assert similarities == sorted(similarities, reverse=True)
+    expected = {f"v{i}": float(vectors[i] @ vectors[3]) for i in range(20)}
+    for id_, score in hits:
+        assert score == pytest.approx(expected[id_], abs=1e-4)
+    assert len(index.query(vectors[3], k=50, where={"user_id": "a"})) == 20
+
+
+def test_filters_isolate_users_and_sessions(index: VectorIndex, rng: np.random.Generator) -> None:
+    query = unit_vectors(rng, 1)[0]
+    # B's vectors sit right on the query; A's are far away.
+    b_vectors = np.stack([near(rng, query, 0.001) for _ in range(30)])
+    a_vectors = unit_vectors(rng, 30)
+    index.add(
+        [f"b{i}" for i in range(30)],
+        b_vectors,
+        [{"user_id": "B", "session_id": "s1"}] * 30,
+    )
+    index.add(
+        [f"a{i}" for i in range(30)],
+        a_vectors,
+        [{"user_id": "A", "session_id": f"s{i % 2}"} for i in range(30)],
+    )
+
+    for_a = index.query(query, k=10, where={"user_id": "A"})
+    assert len(for_a) == 10
+    assert all(id_.startswith("a") for id_, _ in for_a)
+
+    a_session = index.query(query, k=50, where={"user_id": "A", "session_id": "s1"})
+    assert sorted(id_ for id_, _ in a_session) == sorted(f"a{i}" for i in range(1, 30, 2))
+    assert index.query(query, k=5, where={"user_id": "nobody"}) == []
+
+
+def test_upsert_is_idempotent_and_replaces(index: VectorIndex, rng: np.random.Generator) -> None:
+    vectors = unit_vectors(rng, 5)
+    ids = [f"v{i}" for i in range(5)]
+    index.add(ids, vectors, [{"user_id": "a", "turn_id": i} for i in range(5)])
+    index.add(ids, vectors, [{"user_id": "a", "turn_id": i} for i in range(5)])
+    assert index.count() == 5
+
+    index.add(["v0"], vectors[4:5], [{"user_id": "b", "pinned": True}])
+    assert index.count() == 5
+    assert [id_ for id_, _ in index.query(vectors[0], k=5, where={"user_id": "b"})] == ["v0"]
+    assert index.query(vectors[4], k=1, where={"user_id": "b"})[0][1] == pytest.approx(
+        1.0, abs=1e-5
+    )
+
+
+def test_delete_by_where_and_ids(index: VectorIndex, rng: np.random.Generator) -> None:
+    vectors = unit_vectors(rng, 12)
+    metas = [{"user_id": f"u{i % 2}", "session_id": f"s{i % 3}"} for i in range(12)]
+    index.add([f"v{i}" for i in range(12)], vectors, metas)
+
+    index.delete(where={"user_id": "u0", "session_id": "s0"})  # v0, v6
+    index.delete(ids=["v1"])
+    index.delete(ids=[])
+
+    assert index.count() == 9
+    left = {id_ for id_, _ in index.query(vectors[0], k=20, where={"user_id": "u0"})}
+    assert left == {"v2", "v4", "v8", "v10"}
+    index.delete(where={"user_id": "u1"})
+    assert index.count() == 4
+    with pytest.raises(ValueError, match="ids or where"):
+        index.delete()
+
+
+def test_add_checks_lengths_and_ignores_empty(index: VectorIndex) -> None:
+    index.add([], np.zeros((0, DIM), dtype=np.float32), [])
+    assert index.count() == 0
+    with pytest.raises(ValueError, match="as many"):
+        index.add(["a", "b"], np.zeros((1, DIM), dtype=np.float32), [{"user_id": "a"}] * 2)
+
+
+def test_persists_across_reopen(tmp_path: Path, rng: np.random.Generator) -> None:
+    vectors = unit_vectors(rng, 8)
+    first = VectorIndex.open(tmp_path / "vectors")
+    first.add([f"v{i}" for i in range(8)], vectors, [{"user_id": "a"}] * 8)
+    first.close()
+
+    second = VectorIndex.open(tmp_path / "vectors")
+    try:
+        assert second.count() == 8
+        hit, similarity = second.query(vectors[5], k=1, where={"user_id": "a"})[0]
+        assert hit == "v5"
+        assert similarity == pytest.approx(1.0, abs=1e-5)  # still cosine space
+    finally:
+        second.close()
+
+
+def test_where_clause() -> None:
+    assert where_clause({}) is None
+    assert where_clause({"user_id": "u"}) == {"user_id": {"$eq": "u"}}
+    assert where_clause({"user_id": "u", "session_id": "s"}) == {
+        "$and": [{"user_id": {"$eq": "u"}}, {"session_id": {"$eq": "s"}}]
+    }
+
+
+def test_concurrent_threads(index: VectorIndex) -> None:
+    errors: list[str] = []
+
+    def writer(user: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for batch in range(15):
+                ids = [f"{user}-{batch}-{i}" for i in range(32)]
+                index.add(ids, unit_vectors(rng, 32), [{"user_id": user}] * 32)
+                if batch % 5 == 4:
+                    index.delete(ids=ids[:4])
+        except Exception as exc:  # collected so the main thread can report it
+            errors.append(repr(exc))
+
+    def reader() -> None:
+        rng = np.random.default_rng(99)
+        try:
+            for _ in range(60):
+                for id_, _ in index.query(unit_vectors(rng, 1)[0], k=10, where={"user_id": "A"}):
+                    if not id_.startswith("A-"):
+                        errors.append(f"leaked {id_}")
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    threads = [
+        threading.Thread(target=writer, args=("A", 1)),
+        threading.Thread(target=writer, args=("B", 2)),
+        threading.Thread(target=reader),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert index.count() == 2 * (15 * 32 - 3 * 4)
+
+
+@pytest.mark.slow
+def test_latency_with_10k_vectors(index: VectorIndex, rng: np.random.Generator) -> None:
+    total, users, batch = 10_000, 50, 64
+    vectors = unit_vectors(rng, total)
+    started = time.perf_counter()
+    for start in range(0, total, batch):
+        stop = min(start + batch, total)
+        index.add(
+            [f"v{i}" for i in range(start, stop)],
+            vectors[start:stop],
+            [{"user_id": f"u{i % users}", "session_id": f"s{i % 7}"} for i in range(start, stop)],
+        )
+    add_seconds = time.perf_counter() - started
+
+    queries = unit_vectors(rng, 50)
+    index.query(queries[0], k=50, where={"user_id": "u3"})
+    timings = []
+    for query in queries:
+        started = time.perf_counter()
+        hits = index.query(query, k=50, where={"user_id": "u3"})
+        timings.append((time.perf_counter() - started) * 1000)
+        assert all(int(id_[1:]) % users == 3 for id_, _ in hits)
+    session_started = time.perf_counter()
+    for query in queries:
+        index.query(query, k=50, where={"user_id": "u3", "session_id": "s1"})
+    session_ms = (time.perf_counter() - session_started) * 1000 / len(queries)
+    print(
+        f"\nchroma, {total} vectors x {DIM} over {users} users: add {total / add_seconds:.0f} "
+        f"vectors/s ({add_seconds / (total / batch) * 1000:.1f} ms per batch of {batch}); "
+        f"query k=50 filtered to one user p50 {np.percentile(timings, 50):.1f} ms, "
+        f"p95 {np.percentile(timings, 95):.1f} ms; user+session {session_ms:.1f} ms"
+    )
