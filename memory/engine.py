@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,7 +25,10 @@ from memory.tokens import count_tokens, ensure_offline_tiktoken
 from memory.vectors import VectorIndex
 
 INDEX_JOB = "index"
-CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
+MAINTENANCE_INTERVAL = 3600.0
+DONE_JOB_RETENTION = 7 * 86400.0
+CHUNK_COUNT_MODEL = "gpt-4"
+log = logging.getLogger("memproxy.memory")  # chunk caps are model-agnostic: cl100k_base
 
 
 class Embedder(Protocol):
@@ -91,6 +96,7 @@ class MemoryEngine:
             settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
             settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
         )
+        self._maintenance: asyncio.Task[None] | None = None
         self.worker = JobWorker(
             store, {INDEX_JOB: self._index_job}, concurrency=settings.job_concurrency,
             backoff_base=settings.job_backoff_seconds,
@@ -102,7 +108,9 @@ class MemoryEngine:
         ensure_offline_tiktoken()
         store = await Store.open(settings.db_path)
         try:
-            vectors = await asyncio.to_thread(VectorIndex.open, settings.vectors_path)
+            vectors = await asyncio.to_thread(
+                VectorIndex.open, settings.vectors_path, collection_name(settings)
+            )
             if embedder is None:
                 model_dir = find_model_dir(settings.embedding_model_dir)
                 embedder = LocalEmbedder(model_dir, threads=settings.embedding_threads)
@@ -111,10 +119,15 @@ class MemoryEngine:
             raise
         engine = cls(settings, store, vectors, embedder)
         await engine.worker.start()
+        engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop the worker (unfinished jobs stay queued), then close stores."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
         await self.worker.stop(timeout)
         await asyncio.to_thread(self.vectors.close)
         await self.store.close()
@@ -134,6 +147,23 @@ class MemoryEngine:
             except Exception as exc:
                 parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
         return parts
+
+    async def prune(self, now: float | None = None) -> dict[str, int]:
+        """Drop metrics rows past retention and finished jobs older than a week."""
+        now = time.time() if now is None else now
+        retention = self.settings.metrics_retention_days * 86400.0
+        return {
+            "request_metrics": await self.store.prune_request_metrics(now - retention),
+            "done_jobs": await self.store.prune_done_jobs(now - DONE_JOB_RETENTION),
+        }
+
+    async def _maintain(self) -> None:
+        while True:
+            try:
+                await self.prune()
+            except Exception:  # noqa: BLE001 - retried next round; never kills the engine
+                log.warning("pruning failed", exc_info=True)
+            await asyncio.sleep(MAINTENANCE_INTERVAL)
 
     # -- remember
 
@@ -276,6 +306,14 @@ def _item(c: Candidate) -> RecalledItem:
         "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
         c.signals,
     )
+
+
+def collection_name(settings: Settings) -> str:
+    """One collection per embedding model: vectors of different models never mix."""
+    if settings.embedding_backend == "local":
+        return "chunks-minilm-l6"
+    slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
+    return f"chunks-{slug}"[:60]
 
 
 async def _none() -> tuple[list[tuple[str, float]], float]:

@@ -295,33 +295,19 @@ class Store:
     ) -> list[int]:
         """Store (ordinal, kind, text, tokens) chunks of a turn; re-adding one updates it."""
         async with self._transaction() as db:
-            owner = await db.execute_fetchall(
+            rows = await db.execute_fetchall(
                 "SELECT user_id, session_id FROM turns WHERE id = ?", (turn_id,)
             )
-            user_id, session_id = _only_row(owner, f"no turn with id {turn_id}")
-            existing = {
-                row[0]: tuple(row[1:])
-                for row in await db.execute_fetchall(
-                    "SELECT ordinal, kind, text, tokens FROM chunks WHERE turn_id = ?", (turn_id,)
-                )
-            }
-            fresh = [chunk for chunk in chunks if chunk[0] not in existing]
-            changed = [c for c in chunks if c[0] in existing and existing[c[0]] != tuple(c[1:])]
+            user_id, session_id = _only_row(rows, f"no turn with id {turn_id}")
+            fresh, changed = await _diff_chunks(db, turn_id, chunks)
             if fresh:
-                scope = (
-                    user_id,
-                    session_id,
-                    owner_token(user_id),
-                    session_token(user_id, session_id),
-                )
-                await _insert_chunks(db, turn_id, scope, fresh)
-            if changed:  # the update trigger re-indexes them; ids stay stable
+                tokens = (owner_token(user_id), session_token(user_id, session_id))
+                await _insert_chunks(db, turn_id, (user_id, session_id, *tokens), fresh)
+            if changed:  # the update trigger re-indexes them; their ids stay the same
                 await db.executemany(
-                    "UPDATE chunks SET kind = ?, text = ?, tokens = ? WHERE turn_id = ? AND ordinal = ?",
-                    [
-                        (kind, text, tokens, turn_id, ordinal)
-                        for ordinal, kind, text, tokens in changed
-                    ],
+                    "UPDATE chunks SET kind = ?, text = ?, tokens = ?"
+                    " WHERE turn_id = ? AND ordinal = ?",
+                    [(kind, text, n, turn_id, ordinal) for ordinal, kind, text, n in changed],
                 )
             rows = await db.execute_fetchall(
                 "SELECT ordinal, id FROM chunks WHERE turn_id = ? ORDER BY ordinal", (turn_id,)
@@ -522,6 +508,7 @@ def _prepare_database(path: Path) -> str:
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         # WAL is a property of the file: set once here, every later connection uses it.
         conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
         migrations.apply(conn)
     finally:
         conn.close()
@@ -589,6 +576,19 @@ async def _insert_turn(
         ),
     )  # fmt: skip
     return int(_only_row(inserted, "insert returned no id")[0])
+
+
+async def _diff_chunks(
+    db: aiosqlite.Connection, turn_id: int, chunks: Sequence[tuple[int, str, str, int]]
+) -> tuple[list[tuple[int, str, str, int]], list[tuple[int, str, str, int]]]:
+    """Split chunks into those not stored yet and those stored with other content."""
+    rows = await db.execute_fetchall(
+        "SELECT ordinal, kind, text, tokens FROM chunks WHERE turn_id = ?", (turn_id,)
+    )
+    stored = {row[0]: tuple(row[1:]) for row in rows}
+    fresh = [chunk for chunk in chunks if chunk[0] not in stored]
+    changed = [c for c in chunks if c[0] in stored and stored[c[0]] != tuple(c[1:])]
+    return fresh, changed
 
 
 async def _insert_chunks(

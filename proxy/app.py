@@ -25,6 +25,7 @@ from proxy.metrics import Metrics, metrics_endpoint
 from proxy.passthrough import passthrough
 from proxy.state import AppState
 from proxy.upstream import Upstream
+from proxy.upstream_embeddings import UpstreamEmbedder
 
 log = get_logger("app")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -52,7 +53,10 @@ def create_app(
             if memory is not None:
                 state.memory = memory
             elif with_memory:
-                state.memory = await MemoryEngine.open(settings, embedder=embedder)
+                chosen = embedder
+                if chosen is None and settings.embedding_backend == "upstream":
+                    chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model)
+                state.memory = await MemoryEngine.open(settings, embedder=chosen)
             app.state.ready = True
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),

@@ -118,7 +118,7 @@ def start_proxy(
 
         settings = make_settings(**changes)
         kwargs: dict[str, Any] = {"with_memory": memory}
-        if memory:
+        if memory and settings.embedding_backend == "local":
             kwargs["embedder"] = embedder
         proxy = serve(settings, **kwargs)
         running.append(proxy)

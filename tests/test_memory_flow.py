@@ -74,6 +74,12 @@ def test_a_fact_from_one_session_is_injected_in_another(
     assert int(raw.headers["x-memory-injected-tokens"]) > 0
     assert float(raw.headers["x-memory-recall-ms"]) >= 0
     assert "x-memory-error" not in raw.headers
+    wait_indexed(memproxy)
+    with db(memproxy) as conn:
+        rows = conn.execute("SELECT session_id, injected_tokens, items_json, recall_ms FROM "
+                            "request_metrics WHERE user_id = 'ada' ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["s1", "s2"]  # one row per request
+    assert rows[1][1] == int(raw.headers["x-memory-injected-tokens"]) and rows[1][3] is not None
 
 
 def test_resent_history_is_stored_once_and_replies_are_stored(
@@ -219,3 +225,31 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
             "X-Memory-Dry-Run": "on", "X-Memory-User-Id": "ada"},
             json={"model": "gpt-4o", "messages": [{"role": "user", "content": question}]}).json()
         assert expected in result["block"]
+
+
+def test_upstream_embedding_backend(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> None:
+    proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-operator")
+    chat(proxy, [{"role": "user", "content": "The nightly backup job writes to bucket zeta-archive."}])
+    wait_indexed(proxy)
+    embedded = [r for r in upstream.history if r.path == "/v1/embeddings"]
+    assert embedded and embedded[0].headers["authorization"] == "Bearer sk-operator"
+    assert embedded[0].json["model"] == "text-embedding-3-small"
+    chat(proxy, [{"role": "user", "content": "Which bucket does the nightly backup job write to?"}],
+         **{"X-Memory-Session-Id": "other"})
+    assert "zeta-archive" in system_text(upstream.history[-1])
+
+
+async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[..., Any], embedder: Any) -> None:
+    from memory.engine import MemoryEngine
+    from memory.store import RequestMetrics
+
+    engine = await MemoryEngine.open(make_settings(metrics_retention_days=30), embedder=embedder)
+    try:
+        now = time.time()
+        for age_days in (0, 29, 31, 400):
+            await engine.record(RequestMetrics("ada", created_at=now - age_days * 86400))
+        assert (await engine.prune(now))["request_metrics"] == 2
+        with sqlite3.connect(engine.settings.db_path) as conn:
+            assert conn.execute("SELECT count(*) FROM request_metrics").fetchone()[0] == 2
+    finally:
+        await engine.close()

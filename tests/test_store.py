@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from memory import migrations
 from memory.store import NewTurn, RequestMetrics, Store, match_expression
 
 HISTORY = [
@@ -301,6 +304,22 @@ async def test_hostile_query_text_never_raises(store: Store, query: str) -> None
     hits = await store.fts_search("alice", query, k=5)
     assert isinstance(hits, list)
     assert await store.fts_search("alice", query, k=5, session_id='s1"') == []
+
+
+def test_any_text_makes_a_valid_match_expression() -> None:
+    with closing(sqlite3.connect(":memory:")) as conn:
+        migrations.apply(conn)
+
+        @settings(max_examples=500, deadline=None)
+        @given(st.text())
+        def check(query: str) -> None:
+            expression = match_expression("alice", query, "s1")
+            if expression is not None:
+                conn.execute(
+                    "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?", (expression,)
+                ).fetchall()
+
+        check()
 
 
 async def test_stopwords_only_or_empty_queries_return_nothing(store: Store) -> None:
