@@ -104,12 +104,13 @@ def _fit(
     """Split `text` at the coarsest boundaries needed so that every part fits the cap."""
     if count(tidy(text)) <= max_tokens:
         return [text]
-    if not levels:
-        return _split_characters(text, max_tokens, count, tidy)
-    parts = _split_after(text, levels[0])
-    if len(parts) == 1:
-        return _fit(text, levels[1:], max_tokens, count, tidy)
-    return [fitted for part in parts for fitted in _fit(part, levels, max_tokens, count, tidy)]
+    for depth, boundary in enumerate(levels):
+        parts = _split_after(text, boundary)
+        if len(parts) > 1:
+            # A part ends at most at one boundary of this level, so only finer ones remain.
+            finer = levels[depth + 1 :]
+            return [piece for part in parts for piece in _fit(part, finer, max_tokens, count, tidy)]
+    return _split_characters(text, max_tokens, count, tidy)
 
 
 def _split_after(text: str, boundary: re.Pattern[str]) -> list[str]:
@@ -121,43 +122,64 @@ def _split_after(text: str, boundary: re.Pattern[str]) -> list[str]:
 def _split_characters(text: str, max_tokens: int, count: Count, tidy: Tidy) -> list[str]:
     """Cut `text` into the longest prefixes that fit, for a word or line over the cap."""
     parts: list[str] = []
-    rest = text
+    rest, size = text, 1
     while rest:
-        size = _longest_fitting_prefix(rest, max_tokens, count, tidy)
+        size = _furthest_fit(len(rest), _prefix_fits(rest, max_tokens, count, tidy), size)
         parts.append(rest[:size])
         rest = rest[size:]
     return parts
 
 
-def _longest_fitting_prefix(text: str, max_tokens: int, count: Count, tidy: Tidy) -> int:
-    """Binary-search the longest prefix within the cap; at least one character."""
-    low, high = 1, len(text)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if count(tidy(text[:middle])) <= max_tokens:
-            low = middle
-        else:
-            high = middle - 1
-    # A single character over the cap (only possible with a cap of a few tokens) stands alone.
-    return low
-
-
 def _pack(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> list[str]:
     """Greedily join consecutive units while the joined text stays within the cap."""
     packed: list[str] = []
-    current = ""
-    for unit in units:
-        candidate = current + unit
+    start, taken = 0, 1
+    while start < len(units):
         # Counted as joined, not summed: BPE counts are not additive across boundaries.
-        if count(tidy(candidate)) <= max_tokens:
-            current = candidate
-            continue
-        if tidy(current):
-            packed.append(tidy(current))
-        current = unit
-    if tidy(current):
-        packed.append(tidy(current))
+        rest = units[start:]
+        taken = _furthest_fit(len(rest), _run_fits(rest, max_tokens, count, tidy), taken)
+        text = tidy("".join(rest[:taken]))
+        if text:
+            packed.append(text)
+        start += taken
     return packed
+
+
+def _prefix_fits(text: str, max_tokens: int, count: Count, tidy: Tidy) -> Callable[[int], bool]:
+    """Return a test of whether the first n characters of `text` fit the cap."""
+    return lambda n: count(tidy(text[:n])) <= max_tokens
+
+
+def _run_fits(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> Callable[[int], bool]:
+    """Return a test of whether the first n units, joined, fit the cap."""
+    return lambda n: count(tidy("".join(units[:n]))) <= max_tokens
+
+
+def _furthest_fit(limit: int, fits: Callable[[int], bool], hint: int) -> int:
+    """Return n in 1..limit with fits(n) and not fits(n + 1), searching outward from `hint`.
+
+    Consecutive chunks tend to take about as much as the previous one, so galloping from
+    that hint costs a few counts per chunk instead of one count per unit, which would be
+    quadratic on long texts of short words. Token counts only almost grow with length, so n
+    may not be the very largest that fits. fits(1) is assumed: a lone unit or character over
+    a cap of a few tokens has to stand alone.
+    """
+    hint = min(max(hint, 1), limit)
+    low, high, step = 1, limit + 1, 1  # fits(low) holds; high is the first known misfit
+    if hint == 1 or fits(hint):
+        low = hint
+        while low + step < high and fits(low + step):
+            low, step = low + step, step * 2
+        high = min(high, low + step)
+    else:
+        high = hint
+        while hint - step > low and not fits(hint - step):
+            high, step = hint - step, step * 2
+        low = max(low, hint - step)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def _tidy_prose(text: str) -> str:

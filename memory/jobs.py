@@ -83,9 +83,10 @@ class JobWorker:
         for task in unfinished:
             # Guarded in the store: a job the handler settled anyway stays settled.
             await self._store.retry_later(
-                in_flight[task].id, "interrupted: the worker stopped during this attempt",
+                in_flight[task].id,
+                "interrupted: the worker stopped during this attempt",
                 run_after=self._clock(),
-            )  # fmt: skip
+            )
         log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
 
     async def run_until_idle(self, timeout: float) -> None:
@@ -151,19 +152,23 @@ class JobWorker:
             await handler(job.payload)
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise  # stop() is cancelling us and will requeue the job
+            # Nobody cancelled this task: a cancelled future inside the handler leaked out.
+            await self._failed(job, exc)
         else:
             await self._store.complete(job.id)
 
-    async def _failed(self, job: Job, exc: Exception) -> None:
+    async def _failed(self, job: Job, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        what = f"job {job.id} ({job.kind}) failed attempt {job.attempts} of {job.max_attempts}"
         if job.attempts >= job.max_attempts:
-            log.error("job %d (%s) failed attempt %d of %d and is dead: %s",
-                      job.id, job.kind, job.attempts, job.max_attempts, error, exc_info=exc)  # fmt: skip
+            log.error("%s and is dead: %s", what, error, exc_info=exc)
             await self._store.bury(job.id, error)
             return
         delay = self.backoff(job.attempts)
-        log.warning("job %d (%s) failed attempt %d of %d, retrying in %.1fs: %s",
-                    job.id, job.kind, job.attempts, job.max_attempts, delay, error)  # fmt: skip
+        log.warning("%s, retrying in %.1fs: %s", what, delay, error)
         await self._store.retry_later(job.id, error, run_after=self._clock() + delay)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -172,3 +177,8 @@ class JobWorker:
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Only settling failed (e.g. the database went away); start() will requeue it.
             log.error("%s could not be settled", task.get_name(), exc_info=exc)
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from memory.inject import inject
 from proxy.chat_body import parse_chat_body
 from proxy.errors import InvalidHeader, ProxyError
 from proxy.identity import Identity, authenticate, resolve_session, resolve_user
+from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.relay import RelayResponse, StreamOutcome
 from proxy.requests import read_body
@@ -36,6 +38,7 @@ from proxy.upstream import (
 )
 
 ROUTE = "chat"
+log = get_logger("chat")
 
 
 @dataclass
@@ -51,22 +54,37 @@ class ChatCall:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request) -> Response | RelayResponse:
     """Handle one chat completion, streamed or not."""
     state: AppState = request.app.state.memproxy
     started = time.perf_counter()
     status = 500
     try:
         response = await _handle(request, state)
-        status = getattr(response, "status", getattr(response, "status_code", 200))
-        return response  # type: ignore[no-any-return]
+        status = response.status_code if isinstance(response, Response) else response.status
+        return response
     except ProxyError as exc:
         status = exc.status
         if exc.status >= 500:
             state.metrics.upstream_errors.labels(exc.code or "error").inc()
         raise
     finally:
-        state.metrics.observe(ROUTE, status, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        state.metrics.observe(ROUTE, status, elapsed)
+        if log.isEnabledFor(logging.INFO):
+            log.info("chat", extra=_log_fields(request, status, elapsed))
+
+
+def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]:
+    """What one request's log line says: ids and figures, never keys or message text."""
+    fields: dict[str, Any] = {"status": status, "ms": round(elapsed * 1000, 2)}
+    call: ChatCall | None = getattr(request.state, "call", None)
+    if call is not None:
+        fields.update(
+            request_id=call.request_id, model=call.body["model"], user_id=call.identity.user_id,
+            session_id=call.identity.session_id, stream=bool(call.body.get("stream")),
+        )
+    return fields
 
 
 async def _handle(request: Request, state: AppState) -> Response | RelayResponse:
@@ -85,6 +103,7 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
     call.headers["X-Memory-Session-Id"] = identity.session_id
+    request.state.call = call
     step = MemoryStep(state, call.identity, call.flags, call.request_id, body)
     recalled = await step.recall()
     if flags.dry_run:

@@ -48,7 +48,7 @@ def chroma_function() -> ONNXMiniLM_L6_V2:
     function = ONNXMiniLM_L6_V2(preferred_providers=["CPUExecutionProvider"])
     # The class looks for <DOWNLOAD_PATH>/onnx/*; pointing the instance at the shared model
     # makes it skip its download entirely.
-    function.DOWNLOAD_PATH = SHARED_MODEL  # type: ignore[misc]
+    function.DOWNLOAD_PATH = SHARED_MODEL
     return function
 
 

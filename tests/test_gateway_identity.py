@@ -134,3 +134,20 @@ def test_health_ready_and_metrics(client: httpx.Client) -> None:
     text = client.get("/metrics").text
     assert 'memproxy_requests_total{route="chat",status="200"}' in text
     assert "memproxy_request_seconds_bucket" in text and "memproxy_inflight_streams" in text
+
+
+def test_logs_are_json_lines_without_keys_or_content(
+    start_proxy: Callable[..., RunningProxy], capfd: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    proxy = start_proxy(log_level="info", api_keys="proxy-key-SECRET-1:alice")
+    httpx.post(f"{proxy.base_url}/chat/completions", headers={"authorization": "Bearer proxy-key-SECRET-1"},
+               json={"model": "m", "messages": [{"role": "user", "content": "my pin is 9931-TOPSECRET"}]})
+    proxy.stop()
+    err = capfd.readouterr().err
+    assert "SECRET" not in err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    chat = [line for line in lines if line["msg"] == "chat"]
+    assert chat and chat[0]["status"] == 200 and chat[0]["user_id"] == "alice"
+    assert chat[0]["model"] == "m" and chat[0]["level"] == "info"

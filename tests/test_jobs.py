@@ -167,6 +167,23 @@ async def test_stop_requeues_a_job_whose_handler_is_too_slow(
     assert [payload for _, payload in handler.calls] == [{"n": 1}]
 
 
+async def test_a_cancelled_error_from_inside_a_handler_is_a_failure(
+    store: Store, make_worker: Callable[..., JobWorker]
+) -> None:
+    async def leaks_cancellation(payload: dict[str, Any]) -> None:
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()
+        await inner
+
+    worker = make_worker({"index": leaks_cancellation})
+    await worker.start()
+    await store.enqueue("index", {}, max_attempts=1)
+    await worker.run_until_idle(timeout=5)
+
+    (dead,) = await store.dead_jobs(5)
+    assert dead.last_error is not None and dead.last_error.startswith("CancelledError")
+
+
 async def test_stop_lets_a_handler_that_finishes_in_time_complete(
     store: Store, make_worker: Callable[..., JobWorker]
 ) -> None:

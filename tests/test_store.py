@@ -470,14 +470,14 @@ async def test_timing_fts_search_over_100k_chunks(
 
     started = time.perf_counter()
     await load("heavy", 100, 500)  # one user with 50k chunks
-    for user in range(199):  # and 199 users with 250 each
-        await load(f"light{user}", 1, 250)
+    for n in range(199):  # and 199 users with 250 each
+        await load(f"light{n}", 1, 250)
     load_s = time.perf_counter() - started
     queries = [" ".join(rng.choices(vocabulary[:5000], k=4)) for _ in range(100)]
-    for label, users in [("heavy user (50k chunks)", ["heavy"]), ("light user (250)", None)]:
+    for label, heavy in [("heavy user (50k chunks)", True), ("light user (250)", False)]:
         samples = []
         for query in queries:
-            user = users[0] if users else f"light{rng.randrange(199)}"
+            user = "heavy" if heavy else f"light{rng.randrange(199)}"
             started = time.perf_counter()
             await store.fts_search(user, query, k=20)
             samples.append((time.perf_counter() - started) * 1000)
@@ -485,3 +485,18 @@ async def test_timing_fts_search_over_100k_chunks(
         report(capsys, f"fts_search k=20, 4-word queries, 99,750 chunks / 200 users (load "
                        f"{load_s:.1f} s), {label}: median {statistics.median(samples):.2f} ms, "
                        f"p95 {samples[94]:.2f} ms")  # fmt: skip
+
+
+async def test_a_sliding_window_client_continues_the_stored_path(store: Store) -> None:
+    history = [NewTurn("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(12)]
+    await store.append_turns("u", "s", history[:6])
+    # The client now sends only its last four messages plus a new one, then a shifted window.
+    second = await store.append_turns("u", "s", [*history[2:6], history[6]])
+    third = await store.append_turns("u", "s", history[4:9])
+    assert len(second.new_ids) == 1 and len(third.new_ids) == 2
+    turns = await store.session_turns("u", "s")
+    assert [t.content for t in turns] == [f"message {i}" for i in range(9)]
+    assert [t.position for t in turns] == list(range(9))
+    # One matching message alone is not a window: it starts a new branch at the root.
+    lone = await store.append_turns("u", "s", [history[3]])
+    assert len(lone.new_ids) == 1
