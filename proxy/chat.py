@@ -108,17 +108,22 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
     recalled = await step.recall()
     if flags.dry_run:
         return _dry_run(call, recalled, step)
-    payload = raw
-    if recalled is not None and recalled.items:
-        messages = inject(body["messages"], recalled.block, flags.placement)
-        payload = orjson.dumps({**body, "messages": messages})
+    injected = recalled is not None and bool(recalled.items)
+    if injected:
+        assert recalled is not None
+        body = {**body, "messages": inject(body["messages"], recalled.block, flags.placement)}
+    step.lend_client_key(request.headers, call.target)
     step.start_remembering()
-    call.headers.update(step.headers())
-    if call.target.via_litellm:
-        from proxy.litellm_adapter import forward_litellm
+    try:
+        if call.target.via_litellm:
+            from proxy.litellm_adapter import forward_litellm
 
-        return await forward_litellm(state, call, orjson.loads(payload), step)
-    return await _forward(request, state, call, payload, step)
+            return await forward_litellm(state, call, body, step)
+        # Without an injection the client's own bytes go out: nothing re-encoded, nothing lost.
+        return await _forward(request, state, call, orjson.dumps(body) if injected else raw, step)
+    except ProxyError:
+        step.remember_reply(None, incomplete=True)
+        raise
 
 
 async def _forward(
@@ -131,19 +136,14 @@ async def _forward(
     upstream = await state.upstream.open(
         "POST", url_for(call.target, "/v1/chat/completions"), headers, payload
     )
-    try:
-        await raise_for_status(upstream)
-    except ProxyError:
-        step.remember_reply(None, incomplete=True)
-        raise
-    out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers}
+    await raise_for_status(upstream)
+    # Memory headers last: by now the request's turns are usually stored, so a storage
+    # failure can still be reported in X-Memory-Error.
+    out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         return _relay_stream(state, upstream, out_headers, step)
     try:
         content = await read_upstream_body(upstream)
-    except ProxyError:
-        step.remember_reply(None, incomplete=True)
-        raise
     finally:
         await upstream.aclose()
     step.remember_reply(_reply_from_json(content), incomplete=False)

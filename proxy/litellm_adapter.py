@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from proxy.chat import ChatCall
     from proxy.memory_step import MemoryStep
     from proxy.state import AppState
+    from proxy.upstream import Target
 
 # Never fetch the price map from the internet at import.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -50,14 +51,14 @@ async def forward_litellm(
             api_base=target.base_url or None,
             timeout=state.settings.upstream_timeout, **params,
         )
-    except Exception as exc:
-        step.remember_reply(None, incomplete=True)
+    except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc) from None
+    headers = {**call.headers, **step.headers()}
     if not body.get("stream"):
         completion = result.model_dump(exclude_none=True)
         step.remember_reply(reply_text(completion), incomplete=False)
-        return Response(orjson.dumps(completion), 200, call.headers, media_type="application/json")
-    return _stream(state, result, call.headers, step)
+        return Response(orjson.dumps(completion), 200, headers, media_type="application/json")
+    return _stream(state, result, headers, step)
 
 
 def _stream(state: AppState, stream: Any, headers: dict[str, str], step: MemoryStep) -> RelayResponse:
@@ -86,6 +87,23 @@ def _stream(state: AppState, stream: Any, headers: dict[str, str], step: MemoryS
         events(), status=200, headers={**headers, "content-type": "text/event-stream"},
         close=close, on_error=to_proxy_error, on_done=done,
     )
+
+
+async def complete_text(
+    target: Target, model: str, messages: list[dict[str, Any]], api_key: str | None, *,
+    timeout: float,
+) -> str:
+    """One non-streaming completion through litellm (memory's learning calls): its text."""
+    provider = target.provider or ""
+    name = model if model.startswith(f"{provider}/") else f"{provider}/{model}"
+    try:
+        result = await litellm.acompletion(
+            model=name, messages=messages, api_key=api_key, api_base=target.base_url or None,
+            timeout=timeout, temperature=0,
+        )
+    except Exception as exc:  # litellm raises its own tree; map it
+        raise to_proxy_error(exc) from None
+    return reply_text(result.model_dump(exclude_none=True)) or ""
 
 
 def to_proxy_error(exc: Exception) -> ProxyError:
