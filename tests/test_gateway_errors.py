@@ -104,11 +104,12 @@ def test_upstream_dropping_the_connection_is_502(client: httpx.Client, upstream:
 
 def test_upstream_timeout_is_504(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> None:
     proxy = start_proxy(upstream_timeout=0.3)
-    upstream.enqueue(Hang(2))
+    upstream.enqueue(Hang(20))
     started = time.monotonic()
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json={"model": "m", "messages": MESSAGES},
+                          timeout=30)
     assert assert_envelope(response, 504)["code"] == "upstream_timeout"
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # the proxy gave up long before the upstream answered
 
 
 @pytest.mark.parametrize(

@@ -218,12 +218,10 @@ async def test_handlers_run_concurrently_up_to_the_limit(
     worker = make_worker({"index": handler}, concurrency=3)
     for n in range(9):
         await store.enqueue("index", {"n": n})
-    started = time.perf_counter()
     await worker.start()
     await worker.run_until_idle(timeout=5)
 
-    assert peak == 3
-    assert time.perf_counter() - started < 0.05 * 9  # faster than one at a time
+    assert peak == 3  # never more than the limit, and the limit was reached
     assert (await store.job_counts())["done"] == 9
 
 
