@@ -219,12 +219,13 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
     with db(proxy) as conn:
         assert {s for (s,) in conn.execute("SELECT status FROM jobs")} == {"done"}
         assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 2
-    for question, expected in [("When is the on-call rotation?", "Thursdays"),
-                               ("Where are the Grafana dashboards?", "ops-observability")]:
-        result = httpx.post(f"{proxy.base_url}/chat/completions", headers={
-            "X-Memory-Dry-Run": "on", "X-Memory-User-Id": "ada"},
-            json={"model": "gpt-4o", "messages": [{"role": "user", "content": question}]}).json()
-        assert expected in result["block"]
+    async with httpx.AsyncClient(base_url=proxy.base_url) as http:
+        for question, expected in [("When is the on-call rotation?", "Thursdays"),
+                                   ("Where are the Grafana dashboards?", "ops-observability")]:
+            response = await http.post("/chat/completions", headers={
+                "X-Memory-Dry-Run": "on", "X-Memory-User-Id": "ada"},
+                json={"model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
+            assert expected in response.json()["block"]
 
 
 def test_upstream_embedding_backend(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> None:
