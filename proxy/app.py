@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from config import Settings
 from memory.engine import Embedder, MemoryEngine
@@ -20,8 +20,11 @@ from proxy.errors import (
     handle_proxy_error,
     handle_unexpected,
 )
+from proxy.llm_client import LLMClient
 from proxy.logs import configure_logging, get_logger
+from proxy.management import routes as management_routes
 from proxy.metrics import Metrics, metrics_endpoint
+from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
 from proxy.state import AppState
 from proxy.upstream import Upstream
@@ -56,7 +59,8 @@ def create_app(
                 chosen = embedder
                 if chosen is None and settings.embedding_backend == "upstream":
                     chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model)
-                state.memory = await MemoryEngine.open(settings, embedder=chosen)
+                state.llm = LLMClient(settings, state.upstream)
+                state.memory = await MemoryEngine.open(settings, embedder=chosen, llm=state.llm)
             app.state.ready = True
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
@@ -80,6 +84,9 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        # The memory API is memproxy's own: it must match before the pass-through.
+        Mount("/v1/memory", routes=management_routes()),
+        *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
     ]
     app = Starlette(
@@ -105,7 +112,7 @@ async def readyz(request: Request) -> Response:
     state: AppState | None = getattr(request.app.state, "memproxy", None)
     if state is None or not request.app.state.ready:
         return JSONResponse({"status": "starting"}, status_code=503)
-    parts: dict[str, str] = {"upstream_client": "ok" if not state.upstream.client.is_closed else "closed"}
+    parts: dict[str, str] = {"upstream_client": "ok" if not state.upstream.client.closed else "closed"}
     if state.memory is not None:
         parts.update(await state.memory.health())
     ok = all(value == "ok" for value in parts.values())

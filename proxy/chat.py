@@ -146,7 +146,8 @@ async def _forward(
         content = await read_upstream_body(upstream)
     finally:
         await upstream.aclose()
-    step.remember_reply(_reply_from_json(content), incomplete=False)
+    # Parse the reply only when it is going to be stored.
+    step.remember_reply(_reply_from_json(content) if step.writing else None, incomplete=False)
     return Response(content, upstream.status_code, out_headers)
 
 

@@ -1,4 +1,5 @@
-"""The `memproxy` command line: `memproxy serve` (management subcommands come later)."""
+"""The `memproxy` command line: `memproxy serve`, and `memories`, `sessions` and `stats`
+against a running server (proxy/cli_memory.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from config import SettingsError, load_settings
+from proxy import cli_memory
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
     serve.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    cli_memory.add_commands(commands)
     return parser
 
 
@@ -26,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    return 2
+    return cli_memory.run(args)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -7,8 +7,11 @@
     ├── PermissionDenied                403  permission_error
     ├── NotFound                        404  invalid_request_error
     ├── MethodNotAllowed                405  invalid_request_error
+    ├── Conflict                        409  invalid_request_error
+    ├── Gone                            410  invalid_request_error
     ├── PayloadTooLarge                 413  invalid_request_error
     ├── RateLimited                     429  rate_limit_error
+    ├── MemoryUnavailable               503  api_error
     └── UpstreamError
         ├── UpstreamUnreachable         502  api_error
         ├── UpstreamTimeout             504  api_error
@@ -82,6 +85,18 @@ class NotFound(ProxyError):
 
 class MethodNotAllowed(ProxyError):
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
+
+
+class Conflict(ProxyError):
+    status, type, code = 409, "invalid_request_error", "conflict"
+
+
+class Gone(ProxyError):
+    status, type, code = 410, "invalid_request_error", "gone"
+
+
+class MemoryUnavailable(ProxyError):
+    status, type, code = 503, "api_error", "memory_unavailable"
 
 
 class PayloadTooLarge(ProxyError):
@@ -159,7 +174,11 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     if status == 404:
         error = NotFound(f"{request.method} {request.url.path} is not a memproxy endpoint")
     elif status == 405:
-        error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+        # RFC 9110: a 405 names the methods the resource does allow.
+        error = MethodNotAllowed(
+            f"{request.method} is not allowed on {request.url.path}",
+            headers=dict(getattr(exc, "headers", None) or {}),
+        )
     else:
         error = ProxyError(str(detail))
         error.status = status

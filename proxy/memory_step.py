@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from config import Flags
 from memory.engine import Recalled, RecallRequest
 from memory.store import RequestMetrics
-from proxy.identity import Identity
+from proxy.identity import Identity, presented_key
 from proxy.logs import get_logger
 from proxy.state import AppState
+from proxy.upstream import Target
 
 log = get_logger("memory")
 
@@ -59,6 +62,16 @@ class MemoryStep:
         if self.recalled is not None:
             self.state.metrics.injected_tokens.observe(self.recalled.tokens)
         return self.recalled
+
+    def lend_client_key(self, headers: Mapping[str, str], target: Target) -> None:
+        """Bring-your-own-key: this user's learning jobs may use the key the client sent to
+        `target` (in memory only, and only for that upstream)."""
+        llm = self.state.llm
+        if llm is None or not self.writing or self.state.settings.api_keys or target.api_key:
+            return
+        key = presented_key(headers)
+        if key:
+            llm.lend_key(self.identity.user_id, target, key)
 
     def start_remembering(self) -> None:
         """Store the request's turns in the background, alongside forwarding."""
@@ -121,7 +134,7 @@ class MemoryStep:
         return RequestMetrics(
             created_at=time.time(), user_id=self.identity.user_id,
             session_id=self.identity.session_id, request_id=self.request_id, model=self.model,
-            items={"turn": len(recalled.items)} if recalled else {},
+            items=Counter(item.source for item in recalled.items) if recalled else {},
             injected_tokens=recalled.tokens if recalled else 0,
             truncated=bool(recalled and recalled.truncated),
             recall_ms=recalled.recall_ms if recalled else None,

@@ -15,6 +15,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.requests = Counter(
             "memproxy_requests", "Requests handled, by route and status.",
             ["route", "status"], registry=self.registry,
@@ -46,8 +47,14 @@ class Metrics:
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one request."""
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        key = (route, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.requests.labels(route, str(status)), self.latency.labels(route)
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 async def metrics_endpoint(request: Request) -> Response:

@@ -51,6 +51,8 @@ async def _forward(request: Request, state: AppState) -> Response | RelayRespons
     headers = forward_headers(
         request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False
     )
+    if declared.isdigit():
+        headers.append(("content-length", declared))  # streamed through, so say how long
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
     content = _limited(request, settings.max_body_bytes) if has_body else b""
     upstream = await state.upstream.open(

@@ -7,10 +7,10 @@ upstream request.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import anyio
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import ProxyError, sse_error_event
@@ -49,24 +49,26 @@ class RelayResponse:
         self.outcome = StreamOutcome()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
-                await self._relay(send)
-                group.cancel_scope.cancel()
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not self.outcome.client_disconnected or task.uncancel() > 0:
+                raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.close()
+            watcher.cancel()
+            await self.close()
             if self.on_done is not None:
                 self.on_done(self.outcome)
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.outcome.client_disconnected = True
-                scope.cancel()
-                return
+    async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[None]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.outcome.completed:
+            self.outcome.client_disconnected = True
+            task.cancel()
 
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})

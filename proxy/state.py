@@ -9,6 +9,7 @@ from typing import Any
 
 from config import Settings
 from memory.engine import MemoryEngine
+from proxy.llm_client import LLMClient
 from proxy.metrics import Metrics
 from proxy.upstream import Upstream
 
@@ -21,6 +22,7 @@ class AppState:
     upstream: Upstream
     metrics: Metrics
     memory: MemoryEngine | None = None
+    llm: LLMClient | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

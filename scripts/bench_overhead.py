@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,9 +64,7 @@ class Phase:
     proxy_cpu_ms: float
     upstream_cpu_ms: float
     client_cpu_ms: float
-
-
-# -- load generator ---------------------------------------------------------------------------
+    others_cores: float  # CPUs other processes kept busy meanwhile: noise
 
 
 def request_bytes(port: int, stream: bool) -> bytes:
@@ -88,9 +86,7 @@ class Connection:
 
     @classmethod
     async def open(cls, port: int) -> Connection:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer)
+        return cls(*await asyncio.open_connection("127.0.0.1", port))  # asyncio sets TCP_NODELAY
 
     async def exchange(self, request: bytes) -> tuple[float, float]:
         """Send one request; seconds to the first body byte and to the end of the body."""
@@ -109,7 +105,7 @@ class Connection:
             return first - start, end - start
         first, tail = 0.0, b""
         while size := int((await self.reader.readline()).split(b";")[0], 16):
-            tail = (await self.reader.readexactly(size + 2))[:-2]
+            tail = (tail + (await self.reader.readexactly(size + 2))[:-2])[-64:]
             first = first or time.perf_counter()
         await self.reader.readuntil(b"\r\n")  # the (empty) trailer section
         if not tail.endswith(b"data: [DONE]\n\n"):
@@ -134,6 +130,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def busy_seconds() -> float:
+    """CPU time the whole machine spent busy, from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 async def run_phase(
     port: int, request: bytes, concurrency: int, total: int, cap: float, pids: tuple[int, int]
 ) -> Phase:
@@ -141,8 +145,7 @@ async def run_phase(
     connections = [await Connection.open(port) for _ in range(concurrency)]
     latencies: list[float] = []
     firsts: list[float] = []
-    remaining = total
-    deadline = time.perf_counter() + cap
+    remaining, deadline = total, time.perf_counter() + cap
 
     async def worker(connection: Connection) -> None:
         nonlocal remaining
@@ -152,27 +155,28 @@ async def run_phase(
             firsts.append(first)
             latencies.append(whole)
 
-    before = (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time())
-    started = time.perf_counter()
+    def snapshot() -> tuple[float, ...]:
+        return cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time(), busy_seconds()
+
+    before, started = snapshot(), time.perf_counter()
     try:
         await asyncio.gather(*(worker(c) for c in connections))
     finally:
-        seconds = time.perf_counter() - started
-        after = (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time())
+        seconds, after = time.perf_counter() - started, snapshot()
         await asyncio.gather(*(c.close() for c in connections))
     done = len(latencies)
-    per_request = [(b - a) * 1000 / done for a, b in zip(before, after, strict=True)]
-    streamed = b'"stream":true' in request
-    return Phase(
-        done, seconds, percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000,
-        percentile(firsts, 0.5) * 1000 if streamed else None, done / seconds, *per_request,
-    )
-
-
-# -- servers ----------------------------------------------------------------------------------
+    if not done:
+        raise BenchError(f"no request finished within {cap} s")
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    others = max(0.0, spent[3] - sum(spent[:3])) / seconds  # other processes on this machine
+    proxy_ms, upstream_ms, client_ms = (cpu * 1000 / done for cpu in spent[:3])
+    ttft = percentile(firsts, 0.5) * 1000 if b'"stream":true' in request else None
+    return Phase(done, seconds, percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000,
+                 ttft, done / seconds, proxy_ms, upstream_ms, client_ms, others)
 
 
 def free_port() -> int:
+    """A port nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -184,7 +188,7 @@ def serving(name: str, argv: list[str], env: dict[str, str], url: str, logs: Pat
     log_path = logs / f"{name}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # Ctrl-C reaches us; we stop it
+                                start_new_session=True)  # Ctrl-C reaches only us; we stop it
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -198,13 +202,12 @@ def serving(name: str, argv: list[str], env: dict[str, str], url: str, logs: Pat
             time.sleep(0.1)
         yield proc.pid
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        proc.send_signal(signal.SIGINT)  # a graceful stop; killed if it takes too long
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -213,71 +216,61 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
-# -- the run ----------------------------------------------------------------------------------
-
-
-async def bench(args: argparse.Namespace, ports: dict[str, int], pids: tuple[int, int]) -> dict[str, Any]:
-    """Warm up, then the rounds; every phase of every round, keyed by kind/concurrency/arm."""
+async def bench(args: argparse.Namespace, ports: dict[str, int], pids: tuple[int, int]) -> dict[str, list[Phase]]:
+    """Warm up, then the rounds: every phase, keyed by kind/concurrency/arm."""
     arms = ("direct", "proxy")
     requests = {(kind, arm): request_bytes(ports[arm], kind == "stream") for kind in KINDS for arm in arms}
     for (_kind, arm), request in requests.items():
         await run_phase(ports[arm], request, 8, args.warmup, args.cap, pids)
     phases: dict[str, list[Phase]] = {}
     for round_no in range(args.rounds):
-        order = arms if round_no % 2 == 0 else arms[::-1]  # ABBA cancels drift
         for kind in KINDS:
-            for concurrency in args.concurrency:
-                total = args.requests * (1 if concurrency == 1 else 2)
-                for arm in order:
-                    phase = await run_phase(ports[arm], requests[kind, arm], concurrency, total, args.cap, pids)
-                    phases.setdefault(f"{kind}/{concurrency}/{arm}", []).append(phase)
-                    print(f"  round {round_no + 1} {kind:6} c={concurrency:<3} {arm:6} "
-                          f"p50 {phase.p50_ms:6.2f} ms  {phase.rps:7.0f} req/s", file=sys.stderr)
+            for c in args.concurrency:
+                for arm in arms if round_no % 2 == 0 else arms[::-1]:  # ABBA cancels drift
+                    total = args.requests * (1 if c == 1 else 2)
+                    phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap, pids)
+                    phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
+                    print(f"  round {round_no + 1} {kind:6} c={c:<3} {arm:6} p50 {phase.p50_ms:7.2f} ms"
+                          f" {phase.rps:6.0f} req/s  others {phase.others_cores:.1f} CPUs", file=sys.stderr)
     return phases
 
 
-def summarise(phases: dict[str, list[Phase]], concurrency: Sequence[int]) -> dict[str, Any]:
-    """Median of each figure across rounds, plus the overheads and target checks."""
+def summarise(phases: dict[str, list[Phase]]) -> dict[str, Any]:
+    """Medians across rounds; added p50 is the median of each round's proxy - direct."""
     rows = []
     for key, runs in phases.items():
         kind, c, arm = key.split("/")
-        figures = {name: statistics.median(getattr(p, name) for p in runs)
-                   if getattr(runs[0], name) is not None else None for name in asdict(runs[0])}
+        figures = {name: None if getattr(runs[0], name) is None
+                   else statistics.median(getattr(p, name) for p in runs) for name in asdict(runs[0])}
+        if arm == "proxy":
+            pairs = zip(phases[f"{kind}/{c}/direct"], runs, strict=True)
+            figures["added_p50_ms"] = statistics.median(p.p50_ms - d.p50_ms for d, p in pairs)
         rows.append({"kind": kind, "concurrency": int(c), "arm": arm, "rounds": len(runs), **figures})
-    overhead: dict[str, dict[str, float]] = {}
-    for kind in KINDS:
-        for c in concurrency:
-            direct, proxy = phases[f"{kind}/{c}/direct"], phases[f"{kind}/{c}/proxy"]
-            overhead[f"{kind}/{c}"] = {
-                "added_p50_ms": statistics.median(p.p50_ms - d.p50_ms for d, p in zip(direct, proxy, strict=True)),
-                "proxy_cpu_ms": statistics.median(p.proxy_cpu_ms for p in proxy),
-                "rps_ratio": statistics.median(p.rps / d.rps for d, p in zip(direct, proxy, strict=True)),
-            }
-    return {"rows": rows, "overhead": overhead}
+    rows.sort(key=lambda r: (KINDS.index(r["kind"]), r["concurrency"], r["arm"]))
+    return {"rows": rows}
 
 
-def print_report(summary: dict[str, Any], concurrency: Sequence[int]) -> list[str]:
-    """The figures table, then the target lines (returned too)."""
-    print(f"\n{'kind':6} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>9} {'req/s':>8} "
-          f"{'proxy cpu':>10} {'upstr cpu':>10} {'client cpu':>11} {'added p50':>10}")
-    for row in sorted(summary["rows"], key=lambda r: (KINDS.index(r["kind"]), r["concurrency"], r["arm"])):
-        ttft = f"{row['ttft_p50_ms']:9.2f}" if row["ttft_p50_ms"] is not None else f"{'-':>9}"
-        proxy = row["arm"] == "proxy"
-        added = summary["overhead"][f"{row['kind']}/{row['concurrency']}"]["added_p50_ms"]
-        print(f"{row['kind']:6} {row['concurrency']:>3} {row['arm']:6} {row['p50_ms']:8.2f} "
-              f"{row['p99_ms']:8.2f} {ttft} {row['rps']:8.0f} "
-              f"{row['proxy_cpu_ms'] if proxy else 0:10.2f} {row['upstream_cpu_ms']:10.2f} "
-              f"{row['client_cpu_ms']:11.2f} {f'{added:+.2f}' if proxy else '':>10}")
-    print("(cpu columns: ms per request; medians over rounds)\n")
-    first = min(concurrency)
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    """Print the figures table and the target lines; return the target lines."""
+    print(f"\n{'kind':6} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>8} {'req/s':>7} "
+          f"{'added p50':>9} {'proxy cpu':>9} {'upstr cpu':>9} {'clnt cpu':>8} {'others':>6}")
+    for r in rows:
+        ttft, added = r["ttft_p50_ms"], r.get("added_p50_ms")
+        print(f"{r['kind']:6} {r['concurrency']:>3} {r['arm']:6} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+              f"{'-' if ttft is None else f'{ttft:.2f}':>8} {r['rps']:7.0f} "
+              f"{'' if added is None else f'{added:+.2f}':>9} "
+              f"{r['proxy_cpu_ms'] if added is not None else 0:9.2f} {r['upstream_cpu_ms']:9.2f} "
+              f"{r['client_cpu_ms']:8.2f} {r['others_cores']:6.1f}")
+    print("cpu: ms per request; others: CPUs busy with other processes (noise); medians of rounds\n")
+    proxy = {(r["kind"], r["concurrency"]): r for r in rows if r["arm"] == "proxy"}
+    first = min(c for _, c in proxy)
     lines = []
     for kind, label in (("json", "JSON"), ("stream", "stream")):
-        added = summary["overhead"][f"{kind}/{first}"]["added_p50_ms"]
-        lines.append(f"added p50 at c={first} ({label}): {added:.2f} ms (target <= 1.5)")
+        lines.append(f"added p50 at c={first} ({label}): {proxy[kind, first]['added_p50_ms']:.2f} ms (target <= 1.5)")
     for kind, label in (("json", "JSON"), ("stream", "stream")):
-        cpus = [summary["overhead"][f"{kind}/{c}"]["proxy_cpu_ms"] for c in concurrency]
-        detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in zip(concurrency, cpus, strict=True))
-        lines.append(f"proxy CPU per request {label}: {max(cpus):.2f} ms (target <= 2; {detail})")
+        cpus = {c: r["proxy_cpu_ms"] for (k, c), r in proxy.items() if k == kind}
+        detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in cpus.items())
+        lines.append(f"proxy CPU per request {label}: {max(cpus.values()):.2f} ms (target <= 2; {detail})")
     print("\n".join(lines))
     return lines
 
@@ -290,43 +283,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--warmup", type=int, default=300, help="warm-up requests per arm and kind")
     parser.add_argument("--cap", type=float, default=30.0, help="seconds at most per phase")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 150 requests, 1 round")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 100 requests, 1 round (~15 s)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.rounds, args.warmup, args.cap = 150, 1, 50, 5.0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    ports = {"direct": free_port(), "proxy": free_port()}
-    upstream_argv = [sys.executable, "-m", "scripts.scripted_upstream", "--port", str(ports["direct"])]
-    proxy_argv = [sys.executable, "-m", "proxy", "serve", "--port", str(ports["proxy"])]
+        args.requests, args.rounds, args.warmup, args.cap = 100, 1, 50, 1.5
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
+    up, px = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp:
         proxy_env = child_env(
-            MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{ports['direct']}/v1",
-            MEMPROXY_MEMORY="off", MEMPROXY_DATA_DIR=str(Path(tmp) / "data"),
-            MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
-            MEMPROXY_SHUTDOWN_GRACE_SECONDS="2", LITELLM_LOCAL_MODEL_COST_MAP="True",
+            MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1", MEMPROXY_MEMORY="off",
+            MEMPROXY_DATA_DIR=f"{tmp}/data", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
+            MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
         )
-        base = "http://127.0.0.1:{}"
         try:
             with (
-                serving("upstream", upstream_argv, child_env(), base.format(ports["direct"]) + "/v1/models", Path(tmp)) as up_pid,
-                serving("proxy", proxy_argv, proxy_env, base.format(ports["proxy"]) + "/readyz", Path(tmp)) as proxy_pid,
+                serving("upstream", [sys.executable, "-m", "scripts.scripted_upstream", "--port", str(up)],
+                        child_env(), f"http://127.0.0.1:{up}/v1/models", Path(tmp)) as up_pid,
+                serving("proxy", [sys.executable, "-m", "proxy", "serve", "--port", str(px)],
+                        proxy_env, f"http://127.0.0.1:{px}/readyz", Path(tmp)) as px_pid,
+                asyncio.Runner(loop_factory=_loop_factory()) as runner,
             ):
-                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                    phases = runner.run(bench(args, ports, (proxy_pid, up_pid)))
+                phases = runner.run(bench(args, {"direct": up, "proxy": px}, (px_pid, up_pid)))
         except (BenchError, KeyboardInterrupt) as exc:
-            print(f"bench_overhead: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}", file=sys.stderr)
+            print(f"bench_overhead: {exc if isinstance(exc, BenchError) else 'interrupted'}", file=sys.stderr)
             return 1
-    summary = summarise(phases, args.concurrency)
-    targets = print_report(summary, args.concurrency)
+    summary = summarise(phases)
+    targets = report(summary["rows"])
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"}
-        args.json.write_bytes(orjson.dumps({"config": config, **summary, "targets": targets},
-                                           option=orjson.OPT_INDENT_2))
+        document = {"config": config, **summary, "targets": targets}
+        args.json.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     return 0
 
 
-def _loop_factory() -> Any:
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
     except ImportError:

@@ -151,3 +151,16 @@ def test_logs_are_json_lines_without_keys_or_content(
     chat = [line for line in lines if line["msg"] == "chat"]
     assert chat and chat[0]["status"] == 200 and chat[0]["user_id"] == "alice"
     assert chat[0]["model"] == "m" and chat[0]["level"] == "info"
+
+
+def test_upstream_cookies_never_reach_another_request(
+    proxy: RunningProxy, upstream: ScriptedUpstream, client: httpx.Client
+) -> None:
+    from scripts.scripted_upstream import JSONReply, chat_completion
+
+    upstream.enqueue(JSONReply(chat_completion("hi"), headers={"set-cookie": "__cf_bm=alice; Path=/"}))
+    first = client.post("/v1/chat/completions", json=BODY, headers={"X-Memory-User-Id": "alice"})
+    assert first.headers["set-cookie"].startswith("__cf_bm=alice")  # relayed to its own client
+    client.cookies.clear()
+    client.post("/v1/chat/completions", json=BODY, headers={"X-Memory-User-Id": "bob"})
+    assert "cookie" not in upstream.history[-1].headers

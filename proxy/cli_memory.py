@@ -1,0 +1,179 @@
+"""`memproxy memories|sessions|stats`: the memory API from the command line.
+
+Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`).
+Tables on a terminal, `--json` for scripts; a progress bar on stderr for exports and
+imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from memory.facts import CATEGORIES
+from proxy.cli_render import Progress, table, when
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+UPLOAD_CHUNK = 256 * 1024
+
+
+class CliError(Exception):
+    """The server answered with an error, or could not be reached."""
+
+
+class MemoryClient:
+    """httpx against /v1/memory with the key and the user of the command line."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
+        headers = {}
+        key = args.key or os.environ.get("MEMPROXY_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if args.user:
+            headers["X-Memory-User-Id"] = args.user
+        self.http = httpx.Client(base_url=f"{url}/v1/memory", headers=headers, timeout=300)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request; the JSON answer, or CliError with the server's message."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach memproxy at {self.http.base_url}: {exc}") from None
+        _check(response)
+        return response.json()
+
+    def stream(self, path: str) -> Iterator[bytes]:
+        """The lines of a streamed answer, without their newline."""
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.is_error:
+                    response.read()
+                    _check(response)
+                # Split on b"\n" only: httpx's iter_lines also splits at U+2028 inside JSON.
+                pending = b""
+                for chunk in response.iter_bytes():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    yield from lines
+                if pending:
+                    yield pending
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach memproxy at {self.http.base_url}: {exc}") from None
+
+
+def _check(response: httpx.Response) -> None:
+    if not response.is_error:
+        return
+    try:
+        error = response.json()["error"]
+        message = f"{error['message']} ({response.status_code} {error.get('code') or ''})".strip()
+    except (ValueError, KeyError, TypeError):
+        message = f"HTTP {response.status_code}: {response.text[:200]}"
+    raise CliError(message)
+
+
+def add_commands(commands: Any) -> None:
+    """Add `memories`, `sessions` and `stats` to the `memproxy` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help=f"memproxy's address (MEMPROXY_URL, default {DEFAULT_URL})")
+    common.add_argument("--key", help="a proxy key or the admin key (MEMPROXY_KEY)")
+    common.add_argument("--user", help="whose memory (X-Memory-User-Id)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    memories = commands.add_parser("memories", help="see and change what memproxy remembers")
+    actions = memories.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", parents=[common], help="list facts")
+    listing.add_argument("--category", choices=CATEGORIES)
+    listing.add_argument("--pinned", action="store_true", help="only pinned facts")
+    listing.add_argument("--query", "-q", help="full-text filter")
+    listing.add_argument("--all", action="store_true", help="include old versions and expired")
+    listing.add_argument("--limit", type=int, default=50, help="most facts shown (default 50)")
+    search = actions.add_parser("search", parents=[common], help="what would be injected")
+    search.add_argument("query")
+    search.add_argument("--budget", type=int, help="token budget (default: the server's)")
+    search.add_argument("--scope", choices=("user", "session"))
+    search.add_argument("--session", help="the session to search from")
+    add = actions.add_parser("add", parents=[common], help="remember a fact")
+    add.add_argument("text")
+    add.add_argument("--category", choices=CATEGORIES, default="context")
+    add.add_argument("--confidence", type=float)
+    add.add_argument("--importance", type=int)
+    add.add_argument("--pin", action="store_true")
+    edit = actions.add_parser("edit", parents=[common], help="change a fact (keeps history)")
+    edit.add_argument("id", type=int)
+    edit.add_argument("--text")
+    edit.add_argument("--category", choices=CATEGORIES)
+    edit.add_argument("--confidence", type=float)
+    edit.add_argument("--importance", type=int)
+    forget = actions.add_parser("forget", parents=[common], help="delete a fact and its history")
+    forget.add_argument("id", type=int)
+    pin = actions.add_parser("pin", parents=[common], help="pin a fact (--off to unpin)")
+    pin.add_argument("id", type=int)
+    pin.add_argument("--off", action="store_true", help="unpin instead")
+    export = actions.add_parser("export", parents=[common], help="export as JSON Lines")
+    export.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
+    load = actions.add_parser("import", parents=[common], help="import JSON Lines")
+    load.add_argument("file", type=Path, help="records or OpenAI-format conversations, or -")
+
+    sessions = commands.add_parser("sessions", help="conversations memproxy has logged")
+    session_actions = sessions.add_subparsers(dest="action", required=True)
+    session_list = session_actions.add_parser("list", parents=[common], help="list sessions")
+    session_list.add_argument("--limit", type=int, default=50)
+    show = session_actions.add_parser("show", parents=[common], help="a session's turns")
+    show.add_argument("session_id")
+    delete = session_actions.add_parser("delete", parents=[common], help="delete a session")
+    delete.add_argument("session_id")
+
+    commands.add_parser("stats", parents=[common], help="counts, index sizes, job queue")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a memory command; print errors to stderr."""
+    from proxy import cli_commands
+
+    client = MemoryClient(args)
+    handler = getattr(cli_commands, f"{args.command}_{getattr(args, 'action', 'show')}")
+    try:
+        handler(client, args)
+    except CliError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.http.close()
+    return 0
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """`data` as JSON with --json, else `text`."""
+    print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else text)
+
+
+def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
+    """The file's bytes in chunks, advancing a progress bar."""
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        progress = Progress("importing", len(data))
+        return iter([data]), progress
+    size = path.stat().st_size
+    progress = Progress("uploading", size)
+
+    def chunks() -> Iterator[bytes]:
+        with path.open("rb") as handle:
+            while chunk := handle.read(UPLOAD_CHUNK):
+                progress.advance(len(chunk))
+                yield chunk
+
+    return chunks(), progress
+
+
+__all__ = ["CliError", "MemoryClient", "Progress", "add_commands", "emit", "run", "table", "upload", "when"]

@@ -1,0 +1,133 @@
+"""Who may use the memory API, as which user, and how its failures look on the wire.
+
+With proxy keys on, a key bound to a user reaches that user only; an unbound key names the
+user like a chat request does (X-Memory-User-Id, else `default`); the admin key reaches any
+user through X-Memory-User-Id. Without keys (local single-user mode) only loopback clients
+are served, unless MEMPROXY_MANAGEMENT_REMOTE is on.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from config import Settings
+from memory.clearing import ClearExpired, ClearNotFound
+from memory.engine import MemoryEngine
+from memory.facts import FactError, FactNotFound
+from memory.profiles import ConsentRequired
+from memory.record_checks import RecordError
+from memory.sessions import CursorError
+from proxy.errors import (
+    AuthenticationFailed,
+    Conflict,
+    Gone,
+    InvalidRequest,
+    MemoryUnavailable,
+    NotFound,
+    PermissionDenied,
+)
+from proxy.identity import DEFAULT_USER, authenticate, presented_key, resolve_user
+from proxy.state import AppState
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authorised management request: whose memory it reaches and through what."""
+
+    user_id: str
+    admin: bool
+    memory: MemoryEngine
+    settings: Settings
+    state: AppState
+
+
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Authorise the request, run the handler, and turn memory errors into API errors."""
+
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        who = authorise(request)
+        try:
+            return await handler(request, who)
+        except FactNotFound as exc:
+            raise NotFound(str(exc), param=exc.param) from None
+        except ConsentRequired as exc:
+            raise Conflict(str(exc), param=exc.param, code="consent_required") from None
+        except FactError as exc:
+            if exc.param == "pinned":  # the pin limit: a state to change, not a bad request
+                raise Conflict(str(exc), param="pinned", code="pin_limit") from None
+            raise InvalidRequest(str(exc), param=exc.param) from None
+        except (CursorError, RecordError) as exc:
+            raise InvalidRequest(str(exc), param=getattr(exc, "field", "cursor")) from None
+        except ClearNotFound as exc:
+            raise NotFound(str(exc), param="undo_token") from None
+        except ClearExpired as exc:
+            raise Gone(str(exc), param="undo_token", code="undo_expired") from None
+
+    return run
+
+
+def authorise(request: Request) -> Caller:
+    """The caller of a management request; 401, 403 or 503 when it cannot be served."""
+    state: AppState = request.app.state.memproxy
+    settings = state.settings
+    user_id, admin = _user(request, settings)
+    if state.memory is None:
+        raise MemoryUnavailable("memory is turned off on this proxy")
+    return Caller(user_id, admin, state.memory, settings, state)
+
+
+def _user(request: Request, settings: Settings) -> tuple[str, bool]:
+    headers = request.headers
+    if settings.api_keys or settings.admin_key:
+        presented = presented_key(headers)
+        admin_key = settings.admin_key
+        if admin_key and presented and hmac.compare_digest(presented.encode(), admin_key.encode()):
+            return resolve_user(headers, {}, None), True
+        if not settings.api_keys:  # only the admin key is configured
+            raise AuthenticationFailed(
+                "incorrect API key provided" if presented else "missing API key"
+            )
+        return resolve_user(headers, {}, authenticate(headers, settings.api_keys)), False
+    if not settings.management_remote and not is_loopback(request):
+        raise PermissionDenied(
+            "without proxy keys the memory API answers only loopback clients;"
+            " set MEMPROXY_API_KEYS, or MEMPROXY_MANAGEMENT_REMOTE=on"
+        )
+    return resolve_user(headers, {}, None) or DEFAULT_USER, False
+
+
+def is_loopback(request: Request) -> bool:
+    """Whether the client connected from this machine."""
+    host = request.client.host if request.client else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def respond(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response."""
+    return Response(orjson.dumps(payload), status, headers, media_type="application/json")
+
+
+def page(data: list[Any], next_cursor: str | None) -> dict[str, Any]:
+    """One page of a list, OpenAI-style, with the cursor of the next page."""
+    return {
+        "object": "list", "data": data, "has_more": next_cursor is not None,
+        "next_cursor": next_cursor,
+    }

@@ -1,0 +1,29 @@
+"""Clear all of a user's memory, and undo it within the window (memory/clearing.py)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.management.access import Caller, endpoint, respond
+from proxy.management.inputs import json_object, text
+
+
+@endpoint
+async def clear_all(request: Request, who: Caller) -> Response:
+    """POST /v1/memory/clear: everything goes; an undo token brings it back in the window."""
+    await json_object(request, who.settings.max_body_bytes, (), empty_ok=True)
+    receipt = await who.memory.manage.clears.clear(who.user_id)
+    return respond({
+        "object": "memory.clear", "undo_seconds": who.settings.clear_undo_seconds,
+        **receipt.as_dict(),
+    })
+
+
+@endpoint
+async def undo_clear(request: Request, who: Caller) -> Response:
+    """POST /v1/memory/clear/undo: 404 for an unknown token, 410 once the window ended."""
+    body = await json_object(request, who.settings.max_body_bytes, ("undo_token",))
+    token = text(body, "undo_token", required=True, max_chars=200) or ""
+    report = await who.memory.manage.clears.undo(who.user_id, token)
+    return respond({"object": "memory.clear.undo", "restored": True, **report.as_dict()})

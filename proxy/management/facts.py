@@ -1,0 +1,147 @@
+"""Facts: list (category, pinned, text filters; cursor pages), get, add, edit, delete, pin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from memory.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS, Fact
+from proxy.errors import Conflict, InvalidRequest, NotFound
+from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.inputs import (
+    choice,
+    flag,
+    json_object,
+    number,
+    path_id,
+    query_choice,
+    query_flag,
+    query_limit,
+    query_text,
+    text,
+)
+
+FIELDS = ("text", "category", "confidence", "importance", "expires_at")
+MAX_TIME = 32503680000.0  # the year 3000
+
+
+def fact_json(fact: Fact) -> dict[str, Any]:
+    """A fact as the API shows it."""
+    return {"object": "memory.fact", **fact.as_dict()}
+
+
+@endpoint
+async def list_facts(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/facts"""
+    facts, cursor = await who.memory.facts.list(
+        who.user_id,
+        category=query_choice(request, "category", CATEGORIES),
+        pinned=query_flag(request, "pinned"),
+        query=query_text(request, "q"),
+        include_inactive=bool(query_flag(request, "include_inactive")),
+        limit=query_limit(request, 50, MAX_PAGE),
+        cursor=query_text(request, "cursor", max_chars=40),
+    )
+    return respond(page([fact_json(f) for f in facts], cursor))
+
+
+@endpoint
+async def add_fact(request: Request, who: Caller) -> Response:
+    """POST /v1/memory/facts"""
+    body = await json_object(request, who.settings.max_body_bytes, (*FIELDS, "pinned"))
+    fact = await who.memory.facts.add(
+        who.user_id,
+        text(body, "text", required=True, max_chars=MAX_TEXT_CHARS) or "",
+        choice(body, "category", CATEGORIES) or _required("category"),
+        confidence=_or(number(body, "confidence", low=0, high=1), 0.6),
+        importance=_or(number(body, "importance", low=1, high=10, integer=True), 5),
+        pinned=bool(flag(body, "pinned")),
+        expires_at=number(body, "expires_at", low=0, high=MAX_TIME),
+        source="manual",
+    )
+    return respond(fact_json(fact), 201)
+
+
+@endpoint
+async def get_fact(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/facts/{fact_id}"""
+    fact_id = path_id(request, "fact_id")
+    fact = await who.memory.facts.get(who.user_id, fact_id)
+    if fact is None:
+        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    return respond(fact_json(fact))
+
+
+@endpoint
+async def edit_fact(request: Request, who: Caller) -> Response:
+    """PATCH /v1/memory/facts/{fact_id}: a new version; the old one stays as history."""
+    fact_id = path_id(request, "fact_id")
+    body = await json_object(request, who.settings.max_body_bytes, FIELDS)
+    if not body:
+        raise InvalidRequest(f"give at least one of {', '.join(FIELDS)}")
+    await _current(who, fact_id)
+    fact = await who.memory.facts.edit(
+        who.user_id, fact_id,
+        text=text(body, "text", max_chars=MAX_TEXT_CHARS),
+        category=choice(body, "category", CATEGORIES),
+        confidence=number(body, "confidence", low=0, high=1),
+        importance=number(body, "importance", low=1, high=10, integer=True),
+        expires_at=number(body, "expires_at", low=0, high=MAX_TIME),
+    )
+    return respond(fact_json(fact))
+
+
+@endpoint
+async def delete_fact(request: Request, who: Caller) -> Response:
+    """DELETE /v1/memory/facts/{fact_id}: the fact and its whole history."""
+    fact_id = path_id(request, "fact_id")
+    if not await who.memory.facts.delete(who.user_id, fact_id):
+        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    return respond({"object": "memory.fact.deleted", "id": fact_id, "deleted": True})
+
+
+@endpoint
+async def pin_fact(request: Request, who: Caller) -> Response:
+    """POST /v1/memory/facts/{fact_id}/pin: 409 at the pin limit."""
+    fact_id = await _current(who, path_id(request, "fact_id"))
+    return respond(fact_json(await who.memory.facts.set_pinned(who.user_id, fact_id, True)))
+
+
+@endpoint
+async def unpin_fact(request: Request, who: Caller) -> Response:
+    """POST /v1/memory/facts/{fact_id}/unpin"""
+    fact_id = await _current(who, path_id(request, "fact_id"))
+    return respond(fact_json(await who.memory.facts.set_pinned(who.user_id, fact_id, False)))
+
+
+@endpoint
+async def fact_history(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/facts/{fact_id}/history: every version, oldest first."""
+    fact_id = path_id(request, "fact_id")
+    versions = await who.memory.facts.history(who.user_id, fact_id)
+    if not versions:
+        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    return respond(page([fact_json(f) for f in versions], None))
+
+
+async def _current(who: Caller, fact_id: int) -> int:
+    """The id, once it names a current version: 404 unknown, 409 superseded."""
+    fact = await who.memory.facts.get(who.user_id, fact_id)
+    if fact is None:
+        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    if fact.valid_to is not None:
+        raise Conflict(
+            f"fact {fact_id} is an old version (superseded by {fact.superseded_by});"
+            " change the current one", param="fact_id", code="fact_superseded",
+        )
+    return fact_id
+
+
+def _required(name: str) -> str:
+    raise InvalidRequest(f"{name} is required", param=name)
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

@@ -1,0 +1,492 @@
+"""The OpenAPI 3.0 document of the memory API, served at /v1/memory/openapi.json.
+
+Hand-written and kept next to the handlers; tests check every route is described and
+every answer matches its schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from config.flags import MAX_BUDGET
+from memory.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS
+from proxy.identity import MAX_ID_LENGTH
+from proxy.management.access import respond
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+# Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
+# for another user or a remote client without keys, memory turned off.
+COMMON_ERRORS = ("400", "401", "403", "500", "503")
+_ERROR_TEXT = {
+    "400": "Invalid input; `param` names the field.",
+    "401": "Proxy keys are on and the key is missing or wrong.",
+    "403": "The key is bound to another user, or a remote client without keys.",
+    "404": "No such item for this user.",
+    "409": "Conflict (e.g. a profile without consent).",
+    "410": "The undo window has ended.",
+    "413": "The body is larger than MEMPROXY_MAX_BODY_BYTES.",
+    "500": "A bug in memproxy.",
+    "503": "Memory is turned off on this proxy.",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(kind: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "nullable": True, **extra}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _op(
+    summary: str, ok: dict[str, Any], *errors: str, status: str = "200",
+    body: dict[str, Any] | None = None, params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    responses = {status: ok}
+    for code in sorted({*errors, *COMMON_ERRORS}):
+        responses[code] = _json(_ref("Error"), _ERROR_TEXT[code])
+    operation: dict[str, Any] = {
+        "summary": summary, "responses": responses,
+        "parameters": [{"$ref": "#/components/parameters/UserId"}, *(params or [])],
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {JSON: {"schema": schema}}}
+
+
+def _list(item: str) -> dict[str, Any]:
+    return {
+        "type": "object", "required": ["object", "data", "has_more", "next_cursor"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": _ref(item)},
+            "has_more": {"type": "boolean"},
+            "next_cursor": _nullable("string"),
+        },
+    }
+
+
+_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": r"\S"}
+_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"\S"}
+_INT = {"type": "integer", "minimum": -(2**63) + 1, "maximum": 2**63 - 1}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": 32503680000}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}
+_FACT_ID = {"name": "fact_id", "in": "path", "required": True,
+            "schema": {"type": "integer", "minimum": 0}}
+_SESSION_ID = {"name": "session_id", "in": "path", "required": True,
+               "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
+_SESSION_CURSOR = r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024}$"
+_EDITABLE = {
+    "text": _TEXT,
+    "category": {"type": "string", "enum": list(CATEGORIES)},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    "importance": {"type": "integer", "minimum": 1, "maximum": 10},
+    "expires_at": {"type": "number", "minimum": 0, "maximum": 32503680000},
+}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": _nullable("string"), "code": _nullable("string")},
+        }},
+    },
+    "Fact": {
+        "type": "object",
+        "required": ["object", "id", "text", "category", "confidence", "importance", "pinned",
+                     "version", "active"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.fact"]},
+            "id": {"type": "integer"}, "user_id": {"type": "string"}, "text": {"type": "string"},
+            "category": {"type": "string", "enum": list(CATEGORIES)},
+            "confidence": {"type": "number"}, "importance": {"type": "integer"},
+            "mentions": {"type": "integer"}, "source": {"type": "string"},
+            "source_session": _nullable("string"),
+            "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
+            "pinned": {"type": "boolean"}, "first_seen": {"type": "number"},
+            "last_seen": {"type": "number"}, "expires_at": _nullable("number"),
+            "version": {"type": "integer"}, "previous_id": _nullable("integer"),
+            "valid_from": {"type": "number"}, "valid_to": _nullable("number"),
+            "superseded_by": _nullable("integer"), "created_at": {"type": "number"},
+            "updated_at": {"type": "number"}, "active": {"type": "boolean"},
+        },
+    },
+    "FactList": _list("Fact"),
+    "NewFact": {
+        "type": "object", "required": ["text", "category"], "additionalProperties": False,
+        "properties": {**_EDITABLE, "pinned": {"type": "boolean"}},
+    },
+    "FactChanges": {
+        "type": "object", "minProperties": 1, "additionalProperties": False,
+        "properties": _EDITABLE,
+    },
+    "Deleted": {
+        "type": "object", "required": ["object", "id", "deleted"],
+        "properties": {"object": {"type": "string"}, "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+                       "deleted": {"type": "boolean"},
+                       "removed": {"type": "object", "additionalProperties": {"type": "integer"}}},
+    },
+    "Session": {
+        "type": "object",
+        "required": ["object", "session_id", "created_at", "last_active", "turns", "facts",
+                     "summaries", "title"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.session"]},
+            "session_id": {"type": "string"}, "created_at": {"type": "number"},
+            "last_active": {"type": "number"}, "turns": {"type": "integer"},
+            "facts": {"type": "integer"}, "summaries": {"type": "integer"},
+            "title": {"type": "string"},
+        },
+    },
+    "SessionList": _list("Session"),
+    "Turn": {
+        "type": "object", "required": ["object", "id", "session_id", "role", "content", "created_at"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.turn"]}, "id": {"type": "integer"},
+            "session_id": {"type": "string"}, "parent_id": _nullable("integer"),
+            "position": {"type": "integer"}, "role": {"type": "string"},
+            "name": _nullable("string"), "content": {"type": "string"},
+            "created_at": {"type": "number"}, "model": _nullable("string"),
+            "tokens": {"type": "integer"}, "incomplete": {"type": "boolean"},
+        },
+    },
+    "TurnList": _list("Turn"),
+    "SearchQuery": {
+        "type": "object", "required": ["query"], "additionalProperties": False,
+        # scope "session" needs a session_id
+        "anyOf": [{"not": {"required": ["scope"]}},
+                  {"properties": {"scope": {"enum": ["user"]}}},
+                  {"required": ["session_id"]}],
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": r"\S"},
+            "budget": {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET},
+            "scope": {"type": "string", "enum": ["user", "session"],
+                      "description": "session needs session_id"},
+            "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
+                           "pattern": r"\S"},
+            "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
+                      "description": "Whose tokenizer counts the budget (default gpt-4o)."},
+        },
+    },
+    "SearchResult": {
+        "type": "object",
+        "required": ["object", "query", "budget", "scope", "block", "items", "tokens"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.search"]},
+            "query": {"type": "string"}, "user_id": {"type": "string"},
+            "session_id": _nullable("string"), "scope": {"type": "string"},
+            "budget": {"type": "integer"}, "model": {"type": "string"},
+            "block": {"type": "string", "description": "Exactly what would be injected."},
+            "items": {"type": "array", "items": {
+                "type": "object", "required": ["source", "id", "text", "score", "signals"],
+                "properties": {
+                    "source": {"type": "string"}, "id": {"type": "string"},
+                    "turn_id": {"type": "integer"}, "session_id": {"type": "string"},
+                    "speaker": {"type": "string"}, "created_at": {"type": "number"},
+                    "text": {"type": "string"}, "score": {"type": "number"},
+                    "signals": {"type": "object", "additionalProperties": {"type": "number"}},
+                },
+            }},
+            "tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
+            "candidates": {"type": "integer"}, "recall_ms": {"type": "number"},
+            "embed_ms": {"type": "number"}, "skipped": _nullable("string"),
+        },
+    },
+    **{name: schema for name, schema in (
+        ("TurnRecord", {
+            "type": "object", "required": ["type", "session_id", "role", "content"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "enum": ["turn"]}, "id": {**_INT, "nullable": True},
+                "session_id": _ID_TEXT, "parent_id": {**_INT, "nullable": True},
+                "role": {"type": "string", "enum": ["user", "assistant", "tool"]},
+                "content": {"type": "string", "minLength": 1, "pattern": r"\S"},
+                "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+                "created_at": {**_SECONDS, "nullable": True},
+                "model": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+                "tokens": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
+                "request_id": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+                "incomplete": {"type": "boolean"},
+            },
+        }),
+        ("FactRecord", {
+            "type": "object", "required": ["type", "text", "category"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "enum": ["fact"]}, "id": {**_INT, "nullable": True},
+                "text": _TEXT, "category": {"type": "string", "enum": list(CATEGORIES)},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                "importance": {"type": "integer", "minimum": 1, "maximum": 10, "nullable": True},
+                "mentions": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
+                "source": {"type": "string", "enum": ["extracted", "manual", "import"]},
+                "source_session": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+                "source_turn_ids": {"type": "array", "items": _INT},
+                "pinned": {"type": "boolean"},
+                "version": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
+                "previous_id": {**_INT, "nullable": True},
+                "superseded_by": {**_INT, "nullable": True},
+                **{name: {**_SECONDS, "nullable": True} for name in (
+                    "first_seen", "last_seen", "expires_at", "valid_from", "valid_to",
+                    "created_at", "updated_at")},
+            },
+        }),
+        ("SummaryRecord", {
+            "type": "object", "required": ["type", "session_id", "text"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "enum": ["summary"]},
+                "id": {**_INT, "nullable": True}, "session_id": _ID_TEXT,
+                "text": {"type": "string", "minLength": 1, "pattern": r"\S"},
+                "data": {"type": "object", "properties": {
+                    key: {"type": "array", "items": {"type": "string"}}
+                    for key in ("facts", "preferences", "decisions", "todos", "entities")}},
+                "source_turn_ids": {"type": "array", "items": _INT},
+                "last_turn_id": {**_INT, "nullable": True},
+                "user_turns": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
+                "tokens": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
+                "superseded_by": {**_INT, "nullable": True},
+                "created_at": {**_SECONDS, "nullable": True},
+            },
+        }),
+        ("ProfileRecord", {
+            "type": "object", "required": ["type"], "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "enum": ["profile"]}, "consent": {"type": "boolean"},
+                "profile": {"type": "object", "nullable": True, "additionalProperties": False,
+                            "properties": {"fields": {"type": "object"},
+                                           "text": {"type": "string"}}},
+            },
+        }),
+        ("MetaRecord", {
+            "type": "object", "required": ["type"],
+            "properties": {
+                "type": {"type": "string", "enum": ["meta"]},
+                "format": {"type": "string", "enum": ["memproxy-export"]},
+                "version": {"type": "integer", "minimum": -(2**63) + 1, "maximum": 1},
+            },
+        }),
+        ("Conversation", {
+            "type": "object", "required": ["messages"], "additionalProperties": False,
+            "description": "OpenAI chat format; system messages are skipped.",
+            "properties": {
+                "type": {"type": "string", "enum": ["conversation"]},
+                "session_id": _ID_TEXT,
+                "created_at": _SECONDS, "timestamp": _SECONDS,
+                "messages": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["role"],
+                    "properties": {
+                        "role": {"type": "string"}, "content": {},
+                        "name": {"type": "string", "maxLength": MAX_ID_LENGTH},
+                        "timestamp": _SECONDS, "created_at": _SECONDS,
+                    },
+                }},
+            },
+        }),
+    )},
+    "Clear": {
+        "type": "object", "required": ["object", "undo_token", "expires_at", "removed"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.clear"]},
+            "undo_token": {"type": "string"}, "undo_seconds": {"type": "number"},
+            "created_at": {"type": "number"}, "expires_at": {"type": "number"},
+            "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
+    "ImportReport": {
+        "type": "object", "required": ["object", "added", "skipped"],
+        "properties": {
+            "object": {"type": "string"}, "records": {"type": "integer"},
+            "restored": {"type": "boolean"},
+            "added": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "skipped": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
+    "Profile": {
+        "type": "object", "required": ["object", "consent", "profile"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.profile"]},
+            "user_id": {"type": "string"}, "consent": {"type": "boolean"},
+            "profile": {"type": "object", "nullable": True, "properties": {
+                "fields": {"type": "object"}, "text": {"type": "string"},
+                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
+            }},
+        },
+    },
+    "Stats": {
+        "type": "object", "required": ["object", "counts", "index", "jobs"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.stats"]},
+            "user_id": {"type": "string"},
+            "counts": {"type": "object"}, "index": {"type": "object"},
+            "jobs": {"type": "object", "required": ["depth", "dead", "dead_letters"], "properties": {
+                "depth": {"type": "integer"}, "dead": {"type": "integer"},
+                "dead_letters": {"type": "array", "items": {"type": "object"}},
+            }},
+            "pending_clears": {"type": "array", "items": {"type": "object"}},
+            "limits": {"type": "object"},
+        },
+    },
+    "Metrics": {
+        "type": "object", "required": ["object", "since", "until", "summary", "data", "has_more"],
+        "properties": {
+            "object": {"type": "string", "enum": ["memory.metrics"]},
+            "since": {"type": "number"}, "until": {"type": "number"},
+            "summary": {"type": "object"}, "has_more": {"type": "boolean"},
+            "data": {"type": "array", "items": {"type": "object", "properties": {
+                "created_at": {"type": "number"}, "session_id": _nullable("string"),
+                "request_id": _nullable("string"), "model": _nullable("string"),
+                "items": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "injected_tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
+                "recall_ms": _nullable("number"), "embed_ms": _nullable("number"),
+                "error": _nullable("string"),
+            }}},
+        },
+    },
+}
+
+_FACT_QUERY = [
+    _query("category", {"type": "string", "enum": list(CATEGORIES)}, "Only this category."),
+    _query("pinned", {"type": "boolean"}, "Only pinned (true) or unpinned (false) facts."),
+    _query("q", {"type": "string", "maxLength": 1000}, "Full-text search in the fact text."),
+    _query("include_inactive", {"type": "boolean"}, "Also old versions and expired facts."),
+    _query("limit", _LIMIT, "Page size (default 50)."),
+    _query("cursor", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "next_cursor of the previous page."),
+]
+_PAGE_QUERY = [
+    _query("limit", _LIMIT, "Page size."),
+    _query("cursor", {"type": "string", "pattern": _SESSION_CURSOR}, "next_cursor of the previous page."),
+]
+_TIME = {"type": "number", "minimum": 0}
+
+PATHS: dict[str, Any] = {
+    "/facts": {
+        "get": _op("List facts, newest first", _json(_ref("FactList")), "400",
+                   params=_FACT_QUERY),
+        "post": _op("Add a fact (manual facts start at confidence 0.6)", _json(_ref("Fact")),
+                    "400", "409", "413", status="201", body=_body(_ref("NewFact"))),
+    },
+    "/facts/{fact_id}": {
+        "parameters": [_FACT_ID],
+        "get": _op("Get one fact (any version)", _json(_ref("Fact")), "404"),
+        "patch": _op("Edit: a new version; the old one is kept as history (409: an old version)",
+                     _json(_ref("Fact")), "400", "404", "409", "413",
+                     body=_body(_ref("FactChanges"))),
+        "delete": _op("Delete a fact and its history", _json(_ref("Deleted")), "404"),
+    },
+    "/facts/{fact_id}/pin": {"parameters": [_FACT_ID], "post": _op(
+        "Pin (never expires, never evicted; 409 at the pin limit)", _json(_ref("Fact")), "404",
+        "409")},
+    "/facts/{fact_id}/unpin": {"parameters": [_FACT_ID], "post": _op(
+        "Unpin", _json(_ref("Fact")), "404", "409")},
+    "/facts/{fact_id}/history": {"parameters": [_FACT_ID], "get": _op(
+        "Every version of a fact, oldest first", _json(_ref("FactList")), "404")},
+    "/sessions": {"get": _op("Sessions, most recently active first",
+                             _json(_ref("SessionList")), "400", params=_PAGE_QUERY)},
+    "/sessions/{session_id}": {
+        "parameters": [_SESSION_ID],
+        "get": _op("One session with its counts", _json(_ref("Session")), "400", "404"),
+        "delete": _op("Delete a session: turns, chunks, vectors, summaries, facts only from it",
+                      _json(_ref("Deleted")), "400", "404"),
+    },
+    "/turns": {"get": _op("A session's turns in stored order", _json(_ref("TurnList")),
+                          "400", "404", params=[
+        {"name": "session_id", "in": "query", "required": True,
+         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}},
+        _query("limit", _LIMIT, "Page size (default 100)."),
+        _query("cursor", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "next_cursor."),
+    ])},
+    "/search": {"post": _op("What would be injected for a query (no model is called)",
+                            _json(_ref("SearchResult")), "400", "413",
+                            body=_body(_ref("SearchQuery")))},
+    "/clear": {"post": _op("Clear all memory; returns an undo token", _json(_ref("Clear")),
+                           "400", "413", body=_body({"type": "object", "maxProperties": 0},
+                                                    required=False))},
+    "/clear/undo": {"post": _op(
+        "Undo a clear within its window", _json(_ref("ImportReport")), "400", "404", "410",
+        "413", body=_body({"type": "object", "required": ["undo_token"],
+                           "additionalProperties": False, "properties": {
+                               "undo_token": {"type": "string", "minLength": 1, "maxLength": 200,
+                                              "pattern": r"\S"}}}))},
+    "/export": {"get": _op("Export as JSON Lines (streamed)", {
+        "description": "meta, turns, facts, summaries, profile: one JSON object per line",
+        "content": {NDJSON: {"schema": {"type": "string"}}}})},
+    "/import": {"post": _op(
+        "Import JSON Lines of records or OpenAI-format conversations (idempotent)",
+        _json(_ref("ImportReport")), "400", "413",
+        body={"required": True, "content": {
+            JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
+                _ref(name) for name in ("TurnRecord", "FactRecord", "SummaryRecord",
+                                        "ProfileRecord", "MetaRecord", "Conversation")]}}},
+            NDJSON: {"schema": {"type": "string"},
+                     "description": "One record (as in the JSON array) per line."},
+        }})},
+    "/consent": {
+        "get": _op("Consent and profile", _json(_ref("Profile"))),
+        "put": _op("Give or revoke consent (revoking deletes the profile)",
+                   _json(_ref("Profile")), "400", "413", body=_body({
+                       "type": "object", "required": ["consent"], "additionalProperties": False,
+                       "properties": {"consent": {"type": "boolean"}}})),
+    },
+    "/profile": {
+        "get": _op("Consent and profile", _json(_ref("Profile"))),
+        "put": _op("Write the profile (needs consent)", _json(_ref("Profile")), "400", "409",
+                   "413", body=_body({"type": "object", "additionalProperties": False,
+                                      "properties": {"fields": {"type": "object"},
+                                                     "text": {"type": "string"}}})),
+        "delete": _op("Delete the profile (consent stays)", _json(_ref("Profile"))),
+    },
+    "/stats": {"get": _op("Counts, index sizes, job queue and dead letters",
+                          _json(_ref("Stats")))},
+    "/metrics": {"get": _op("Per-request metrics over a time range", _json(_ref("Metrics")),
+                            "400", params=[
+        _query("since", _TIME, "Unix seconds (default: a day before until)."),
+        _query("until", _TIME, "Unix seconds (default: now)."),
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Most rows."),
+    ])},
+}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "memproxy memory API", "version": "1",
+        "description": "See, correct and delete what memproxy remembers. Every call is scoped "
+                       "to one user: the key's user, or X-Memory-User-Id.",
+    },
+    "servers": [{"url": "/v1/memory"}],
+    "security": [{}, {"bearer": []}],
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "parameters": {"UserId": {
+            "name": "X-Memory-User-Id", "in": "header", "required": False,
+            "description": "Whose memory (admin key or unbound key); a bound key's user only.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
+                       "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
+        }},
+        "schemas": SCHEMAS,
+    },
+    "paths": PATHS,
+}
+
+
+async def openapi(request: Request) -> Response:
+    """GET /v1/memory/openapi.json (no key needed: it describes, it holds no data)."""
+    return respond(DOCUMENT)

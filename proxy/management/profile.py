@@ -1,0 +1,60 @@
+"""Consent and the user-authored profile (memory/profiles.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.errors import InvalidRequest
+from proxy.management.access import Caller, endpoint, respond
+from proxy.management.inputs import flag, json_object
+
+
+async def _state(who: Caller) -> dict[str, Any]:
+    profiles = who.memory.profiles
+    profile = await profiles.get(who.user_id)
+    body = None if profile is None else {k: v for k, v in profile.as_dict().items() if k != "user_id"}
+    return {
+        "object": "memory.profile", "user_id": who.user_id,
+        "consent": await profiles.consent(who.user_id), "profile": body,
+    }
+
+
+@endpoint
+async def get_profile(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/profile (and /consent): consent and the profile."""
+    return respond(await _state(who))
+
+
+@endpoint
+async def put_consent(request: Request, who: Caller) -> Response:
+    """PUT /v1/memory/consent: revoking deletes the profile and its vector."""
+    body = await json_object(request, who.settings.max_body_bytes, ("consent",))
+    consent = flag(body, "consent")
+    if consent is None:
+        raise InvalidRequest("consent is required", param="consent")
+    await who.memory.profiles.set_consent(who.user_id, consent)
+    return respond(await _state(who))
+
+
+@endpoint
+async def put_profile(request: Request, who: Caller) -> Response:
+    """PUT /v1/memory/profile: the whole profile; 409 without consent."""
+    body = await json_object(request, who.settings.max_body_bytes, ("fields", "text"))
+    fields = body.get("fields", {})
+    if not isinstance(fields, dict):
+        raise InvalidRequest("fields must be an object", param="fields")
+    text = body.get("text", "")
+    if not isinstance(text, str):
+        raise InvalidRequest("text must be a string", param="text")
+    await who.memory.profiles.put(who.user_id, fields, text)
+    return respond(await _state(who))
+
+
+@endpoint
+async def delete_profile(request: Request, who: Caller) -> Response:
+    """DELETE /v1/memory/profile: the profile goes, consent stays as it is."""
+    await who.memory.profiles.delete(who.user_id)
+    return respond(await _state(who))

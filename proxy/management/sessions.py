@@ -1,0 +1,72 @@
+"""Sessions and turns: list sessions with counts and last activity, read turns, delete."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from memory.sessions import MAX_PAGE, turn_dict
+from proxy.errors import InvalidRequest, NotFound
+from proxy.identity import MAX_ID_LENGTH
+from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.inputs import query_limit, query_text
+
+
+def _session_id(raw: str, param: str) -> str:
+    # Any id may be looked up; one that was never stored is simply not found.
+    if not raw or len(raw) > MAX_ID_LENGTH:
+        raise InvalidRequest(f"{param} must be 1 to {MAX_ID_LENGTH} characters", param=param)
+    return raw
+
+
+@endpoint
+async def list_sessions(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/sessions: most recently active first."""
+    sessions, cursor = await who.memory.manage.sessions.list(
+        who.user_id, limit=query_limit(request, 50, MAX_PAGE),
+        cursor=query_text(request, "cursor", max_chars=2100),
+    )
+    return respond(page([{"object": "memory.session", **s.as_dict()} for s in sessions], cursor))
+
+
+@endpoint
+async def get_session(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/sessions/{session_id}"""
+    session_id = _session_id(request.path_params["session_id"], "session_id")
+    found = await who.memory.manage.sessions.get(who.user_id, session_id)
+    if found is None:
+        raise NotFound(f"no session {session_id!r}", param="session_id")
+    return respond({"object": "memory.session", **found.as_dict()})
+
+
+@endpoint
+async def delete_session(request: Request, who: Caller) -> Response:
+    """DELETE /v1/memory/sessions/{session_id}: its turns, chunks, vectors, summaries and
+    the facts learned only from it."""
+    session_id = _session_id(request.path_params["session_id"], "session_id")
+    removed = await who.memory.manage.sessions.delete(who.user_id, session_id)
+    if removed is None:
+        raise NotFound(f"no session {session_id!r}", param="session_id")
+    return respond({
+        "object": "memory.session.deleted", "id": session_id, "deleted": True, "removed": removed,
+    })
+
+
+@endpoint
+async def list_turns(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/turns?session_id=...: a session's turns in the order they were stored."""
+    raw = request.query_params.get("session_id")
+    if raw is None:
+        raise InvalidRequest("session_id is required", param="session_id")
+    session_id = _session_id(raw, "session_id")
+    after = query_text(request, "cursor", max_chars=18)
+    if after is not None and not (after.isascii() and after.isdigit()):
+        raise InvalidRequest("invalid cursor", param="cursor")
+    turns, next_after = await who.memory.manage.sessions.turns(
+        who.user_id, session_id, limit=query_limit(request, 100, MAX_PAGE),
+        after=int(after or 0),
+    )
+    if not turns and after is None and await who.memory.manage.sessions.get(who.user_id, session_id) is None:
+        raise NotFound(f"no session {session_id!r}", param="session_id")
+    data = [{"object": "memory.turn", **turn_dict(t)} for t in turns]
+    return respond(page(data, None if next_after is None else str(next_after)))

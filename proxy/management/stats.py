@@ -1,0 +1,48 @@
+"""Stats (counts, index sizes, job queue) and per-request metrics over a time range."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from memory.facts import CATEGORIES
+from memory.stats import MAX_METRICS_ROWS, summarize
+from proxy.management.access import Caller, endpoint, respond
+from proxy.management.inputs import query_limit, query_time
+
+DAY = 86400.0
+
+
+@endpoint
+async def stats(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/stats"""
+    manage = who.memory.manage
+    settings = who.settings
+    return respond({
+        "object": "memory.stats",
+        **await manage.stats.user(who.user_id),
+        "pending_clears": await manage.clears.pending(who.user_id),
+        "limits": {
+            "memory_budget": settings.memory_budget, "memory_scope": settings.memory_scope,
+            "clear_undo_seconds": settings.clear_undo_seconds,
+            "fact_max_pinned": settings.fact_max_pinned, "categories": list(CATEGORIES),
+        },
+    })
+
+
+@endpoint
+async def metrics(request: Request, who: Caller) -> Response:
+    """GET /v1/memory/metrics?since=&until=: the user's request metrics, oldest first."""
+    now = time.time()
+    until = query_time(request, "until", now + 1)
+    since = query_time(request, "since", until - DAY)
+    # since after until is an empty range, not an error.
+    rows, more = await who.memory.manage.stats.metrics(
+        who.user_id, since, until, query_limit(request, 1000, MAX_METRICS_ROWS)
+    )
+    return respond({
+        "object": "memory.metrics", "since": since, "until": until, "summary": summarize(rows),
+        "data": rows, "has_more": more,
+    })
