@@ -91,6 +91,15 @@ class Settings:
     admin_key: str | None = _setting(
         None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
     )
+    management_remote: bool = _setting(
+        False,
+        "Without proxy keys, let clients other than loopback use the memory API (/v1/memory) "
+        "and panel data. With keys set, keys decide.",
+    )
+    clear_undo_seconds: float = _setting(
+        10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
+        min=1.0, max=86400.0,
+    )
 
     # -- storage
     data_dir: Path = _setting_factory(
@@ -154,6 +163,82 @@ class Settings:
         30.0, "Age at which the recency signal halves, in days.", min=0.001
     )
 
+    # -- learning: extraction and summaries (DESIGN.md section 3)
+    extract_every: int = _setting(
+        1, "Extract facts after every N-th user turn of a session (0: extraction off).", min=0
+    )
+    extract_model: str | None = _setting(
+        None, "Model that extracts facts and writes summaries. Unset: the request's model."
+    )
+    extract_base_url: str | None = _setting(
+        None,
+        "OpenAI-compatible base URL for extraction and summary calls. Unset: the route that "
+        "serves the extraction model.",
+    )
+    extract_api_key: str | None = _setting(
+        None,
+        "API key for extract_base_url. Unset: the route's key, else the client's own key "
+        "(kept in memory only while the process runs, never stored).",
+        secret=True,
+    )
+    extract_min_confidence: float = _setting(
+        0.7, "Extracted facts below this confidence (0-1) are not kept.", min=0.0, max=1.0
+    )
+    extract_min_importance: int = _setting(
+        7, "Extracted facts below this importance (1-10) are not kept.", min=1, max=10
+    )
+    fact_merge_similarity: float = _setting(
+        0.85,
+        "Cosine similarity at or above which a new fact merges into an existing one "
+        "(mentions + 1, confidence + 0.15).",
+        min=0.0, max=1.0,
+    )
+    summary_every: int = _setting(
+        5, "Summarise a session every N user turns (0: summaries off).", min=0
+    )
+    summary_max_tokens: int = _setting(
+        300, "Token cap of a summary's readable text.", min=32, max=4000
+    )
+    fact_cap: int = _setting(
+        150, "Most active facts per user: learning evicts the lowest-value ones beyond it.",
+        min=1,
+    )
+    fact_prune_at: int = _setting(
+        120, "Maintenance prunes a user's active facts down to this many once above it.", min=1
+    )
+    fact_expired_retention_days: int = _setting(
+        90, "Days an expired fact is kept (not recalled) before it is deleted.", min=0
+    )
+
+    # -- learned memory: facts, summaries, profile
+    fact_expiry_identity_days: int = _setting(
+        365, "Days an extracted identity fact lives after it was last seen (0: never expires).",
+        min=0,
+    )
+    fact_expiry_preference_days: int = _setting(
+        180, "Days an extracted preference fact lives after it was last seen (0: never).", min=0
+    )
+    fact_expiry_project_days: int = _setting(
+        60, "Days an extracted project fact lives after it was last seen (0: never).", min=0
+    )
+    fact_expiry_relationship_days: int = _setting(
+        365, "Days an extracted relationship fact lives after it was last seen (0: never).",
+        min=0,
+    )
+    fact_expiry_context_days: int = _setting(
+        7, "Days an extracted context fact lives after it was last seen (0: never).", min=0
+    )
+    fact_expiry_todo_days: int = _setting(
+        30, "Days an extracted todo fact lives after it was last seen (0: never).", min=0
+    )
+    fact_expiry_decision_days: int = _setting(
+        180, "Days an extracted decision fact lives after it was last seen (0: never).", min=0
+    )
+    fact_max_pinned: int = _setting(
+        10, "Most facts a user can pin (pinned facts never expire and are never evicted).",
+        min=0, max=1000,
+    )
+
     # -- background jobs and retention
     job_concurrency: int = _setting(2, "Background jobs run at once.", min=1, max=64)
     job_max_attempts: int = _setting(
@@ -178,6 +263,15 @@ class Settings:
     def vectors_path(self) -> Path:
         """The Chroma persistent directory."""
         return self.data_dir / "vectors"
+
+    def fact_lifetimes_days(self) -> dict[str, int]:
+        """Lifetime in days of extracted facts per category (0: never expires)."""
+        prefix = "fact_expiry_"
+        return {
+            f.name[len(prefix) : -len("_days")]: getattr(self, f.name)
+            for f in setting_fields()
+            if f.name.startswith(prefix)
+        }
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed, each checked like a loaded value."""
@@ -274,7 +368,10 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         raise ValueError(f"must be >= {meta['min']}, got {value!r}")
     if "max" in meta and result > meta["max"]:
         raise ValueError(f"must be <= {meta['max']}, got {value!r}")
-    if f.name == "upstream_base_url" and not str(result).startswith(("http://", "https://")):
+    if (
+        f.name in ("upstream_base_url", "extract_base_url") and result is not None
+        and not str(result).startswith(("http://", "https://"))
+    ):
         raise ValueError(f"must be an http(s) URL, got {value!r}")
     return result
 

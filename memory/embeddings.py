@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import shutil
 import tarfile
 import tempfile
@@ -40,6 +41,8 @@ ARCHIVE_SHA256 = "913d7300ceae3b2dbc2c50d1de4baacab4be7b9380491c27fab7418616a16e
 SETTING_NAME = "MEMPROXY_EMBEDDING_MODEL_DIR"
 
 Vectors = npt.NDArray[np.float32]
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddingModelMissing(Exception):
@@ -76,7 +79,14 @@ def find_model_dir(configured: Path | None) -> Path:
     cache = chroma_cache_dir()
     if not missing_files(cache):
         return onnx_dir(cache)
-    download_model(cache)
+    log.warning("%s not found in %s; downloading chromadb's copy", MODEL_NAME, cache)
+    try:
+        download_model(cache)
+    except (OSError, tarfile.TarError) as exc:
+        raise EmbeddingModelMissing(
+            f"could not store the {MODEL_NAME} model in {cache} ({exc}); "
+            f"set {SETTING_NAME} to a folder holding its onnx/ files"
+        ) from exc
     return onnx_dir(cache)
 
 

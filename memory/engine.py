@@ -13,14 +13,23 @@ from typing import Any, Protocol
 import numpy as np
 
 from config import Settings
+from memory.block import pack_block
 from memory.chunking import chunk_text
 from memory.embeddings import LocalEmbedder, find_model_dir
+from memory.facts import SYNC_JOB, FactStore
 from memory.jobs import JobWorker
+from memory.learned_recall import LearnedItem, LearnedRecall
+from memory.learned_vectors import LearnedVectors
+from memory.learning import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
+from memory.lifecycle import prune_all, purge_expired
+from memory.manage import Management
 from memory.messages import TURN_ROLES, last_user_text, turn_text
+from memory.profiles import ProfileStore
 from memory.query import build_query, identifiers, is_trivial
 from memory.ranking import Candidate, Weights, fuse
-from memory.render import Entry, pack
+from memory.render import Entry
 from memory.store import NewTurn, RequestMetrics, Store
+from memory.summaries import SummaryStore
 from memory.tokens import count_tokens, ensure_offline_tiktoken
 from memory.vectors import VectorIndex
 
@@ -62,6 +71,7 @@ class RecalledItem:
     text: str
     score: float
     signals: dict[str, float]
+    turn_ids: list[int] = field(default_factory=list)  # facts, summaries: their source turns
 
 
 @dataclass(frozen=True)
@@ -97,14 +107,44 @@ class MemoryEngine:
             settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
         )
         self._maintenance: asyncio.Task[None] | None = None
+        self.facts = FactStore(
+            store, lifetimes_days=settings.fact_lifetimes_days(),
+            max_pinned=settings.fact_max_pinned, notify=self._notify,
+        )
+        self.summaries = SummaryStore(store, notify=self._notify)
+        self.profiles = ProfileStore(store, notify=self._notify)
+        self.learned_vectors = LearnedVectors(store, self.profiles, vectors, embedder.embed)
+        self.manage = Management(
+            settings, store, vectors, self.facts, self.summaries, self.profiles,
+            index_job=INDEX_JOB, notify=self._notify,
+        )
+        self.learned_recall = LearnedRecall(
+            self.facts, self.summaries, self.profiles, vectors, embedder.embed, self.weights,
+            k=settings.recall_candidates,
+        )
+        self.learner = Learner(
+            settings, store, self.facts, self.summaries, vectors, embedder.embed, self._notify
+        )
         self.worker = JobWorker(
-            store, {INDEX_JOB: self._index_job}, concurrency=settings.job_concurrency,
-            backoff_base=settings.job_backoff_seconds,
+            store, {
+                INDEX_JOB: self._index_job, SYNC_JOB: self.learned_vectors.sync,
+                EXTRACT_JOB: self.learner.extract, SUMMARY_JOB: self.learner.summarize,
+                **self.manage.handlers,
+            },
+            concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
         )
 
+    def _notify(self) -> None:
+        self.worker.notify()
+
     @classmethod
-    async def open(cls, settings: Settings, *, embedder: Embedder | None = None) -> MemoryEngine:
-        """Open the database, the vector index and the model, then start the worker."""
+    async def open(
+        cls, settings: Settings, *, embedder: Embedder | None = None, llm: LLM | None = None
+    ) -> MemoryEngine:
+        """Open the database, the vector index and the model, then start the worker.
+
+        `llm` answers the learning jobs (facts, summaries); without one nothing is learned.
+        """
         ensure_offline_tiktoken()
         store = await Store.open(settings.db_path)
         try:
@@ -118,6 +158,7 @@ class MemoryEngine:
             await store.close()
             raise
         engine = cls(settings, store, vectors, embedder)
+        engine.learner.llm = llm
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
@@ -149,19 +190,24 @@ class MemoryEngine:
         return parts
 
     async def prune(self, now: float | None = None) -> dict[str, int]:
-        """Drop metrics rows past retention and finished jobs older than a week."""
+        """Drop metrics rows past retention, finished jobs older than a week, long-expired
+        facts, and evict facts of users above `fact_prune_at`."""
         now = time.time() if now is None else now
         retention = self.settings.metrics_retention_days * 86400.0
+        expired_cutoff = now - self.settings.fact_expired_retention_days * 86400.0
+        keep = min(self.settings.fact_prune_at, self.settings.fact_cap)
         return {
             "request_metrics": await self.store.prune_request_metrics(now - retention),
             "done_jobs": await self.store.prune_done_jobs(now - DONE_JOB_RETENTION),
+            "expired_facts": await purge_expired(self.facts, expired_cutoff),
+            "evicted_facts": await prune_all(self.facts, keep, now),
         }
 
     async def _maintain(self) -> None:
         while True:
             try:
                 await self.prune()
-            except Exception:  # noqa: BLE001 - retried next round; never kills the engine
+            except Exception:  # retried next round; never kills the engine
                 log.warning("pruning failed", exc_info=True)
             await asyncio.sleep(MAINTENANCE_INTERVAL)
 
@@ -206,6 +252,8 @@ class MemoryEngine:
         )
         if result.new_ids:
             self.worker.notify()
+            if result.last_id is not None:
+                await self.learner.after_reply(user_id, session_id, result.last_id, model)
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""
@@ -247,23 +295,29 @@ class MemoryEngine:
         session = request.session_id if request.scope == "session" else None
         k = self.settings.recall_candidates
         # A signal weighted 0 is not searched at all (that is how ablations run).
-        (dense, embed_ms), lexical = await asyncio.gather(
+        (dense, embed_ms), lexical, learned = await asyncio.gather(
             self._dense(request.user_id, session, query, k) if self.weights.dense else _none(),
             self.store.fts_search(request.user_id, query, k=k, session_id=session)
             if self.weights.bm25 else _empty(),
+            self.learned_recall.gather(
+                request.user_id, request.session_id, query, session_only=session is not None,
+                present="\n".join(turn_text(m) for m in request.messages),
+            ),
         )
         candidates = await self._candidates(request, dense, lexical)
         ranked = fuse(
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),
         )
-        packed = pack(
-            [Entry(c.speaker, c.created_at, c.text) for c in ranked],
+        packed = pack_block(
+            learned, [Entry(c.speaker, c.created_at, c.text) for c in ranked],
             request.budget, lambda t: count_tokens(t, request.model),
         )
-        items = [_item(ranked[i]) for i in packed.included]
+        items = [
+            *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
+        ]
         return Recalled(
-            packed.block, items, packed.tokens, packed.truncated, len(ranked),
+            packed.block, items, packed.tokens, packed.truncated, len(ranked) + len(learned),
             _ms(started), embed_ms,
         )
 
@@ -273,8 +327,9 @@ class MemoryEngine:
         started = time.perf_counter()
         vector = (await self.embedder.embed([query]))[0]
         embed_ms = _ms(started)
-        where = {"user_id": user_id} if session_id is None else {
-            "user_id": user_id, "session_id": session_id,
+        # Facts, summaries and profiles share the collection: only turn chunks here.
+        where = {"user_id": user_id, "source": "turn"} if session_id is None else {
+            "user_id": user_id, "session_id": session_id, "source": "turn",
         }
         hits = await asyncio.to_thread(self.vectors.query, vector, k=k, where=where)
         return hits, embed_ms
@@ -305,6 +360,13 @@ def _item(c: Candidate) -> RecalledItem:
     return RecalledItem(
         "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
         c.signals,
+    )
+
+
+def _learned_item(item: LearnedItem) -> RecalledItem:
+    return RecalledItem(
+        item.source, item.key, item.turn_ids[-1] if item.turn_ids else 0, item.session_id,
+        item.source, item.created_at, item.text, item.score, item.signals, item.turn_ids,
     )
 
 

@@ -19,9 +19,16 @@ from memory.store import Job, Store
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
+
+class JobFailed(Exception):
+    """A failure no retry can fix (e.g. unusable model output): the job is buried at once,
+    with the whole message (up to 32k characters) kept as its error."""
+
+
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_CHARS = 4000
+_MAX_FAILED_CHARS = 32000
 _IDLE_CHECK_INTERVAL = 0.01
 
 
@@ -150,6 +157,9 @@ class JobWorker:
             return
         try:
             await handler(job.payload)
+        except JobFailed as exc:
+            log.error("job %d (%s) failed for good: %s", job.id, job.kind, str(exc)[:200])
+            await self._store.bury(job.id, str(exc)[:_MAX_FAILED_CHARS])
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
         except asyncio.CancelledError as exc:

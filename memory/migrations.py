@@ -118,8 +118,127 @@ CREATE TABLE request_metrics (
 CREATE INDEX request_metrics_created ON request_metrics (created_at);
 """
 
+# Learned memory (DESIGN.md section 3). A fact's versions share `chain_id` (the id of its
+# first version): an edit or a contradiction inserts a new row and closes the old one with
+# `valid_to` + `superseded_by`, so history is kept and a delete removes the whole chain.
+# previous_id / superseded_by are not foreign keys: a chain is deleted in one statement.
+_FACTS = """
+CREATE TABLE facts (
+    id INTEGER PRIMARY KEY,
+    chain_id INTEGER NOT NULL,
+    user_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    category TEXT NOT NULL CHECK (category IN ('identity', 'preference', 'project',
+        'relationship', 'context', 'todo', 'decision')),
+    confidence REAL NOT NULL,
+    importance INTEGER NOT NULL,
+    mentions INTEGER NOT NULL DEFAULT 1,
+    source TEXT NOT NULL CHECK (source IN ('extracted', 'manual', 'import')),
+    source_session TEXT NULL,
+    source_turn_ids TEXT NOT NULL DEFAULT '[]',
+    pinned INTEGER NOT NULL DEFAULT 0,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    expires_at REAL NULL,
+    version INTEGER NOT NULL DEFAULT 1,
+    previous_id INTEGER NULL,
+    valid_from REAL NOT NULL,
+    valid_to REAL NULL,
+    superseded_by INTEGER NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    owner TEXT NOT NULL
+);
+CREATE INDEX facts_by_user ON facts (user_id, valid_to, id);
+CREATE INDEX facts_by_chain ON facts (chain_id, version);
+
+-- Facts are written one at a time, so plain triggers keep the index (unlike chunks).
+CREATE VIRTUAL TABLE facts_fts USING fts5(
+    text, owner, content='facts', content_rowid='id', tokenize='porter unicode61'
+);
+INSERT INTO facts_fts (facts_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0)');
+CREATE TRIGGER facts_fts_insert AFTER INSERT ON facts BEGIN
+    INSERT INTO facts_fts (rowid, text, owner) VALUES (new.id, new.text, new.owner);
+END;
+CREATE TRIGGER facts_fts_delete AFTER DELETE ON facts BEGIN
+    INSERT INTO facts_fts (facts_fts, rowid, text, owner) VALUES ('delete', old.id, old.text, old.owner);
+END;
+CREATE TRIGGER facts_fts_update AFTER UPDATE OF text, owner ON facts BEGIN
+    INSERT INTO facts_fts (facts_fts, rowid, text, owner) VALUES ('delete', old.id, old.text, old.owner);
+    INSERT INTO facts_fts (rowid, text, owner) VALUES (new.id, new.text, new.owner);
+END;
+
+-- A session's summaries roll up: each one covers the whole session so far, and the one it
+-- replaces gets superseded_by (kept as history, never recalled).
+CREATE TABLE summaries (
+    id INTEGER PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    data TEXT NOT NULL,
+    source_turn_ids TEXT NOT NULL DEFAULT '[]',
+    last_turn_id INTEGER NOT NULL,
+    user_turns INTEGER NOT NULL,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    superseded_by INTEGER NULL,
+    created_at REAL NOT NULL,
+    owner TEXT NOT NULL,
+    sess TEXT NOT NULL
+);
+CREATE INDEX summaries_by_session ON summaries (user_id, session_id, id);
+CREATE VIRTUAL TABLE summaries_fts USING fts5(
+    text, owner, sess, content='summaries', content_rowid='id', tokenize='porter unicode61'
+);
+INSERT INTO summaries_fts (summaries_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0, 0.0)');
+CREATE TRIGGER summaries_fts_insert AFTER INSERT ON summaries BEGIN
+    INSERT INTO summaries_fts (rowid, text, owner, sess) VALUES (new.id, new.text, new.owner, new.sess);
+END;
+CREATE TRIGGER summaries_fts_delete AFTER DELETE ON summaries BEGIN
+    INSERT INTO summaries_fts (summaries_fts, rowid, text, owner, sess)
+    VALUES ('delete', old.id, old.text, old.owner, old.sess);
+END;
+
+-- The user-authored profile exists only while consent is on: revoking deletes it.
+CREATE TABLE profiles (
+    user_id TEXT PRIMARY KEY,
+    fields TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE consent (
+    user_id TEXT PRIMARY KEY,
+    profile INTEGER NOT NULL,
+    updated_at REAL NOT NULL
+);
+"""
+
+# Clear-all with an undo window (memory/clearing.py): the cleared memory is kept as export
+# records until the window ends; only the undo token's hash is stored.
+_CLEARS = """
+CREATE TABLE clears (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'undone', 'restored', 'purged')),
+    removed TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    settled_at REAL NULL
+);
+CREATE INDEX clears_by_user ON clears (user_id, status, expires_at);
+CREATE TABLE clear_records (
+    clear_id TEXT NOT NULL REFERENCES clears(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (clear_id, seq)
+);
+CREATE INDEX request_metrics_by_user ON request_metrics (user_id, created_at);
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
+    ("0002_facts", _FACTS),
+    ("0003_clears", _CLEARS),
 ]
 
 

@@ -190,6 +190,29 @@ def match_expression(user_id: str, query: str, session_id: str | None = None) ->
     return f"{scope} AND text:({alternatives})"
 
 
+class Transaction:
+    """Statements of one write transaction, which holds the writer until it ends."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """Run one statement and return its rows (RETURNING rows, or none)."""
+        return list(await self._db.execute_fetchall(sql, params))
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one INSERT/UPDATE/DELETE and return how many rows it changed."""
+        async with self._db.execute(sql, params) as cursor:
+            return cursor.rowcount
+
+    async def enqueue(
+        self, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
+        run_after: float | None = None,
+    ) -> int:
+        """Queue a job that commits (or not) with this transaction; return its id."""
+        return await _insert_job(self._db, kind, payload, max_attempts, time.time(), run_after)
+
+
 class Store:
     """The memory database: one serialized writer, round-robin readers."""
 
@@ -473,6 +496,18 @@ class Store:
         return await self._write_one(
             "DELETE FROM request_metrics WHERE created_at < ?", (older_than,)
         )
+
+    # -- for modules that keep their own tables (facts, summaries, profiles) -------------
+
+    async def read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """Run one read-only statement on a reader connection and return its rows."""
+        return await self._read(sql, params)
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[Transaction]:
+        """One write transaction (BEGIN IMMEDIATE): committed on exit, rolled back on error."""
+        async with self._transaction() as db:
+            yield Transaction(db)
 
     # -- connection plumbing -------------------------------------------------------------
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import tiktoken
 
 DEFAULT_ENCODING = "cl100k_base"
-# Families that use o200k_base, matched after provider prefixes are stripped; tiktoken's own
-# table lags new model names (e.g. it has no "o3-pro" or "gpt-4.1-nano" before its release).
+# Families that use o200k_base, matched after provider prefixes are stripped. tiktoken's own
+# table depends on its version (0.7 predates o3, gpt-4.1 and gpt-5) and misses spellings such
+# as a bare "o4" or "gpt-4.5".
 _O200K_MODEL = re.compile(r"^(?:ft:)?(?:chatgpt-4o|gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|o1|o3|o4)\b")
 # Encodings whose BPE files litellm bundles (o200k_harmony derives from o200k_base). Any other
 # encoding tiktoken names (r50k_base, gpt2) would be downloaded, so it falls back instead.

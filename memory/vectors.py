@@ -101,10 +101,12 @@ class VectorIndex:
                 where=where_clause(where) if where is not None else None,
             )
 
-    def count(self) -> int:
-        """Number of vectors in the collection."""
+    def count(self, where: Mapping[str, str] | None = None) -> int:
+        """Number of vectors in the collection, or of those matching `where`."""
         with self._lock:
-            return self._collection.count()
+            if not where:
+                return self._collection.count()
+            return len(self._collection.get(where=where_clause(where), include=[])["ids"])
 
     def close(self) -> None:
         """Release chroma's resources (its SQLite handles and segment files)."""

@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,13 @@ import httpx
 import orjson
 
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
-from scripts.scripted_upstream import JSONReply, Received, ScriptedUpstream, chat_completion
+from scripts.scripted_upstream import (
+    JSONReply,
+    Received,
+    Reply,
+    ScriptedUpstream,
+    chat_completion,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = (ROOT / "../shared/eval/locomo-dev.json").resolve()
@@ -94,6 +100,7 @@ class Conversation:
     questions: list[Question]
     unknown_evidence: int = 0
     by_text: dict[str, set[str]] = field(default_factory=dict)
+    turn_dia: dict[int, set[str]] = field(default_factory=dict)  # memproxy turn id -> dia_ids
 
     def __post_init__(self) -> None:
         for _, turns in self.sessions:
@@ -150,20 +157,27 @@ def load(path: Path, conversations: int, questions: int | None) -> list[Conversa
 class Replies:
     """The scripted upstream's replies, looked up by the key the client sends along.
 
-    Conversations are replayed concurrently, so the upstream's FIFO queue cannot pair
-    replies with requests by order; each queued entry is this lookup instead.
+    Conversations are replayed concurrently, so replies cannot be paired with requests by
+    order: the upstream asks this object for every request (`respond_with`). Requests
+    without the key (memproxy's own learning calls) go to `learning`, if set.
     """
 
-    def __init__(self, upstream: ScriptedUpstream) -> None:
-        self._upstream = upstream
+    def __init__(
+        self, upstream: ScriptedUpstream,
+        learning: Callable[[Received], Reply | None] | None = None,
+    ) -> None:
         self._texts: dict[str, str] = {}
+        self.learning = learning
+        upstream.respond_with(self)
 
     def expect(self, key: str, text: str) -> None:
         self._texts[key] = text
-        self._upstream.enqueue(self, path="/v1/chat/completions")
 
-    def __call__(self, received: Received) -> JSONReply:
-        return JSONReply(chat_completion(self._texts.pop(received.headers.get(REPLY_HEADER, ""), "")))
+    def __call__(self, received: Received) -> Reply | None:
+        key = received.headers.get(REPLY_HEADER)
+        if key is not None:
+            return JSONReply(chat_completion(self._texts.pop(key, "")))
+        return self.learning(received) if self.learning is not None else None
 
 
 def exchanges(conv: Conversation, turns: Sequence[Turn]) -> Iterator[tuple[list[dict[str, Any]], str]]:
@@ -266,7 +280,10 @@ async def ask(
         result = response.json()
         if result.get("errors"):
             raise BenchError(f"recall degraded: {result['errors']}")
-        turns = [conv.dia_ids(item["text"]) for item in result["items"]]
+        # Facts and summaries are credited to the turns they were learned from.
+        turns = [conv.dia_ids(item["text"]).union(
+            *(conv.turn_dia.get(t, set()) for t in item.get("turn_ids") or ())
+        ) for item in result["items"]]
         if budget == RANKING_BUDGET:
             answer.ranking = turns
         else:
@@ -391,7 +408,8 @@ def memproxy(port: int, upstream: str, data_dir: Path, logs: Path, arm: str,
         MEMPROXY_UPSTREAM_BASE_URL=upstream, MEMPROXY_DATA_DIR=str(data_dir),
         MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
         MEMPROXY_SHUTDOWN_GRACE_SECONDS="5", LITELLM_LOCAL_MODEL_COST_MAP="True",
-        **extra, **ARMS[arm],
+        # Turns only: learning stays off unless `extra` turns it on (eval_locomo_facts).
+        **{"MEMPROXY_EXTRACT_EVERY": "0", "MEMPROXY_SUMMARY_EVERY": "0", **extra, **ARMS[arm]},
     )
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
     return serving(f"memproxy-{arm}", argv, env, f"http://127.0.0.1:{port}/readyz", logs)

@@ -520,6 +520,7 @@ class ScriptedUpstream:
         self._cond = threading.Condition()
         self._queues: dict[str | None, deque[_Queued]] = {}
         self._history: list[Received] = []
+        self._responder: Callable[[Received], Reply | None] | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -542,6 +543,11 @@ class ScriptedUpstream:
         scripts: list[_Queued] = [JSONReply(r) if isinstance(r, Mapping) else r for r in replies]
         with self._cond:
             self._queues.setdefault(path, deque()).extend(scripts)
+
+    def respond_with(self, responder: Callable[[Received], Reply | None] | None) -> None:
+        """Answer with ``responder`` whenever nothing is queued; its None means the default."""
+        with self._cond:
+            self._responder = responder
 
     @property
     def history(self) -> list[Received]:
@@ -582,7 +588,8 @@ class ScriptedUpstream:
                 queue = self._queues.get(key)
                 if queue:
                     return queue.popleft()
-        return None
+            responder = self._responder
+        return responder(received) if responder is not None else None
 
     def start(self) -> ScriptedUpstream:
         if self._thread is not None:

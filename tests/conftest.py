@@ -51,6 +51,9 @@ def make_settings(tmp_path: Path, upstream: ScriptedUpstream) -> Callable[..., S
             "MEMPROXY_LOG_LEVEL": "warning",
             "MEMPROXY_UPSTREAM_TIMEOUT": "10",
             "MEMPROXY_SHUTDOWN_GRACE_SECONDS": "5",
+            # Learning calls the upstream in the background: off unless a test turns it on.
+            "MEMPROXY_EXTRACT_EVERY": "0",
+            "MEMPROXY_SUMMARY_EVERY": "0",
         }
         return load_settings(env=env).replace(**changes)
 

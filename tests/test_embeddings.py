@@ -23,6 +23,7 @@ from memory.embeddings import (
     LocalEmbedder,
     download_model,
     find_model_dir,
+    session_options,
 )
 
 SHARED_MODEL = Path(__file__).parents[1].parent / "shared/models/all-MiniLM-L6-v2"
@@ -101,6 +102,14 @@ def test_accepts_the_onnx_folder_itself() -> None:
     assert embedder.embed_sync(["hello"]).shape == (1, DIMENSION)
 
 
+def test_session_options_do_not_spin() -> None:
+    options = session_options(2)
+    assert options.intra_op_num_threads == 2
+    assert options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert session_options(None).intra_op_num_threads == 0  # onnxruntime picks: physical cores
+
+
 def test_latency(embedder: LocalEmbedder) -> None:
     query = "What programming language does the user prefer for new projects?"
     embedder.embed_sync([query])
@@ -148,6 +157,18 @@ def test_find_model_dir_uses_chromadb_cache(
     monkeypatch.setenv("HOME", str(tmp_path))
 
     assert find_model_dir(None) == cache
+
+
+def test_find_model_dir_names_the_setting_when_the_cache_is_unusable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A HOME that is a file fails before any download is attempted, even for root.
+    home = tmp_path / "not-a-folder"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+
+    with pytest.raises(EmbeddingModelMissing, match="MEMPROXY_EMBEDDING_MODEL_DIR"):
+        find_model_dir(None)
 
 
 # -- downloading, against a server on 127.0.0.1 only

@@ -20,7 +20,14 @@ EXPECTED_TABLES = {
     "chunks_fts",
     "jobs",
     "request_metrics",
+    "facts",
+    "facts_fts",
+    "summaries",
+    "summaries_fts",
+    "profiles",
+    "consent",
 }
+ALL = [name for name, _ in migrations.MIGRATIONS]
 
 
 @pytest.fixture
@@ -39,9 +46,10 @@ def add_column(conn: sqlite3.Connection) -> None:
 
 
 def test_blank_database_gets_the_whole_schema(conn: sqlite3.Connection) -> None:
-    assert migrations.apply(conn) == ["0001_initial"]
+    assert migrations.apply(conn) == ALL
+    assert ALL[:2] == ["0001_initial", "0002_facts"]
     assert EXPECTED_TABLES <= tables(conn)
-    assert migrations.applied(conn) == ["0001_initial"]
+    assert migrations.applied(conn) == ALL
 
 
 def test_applying_again_is_a_no_op(conn: sqlite3.Connection) -> None:
@@ -56,14 +64,14 @@ def test_old_database_is_upgraded_in_order_and_keeps_its_data(conn: sqlite3.Conn
     conn.execute("INSERT INTO sessions VALUES ('alice', 's1', 1.0, 2.0, 3)")
     extended = [
         *migrations.MIGRATIONS,
-        ("0002_notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);"
+        ("0099_notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);"
                        " CREATE INDEX notes_body ON notes (body);"),
-        ("0003_session_title", add_column),
+        ("0100_session_title", add_column),
     ]  # fmt: skip
 
-    assert migrations.apply(conn, extended) == ["0002_notes", "0003_session_title"]
+    assert migrations.apply(conn, extended) == ["0099_notes", "0100_session_title"]
 
-    assert migrations.applied(conn) == ["0001_initial", "0002_notes", "0003_session_title"]
+    assert migrations.applied(conn) == [*ALL, "0099_notes", "0100_session_title"]
     assert "notes" in tables(conn)
     assert conn.execute("SELECT user_id, title FROM sessions").fetchall() == [("alice", None)]
     assert migrations.apply(conn, extended) == []
@@ -71,13 +79,13 @@ def test_old_database_is_upgraded_in_order_and_keeps_its_data(conn: sqlite3.Conn
 
 def test_a_failing_migration_leaves_no_trace(conn: sqlite3.Connection) -> None:
     migrations.apply(conn)
-    broken = [*migrations.MIGRATIONS, ("0002_broken", "CREATE TABLE half (x); SELECT * FROM nope;")]
+    broken = [*migrations.MIGRATIONS, ("0099_broken", "CREATE TABLE half (x); SELECT * FROM nope;")]
 
     with pytest.raises(sqlite3.OperationalError, match="nope"):
         migrations.apply(conn, broken)
 
     assert "half" not in tables(conn)
-    assert migrations.applied(conn) == ["0001_initial"]
+    assert migrations.applied(conn) == ALL
     assert not conn.in_transaction
 
 
@@ -113,5 +121,21 @@ async def test_store_open_migrates_once_and_sets_wal(tmp_path: Path) -> None:
         await store.check()
         await store.close()
     with closing(sqlite3.connect(path)) as conn:
-        assert migrations.applied(conn) == ["0001_initial"]
+        assert migrations.applied(conn) == ALL
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_0001_database_is_upgraded_to_facts_and_keeps_its_turns(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn, migrations.MIGRATIONS[:1])
+    conn.execute("INSERT INTO turns (user_id, session_id, position, role, content, content_hash,"
+                 " created_at) VALUES ('ada', 's1', 0, 'user', 'hi', 'h', 1.0)")
+    assert migrations.apply(conn) == ALL[1:]
+    assert conn.execute("SELECT content FROM turns").fetchall() == [("hi",)]
+    conn.execute("INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
+                 " source, first_seen, last_seen, valid_from, created_at, updated_at, owner)"
+                 " VALUES (1, 'ada', 'Ada likes tea', 'preference', 0.9, 7, 'manual',"
+                 " 1, 1, 1, 1, 1, 'u1')")
+    hits = conn.execute("SELECT rowid FROM facts_fts WHERE facts_fts MATCH 'tea'").fetchall()
+    assert hits == [(1,)]
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE facts SET category = 'gossip'")

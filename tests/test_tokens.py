@@ -34,6 +34,8 @@ from memory.tokens import (
         "o1-mini",
         "o3-pro",
         "o4-mini-2025-04-16",
+        "o4",
+        "gpt-4.5",
         "gpt-5",
         "gpt-5-mini",
         "gpt-5.1",

@@ -1,0 +1,192 @@
+"""Packing learned memory and past turns into one fenced block within an exact token budget.
+
+Layout inside the fence (`memory.render.wrap`): facts grouped by category under "What you
+know about this user", then the user's profile, then the most relevant summary, then the
+past turns. Filling goes by priority with shares of the budget, so that no section can
+starve the others: facts up to FACTS_SHARE, the profile up to PROFILE_SHARE, one summary up
+to SUMMARY_SHARE (cut at a sentence when longer), then turns take what is left, and facts
+that did not fit their share take any remainder. The whole block is counted again at the
+end; while it is over the budget, the lowest-priority line is dropped (turns, then the
+summary, the profile, then facts), so the count is always exact. With nothing learned the
+block is exactly `memory.render.pack`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from memory.learned_recall import Learned, LearnedItem
+from memory.render import Entry, neutralise, pack, render_entry, wrap
+
+FACTS_SHARE = 0.4
+PROFILE_SHARE = 0.15
+SUMMARY_SHARE = 0.3
+FACTS_HEADING = "What you know about this user:"
+PROFILE_HEADING = "The user's own profile:"
+SUMMARY_HEADING = "Summary of an earlier conversation ({day}):"
+TURNS_HEADING = "Relevant past turns:"
+CATEGORY_ORDER = ("identity", "relationship", "preference", "project", "decision", "todo",
+                  "context")
+
+Count = Callable[[str], int]
+
+
+@dataclass
+class BlockPack:
+    """The block and what made it in (indexes into the inputs)."""
+
+    block: str = ""
+    tokens: int = 0
+    facts: list[int] = field(default_factory=list)
+    profile_lines: int = 0
+    summary: str | None = None  # the summary text as rendered (maybe cut)
+    summary_index: int | None = None
+    turns: list[int] = field(default_factory=list)
+    truncated: bool = False
+
+    def chosen(self, learned: Learned) -> list[LearnedItem]:
+        """The learned items in the block: facts, the profile, the summary."""
+        items = [learned.facts[i] for i in self.facts]
+        if self.profile_lines and learned.profile is not None:
+            items.append(learned.profile)
+        if self.summary_index is not None:
+            items.append(learned.summaries[self.summary_index])
+        return items
+
+
+def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: Count) -> BlockPack:
+    """Fill and render the block (see the module docstring)."""
+    if not learned:
+        packed = pack(entries, budget, count)
+        return BlockPack(packed.block, packed.tokens, turns=packed.included,
+                         truncated=packed.truncated)
+    result = BlockPack(truncated=True)
+    if budget <= 0 or count(wrap([])) > budget:
+        return result
+    room = budget - count(wrap([]))
+    used = 0
+
+    def take(cost: int, cap: float) -> bool:
+        nonlocal used
+        if used + cost > room or cost > cap:
+            return False
+        used += cost
+        return True
+
+    fact_lines = [fact_line(f) for f in learned.facts]
+    spent = 0.0
+    heading = count(FACTS_HEADING) + 1
+    for i, line in enumerate(fact_lines):
+        cost = count(line) + 1 + (0 if result.facts else heading)
+        if take(cost, max(FACTS_SHARE * budget - spent, 0 if result.facts else cost)):
+            result.facts.append(i)
+            spent += cost
+    if learned.profile is not None:
+        lines = profile_lines(learned.profile)
+        spent, cap = 0.0, PROFILE_SHARE * budget
+        for i, line in enumerate(lines):
+            cost = count(line) + 1 + (0 if i else count(PROFILE_HEADING) + 1)
+            if not take(cost, cap - spent):
+                break
+            result.profile_lines, spent = i + 1, spent + cost
+    for index, summary in enumerate(learned.summaries[:1]):
+        head = count(summary_heading(summary)) + 1
+        text = fit_text(summary.text, int(SUMMARY_SHARE * budget) - head, count)
+        if text and take(head + count(text) + 1, SUMMARY_SHARE * budget):
+            result.summary, result.summary_index = text, index
+    turn_lines = [render_entry(e) for e in entries]
+    for i, line in enumerate(turn_lines):
+        cost = count(line) + 1 + (0 if result.turns else count(TURNS_HEADING) + 1)
+        if take(cost, room):
+            result.turns.append(i)
+    for i, line in enumerate(fact_lines):  # the rest of the room goes to facts
+        if i not in result.facts and take(count(line) + 1, room):
+            result.facts.append(i)
+    return _finish(result, learned, fact_lines, turn_lines, budget, count)
+
+
+def _finish(
+    result: BlockPack, learned: Learned, fact_lines: list[str], turn_lines: list[str],
+    budget: int, count: Count,
+) -> BlockPack:
+    while True:
+        lines = _render(result, learned, fact_lines, turn_lines)
+        if not lines:
+            return BlockPack(truncated=True)
+        block = wrap(lines)
+        tokens = count(block)
+        if tokens <= budget:
+            shown = len(result.facts) + len(result.turns) + (result.summary is not None)
+            offered = len(learned.facts) + len(turn_lines) + min(1, len(learned.summaries))
+            result.block, result.tokens = block, tokens
+            result.truncated = shown < offered or (
+                learned.profile is not None
+                and result.profile_lines < len(profile_lines(learned.profile))
+            )
+            return result
+        if result.turns:
+            result.turns.pop()
+        elif result.summary is not None:
+            result.summary = result.summary_index = None
+        elif result.profile_lines:
+            result.profile_lines -= 1
+        else:
+            result.facts.pop()
+
+
+def _render(
+    result: BlockPack, learned: Learned, fact_lines: list[str], turn_lines: list[str]
+) -> list[str]:
+    lines: list[str] = []
+    if result.facts:
+        order = sorted(result.facts, key=lambda i: (_category_rank(learned.facts[i]), i))
+        lines += [FACTS_HEADING, *(fact_lines[i] for i in order)]
+    if learned.profile is not None and result.profile_lines:
+        lines += [PROFILE_HEADING, *profile_lines(learned.profile)[: result.profile_lines]]
+    if result.summary is not None and result.summary_index is not None:
+        summary = learned.summaries[result.summary_index]
+        lines += [summary_heading(summary), "  " + result.summary.replace("\n", "\n  ")]
+    if result.turns:
+        lines += [TURNS_HEADING, *(turn_lines[i] for i in sorted(result.turns))]
+    return lines
+
+
+def fact_line(fact: LearnedItem) -> str:
+    """`- (preference) User prefers TypeScript.`"""
+    return f"- ({fact.category}) {neutralise(fact.text.strip())}".replace("\n", " ")
+
+
+def profile_lines(profile: LearnedItem) -> list[str]:
+    """The profile's lines, indented."""
+    return ["  " + neutralise(line) for line in profile.text.splitlines() if line.strip()]
+
+
+def summary_heading(summary: LearnedItem) -> str:
+    """The heading of a summary, dated."""
+    day = datetime.fromtimestamp(summary.created_at, UTC).strftime("%Y-%m-%d")
+    return SUMMARY_HEADING.format(day=day)
+
+
+def fit_text(text: str, cap: int, count: Count) -> str:
+    """`text` (neutralised) cut to at most `cap` tokens at a sentence end, else at a word."""
+    text = neutralise(text.strip())
+    if cap <= 0:
+        return ""
+    if count(text) <= cap:
+        return text
+    sentences = text.replace("\n", " ").split(". ")
+    while len(sentences) > 1:
+        sentences.pop()
+        cut = ". ".join(sentences).rstrip(".") + "."
+        if count(cut) <= cap:
+            return cut
+    words = text.split()
+    while words and count(" ".join(words) + " …") > cap:
+        words = words[: max(0, len(words) - max(1, len(words) // 8))]
+    return " ".join(words) + " …" if words else ""
+
+
+def _category_rank(fact: LearnedItem) -> int:
+    return CATEGORY_ORDER.index(fact.category) if fact.category in CATEGORY_ORDER else 99

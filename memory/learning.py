@@ -1,0 +1,280 @@
+"""Learning from conversations: the fact-extraction and summary jobs.
+
+After a stored assistant reply, `Learner.after_reply` queues an `extract_facts` job every
+`extract_every` user turns of the session and a `summarize` job every `summary_every`. The
+jobs call a language model given by the caller (`LLM`: the proxy posts a chat completion to
+the routed upstream). An answer that is not valid JSON of the right shape gets one repair
+request quoting the error; if that answer is unusable too the job is buried at once with
+both raw answers (never silently "no facts"). The payload holds ids and the model name
+only: credentials stay with the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from config import Settings
+from memory.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide, grounded_in
+from memory.facts import Fact, FactStore
+from memory.jobs import JobFailed
+from memory.learned_vectors import fact_metadata
+from memory.lifecycle import evict_down_to
+from memory.llm_output import (
+    ExtractedFact,
+    MalformedOutput,
+    parse_json,
+    validate_facts,
+    validate_summary,
+)
+from memory.prompts import extraction_messages, repair_messages, summary_messages
+from memory.store import Store, Turn
+from memory.summaries import SummaryStore
+from memory.tokens import encoding_for_model
+from memory.vectors import VectorIndex
+
+EXTRACT_JOB = "extract_facts"
+SUMMARY_JOB = "summarize"
+CONTEXT_TURNS = 2  # earlier turns shown (not mined) so references resolve
+KNOWN_FACTS = 20  # nearest known facts shown, so the model can name the one it updates
+NEIGHBOURS = 8
+MAX_SUMMARY_TURNS = 80
+COUNT_MODEL = "gpt-4"
+log = logging.getLogger("memproxy.learning")
+T = TypeVar("T")
+
+
+class LLM(Protocol):
+    """A chat model: messages in, the reply's text out; raises when the call fails."""
+
+    async def __call__(
+        self, model: str, messages: list[dict[str, Any]], *, user_id: str
+    ) -> str: ...
+
+
+Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
+
+
+class Learner:
+    """Schedules and runs the learning jobs of every user."""
+
+    def __init__(
+        self, settings: Settings, store: Store, facts: FactStore, summaries: SummaryStore,
+        vectors: VectorIndex, embed: Embed, notify: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.facts = facts
+        self.summaries = summaries
+        self.vectors = vectors
+        self.embed = embed
+        self.notify = notify
+        self.llm: LLM | None = None
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
+
+    async def after_reply(self, user_id: str, session_id: str, turn_id: int, model: str) -> None:
+        """Queue the learning jobs this new reply is due for."""
+        every_fact, every_summary = self.settings.extract_every, self.settings.summary_every
+        if self.llm is None or not (every_fact or every_summary):
+            return
+        rows = await self.store.read(
+            "SELECT COUNT(*) FROM turns WHERE user_id = ? AND session_id = ? AND role = 'user'",
+            (user_id, session_id),
+        )
+        user_turns = int(rows[0][0])
+        payload = {"user_id": user_id, "session_id": session_id, "turn_id": turn_id,
+                   "model": self.settings.extract_model or model, "user_turns": user_turns}
+        due = [kind for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary))
+               if every and user_turns and user_turns % every == 0]
+        if not due:
+            return
+        async with self.store.write() as tx:
+            for kind in due:
+                await tx.enqueue(kind, payload, max_attempts=self.settings.job_max_attempts)
+        self.notify()
+
+    # -- facts
+
+    async def extract(self, payload: dict[str, Any]) -> None:
+        """The extract_facts job: ask for facts in the latest user turns, then apply them."""
+        user_id, session_id = str(payload["user_id"]), str(payload["session_id"])
+        every = max(1, self.settings.extract_every)
+        turns = await self._path(user_id, int(payload["turn_id"]), 8 * every + 24)
+        # New: everything after the reply that closed the exchange `every` replies ago, so
+        # several user messages in a row are all mined.
+        replies = [i for i, t in enumerate(turns) if t.role == "assistant"]
+        first_new = replies[-every - 1] + 1 if len(replies) > every else 0
+        if not any(t.role == "user" for t in turns[first_new:]):
+            return
+        start = max(0, first_new - CONTEXT_TURNS)
+        turns = turns[start:]
+        new_from = first_new - start
+        new_user = {i: t for i, t in enumerate(turns, start=1) if i > new_from and t.role == "user"}
+        said = [t.content for t in turns if t.role == "user"]
+        assistant = [t.content for t in turns if t.role == "assistant"]
+        query = "\n".join(t.content for t in new_user.values())
+        known = await self._neighbours(user_id, (await self.embed([query]))[0], KNOWN_FACTS)
+        messages = extraction_messages(
+            turns, new_from, [{"id": n.id, "fact": n.text, "category": n.category} for n in known]
+        )
+        items = await self._ask(str(payload["model"]), messages, user_id, validate_facts)
+        async with self._user_lock(user_id):
+            for item in items:
+                if (item.confidence < self.settings.extract_min_confidence
+                        or item.importance < self.settings.extract_min_importance):
+                    continue
+                if item.turns and not any(n in new_user for n in item.turns):
+                    continue  # it cites only context or the assistant's messages
+                cited = [new_user[n] for n in item.turns if n in new_user] or list(new_user.values())
+                if not grounded_in(item.fact, said, assistant):
+                    log.info("dropped a fact not grounded in the user's words (job for %s)",
+                             session_id)
+                    continue
+                await self._apply(user_id, session_id, item, [t.id for t in cited])
+            await evict_down_to(self.facts, user_id, self.settings.fact_cap)
+
+    async def _apply(
+        self, user_id: str, session_id: str, item: ExtractedFact, turn_ids: list[int]
+    ) -> Fact:
+        vector = (await self.embed([item.fact]))[0]
+        neighbours = await self._neighbours(user_id, vector, NEIGHBOURS)
+        previous = item.updates_previous
+        if isinstance(previous, int) and not isinstance(previous, bool) and all(
+            n.id != previous for n in neighbours
+        ):
+            named = await self.facts.get(user_id, previous)
+            if named is not None and named.active:
+                neighbours.append(Neighbour(named.id, named.text, named.category, 0.0))
+        decision = decide(
+            item.fact, item.category, previous, neighbours, self.settings.fact_merge_similarity
+        )
+        now = time.time()
+        expires = item.expires or self.facts.default_expiry(item.category, now)
+        if decision.action == "merge" and decision.target is not None:
+            fact = await self.facts.merge(
+                user_id, decision.target, confidence_step=MERGE_CONFIDENCE_STEP,
+                source_turn_ids=turn_ids, expires_at=expires,
+            )
+            return fact  # its vector is unchanged
+        if decision.action == "supersede" and decision.target is not None:
+            fact = await self.facts.supersede(
+                user_id, decision.target, text=item.fact, category=item.category,
+                confidence=item.confidence, importance=item.importance, expires_at=expires,
+                source="extracted", source_session=session_id, source_turn_ids=turn_ids,
+                restart=True,
+            )
+            await asyncio.to_thread(self.vectors.delete, ids=[f"f{decision.target}"])
+        else:
+            fact = await self.facts.add(
+                user_id, item.fact, item.category, confidence=item.confidence,
+                importance=item.importance, source="extracted", source_session=session_id,
+                source_turn_ids=turn_ids, expires_at=expires,
+            )
+        # Now, not only by the queued sync job: the next item of this answer must see it.
+        await asyncio.to_thread(
+            self.vectors.add, [f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)]
+        )
+        return fact
+
+    async def _neighbours(self, user_id: str, vector: np.ndarray, k: int) -> list[Neighbour]:
+        hits = await asyncio.to_thread(
+            self.vectors.query, vector, k=k, where={"user_id": user_id, "source": "fact"}
+        )
+        similarity = {int(key[1:]): score for key, score in hits}
+        found = await self.facts.get_many(user_id, list(similarity))
+        return [Neighbour(f.id, f.text, f.category, similarity[f.id]) for f in found if f.active]
+
+    # -- summaries
+
+    async def summarize(self, payload: dict[str, Any]) -> None:
+        """The summarize job: fold the session's new turns into its rolling summary."""
+        user_id, session_id = str(payload["user_id"]), str(payload["session_id"])
+        turn_id = int(payload["turn_id"])
+        previous = await self.summaries.latest(user_id, session_id)
+        if previous is not None and previous.last_turn_id >= turn_id:
+            return  # already covered (a retried or late job)
+        turns = await self._path(user_id, turn_id, MAX_SUMMARY_TURNS)
+        if previous is not None:
+            turns = [t for t in turns if t.id > previous.last_turn_id]
+        if not turns:
+            return
+        cap = self.settings.summary_max_tokens
+        messages = summary_messages(turns, previous.text if previous else None, int(cap * 0.7))
+        draft = await self._ask(str(payload["model"]), messages, user_id, validate_summary)
+        text, tokens = _cap_tokens(draft.text, cap)
+        covered = {*(previous.source_turn_ids if previous else ()), *(t.id for t in turns)}
+        await self.summaries.put(
+            user_id, session_id, text, draft.data, source_turn_ids=sorted(covered),
+            last_turn_id=turn_id, user_turns=int(payload.get("user_turns", 0)), tokens=tokens,
+        )
+
+    # -- shared
+
+    async def _ask(
+        self, model: str, messages: list[dict[str, Any]], user_id: str,
+        validate: Callable[[Any], T],
+    ) -> T:
+        """Ask the model; one repair request on unusable output, then give up for good."""
+        if self.llm is None:
+            raise RuntimeError("no language model is configured for learning jobs")
+        raw = await self.llm(model, messages, user_id=user_id)
+        try:
+            return validate(parse_json(raw))
+        except MalformedOutput as exc:
+            error = str(exc)
+        again = await self.llm(model, repair_messages(messages, raw, error), user_id=user_id)
+        try:
+            return validate(parse_json(again))
+        except MalformedOutput as exc:
+            raise JobFailed(
+                f"unusable model output after one repair: {error}; then: {exc}\n"
+                f"--- first answer ---\n{raw}\n--- repair answer ---\n{again}"
+            ) from None
+
+    async def _path(self, user_id: str, turn_id: int, limit: int) -> list[Turn]:
+        """The conversation path ending at `turn_id`, oldest first, at most `limit` turns."""
+        rows = await self.store.read(
+            "WITH RECURSIVE path(id, parent, depth) AS ("
+            " SELECT id, parent_id, 0 FROM turns WHERE id = ? AND user_id = ?"
+            " UNION ALL SELECT t.id, t.parent_id, p.depth + 1 FROM turns AS t"
+            " JOIN path AS p ON t.id = p.parent WHERE p.depth + 1 < ?)"
+            " SELECT id FROM path ORDER BY depth DESC",
+            (turn_id, user_id, limit),
+        )
+        return await self.store.get_turns([int(row[0]) for row in rows])
+
+    @contextlib.asynccontextmanager
+    async def _user_lock(self, user_id: str) -> AsyncIterator[None]:
+        # One user's facts are changed by one job at a time: dedup must see the last write.
+        lock, users = self._locks.get(user_id) or (asyncio.Lock(), 0)
+        self._locks[user_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[user_id]
+            if users == 1:
+                del self._locks[user_id]
+            else:
+                self._locks[user_id] = (lock, users - 1)
+
+
+def _cap_tokens(text: str, cap: int) -> tuple[str, int]:
+    """The text cut to at most `cap` tokens (at a sentence end when one is near)."""
+    encoding = encoding_for_model(COUNT_MODEL)
+    tokens = encoding.encode(text, disallowed_special=())
+    if len(tokens) <= cap:
+        return text, len(tokens)
+    cut = encoding.decode(tokens[:cap])
+    end = cut.rfind(". ")
+    if end > len(cut) // 2:
+        cut = cut[: end + 1]
+    while len(encoding.encode(cut, disallowed_special=())) > cap:  # decode can re-merge
+        cut = cut[:-1]
+    return cut, len(encoding.encode(cut, disallowed_special=()))

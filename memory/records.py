@@ -1,0 +1,125 @@
+"""One user's memory as JSON records: what export writes, import reads and clear-all keeps.
+
+    {"type": "meta", "format": "memproxy-export", "version": 1, "user_id", "exported_at", "counts"}
+    {"type": "turn", "id", "session_id", "parent_id", "role", "name", "content", "created_at", ...}
+    {"type": "fact", "id", "text", "category", "confidence", ..., "previous_id", "superseded_by"}
+    {"type": "summary", "id", "session_id", "text", "data", "source_turn_ids", ...}
+    {"type": "profile", "consent", "profile": {"fields", "text", ...} | null}
+
+Ids are the exporting database's; import maps them to new ones (parents, fact versions and
+source turns keep pointing at the right rows). Records come in id order, parents first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from memory.facts import FactStore
+from memory.profiles import ProfileStore
+from memory.summaries import SummaryStore
+
+FORMAT = "memproxy-export"
+VERSION = 1
+PAGE = 1000
+Fetch = Callable[[str, Sequence[Any]], Awaitable[Sequence[Sequence[Any]]]]
+
+TURN_FIELDS = (
+    "id", "session_id", "parent_id", "role", "name", "content", "created_at", "model", "tokens",
+    "request_id", "incomplete",
+)
+_FACT_SKIP = frozenset({"user_id", "active"})
+_SUMMARY_SKIP = frozenset({"user_id"})
+
+
+class RecordSource:
+    """Reads one user's memory as records, page by page."""
+
+    def __init__(
+        self, fetch: Fetch, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore
+    ) -> None:
+        self.fetch = fetch
+        self.facts = facts
+        self.summaries = summaries
+        self.profiles = profiles
+
+    async def counts(self, user_id: str) -> dict[str, int]:
+        """How many records of each type the user's export holds."""
+        rows = await self.fetch("SELECT COUNT(*) FROM turns WHERE user_id = ?", (user_id,))
+        profile = await self.profile_record(user_id)
+        return {
+            "turn": int(rows[0][0]),
+            "fact": await self.facts.count(user_id, active_only=False),
+            "summary": len(await self.summaries.list(user_id, include_history=True)),
+            "profile": int(profile is not None),
+        }
+
+    async def records(self, user_id: str, *, meta: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """Every record of the user: meta (optional), turns, facts, summaries, profile."""
+        if meta:
+            yield {
+                "type": "meta", "format": FORMAT, "version": VERSION, "user_id": user_id,
+                "exported_at": time.time(), "counts": await self.counts(user_id),
+            }
+        async for turn in self.turns(user_id):
+            yield turn
+        for fact in await self.fact_records(user_id):
+            yield fact
+        for summary in await self.summary_records(user_id):
+            yield summary
+        profile = await self.profile_record(user_id)
+        if profile is not None:
+            yield profile
+
+    async def turns(self, user_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The user's turns in id order (a parent always before its children)."""
+        after = 0
+        while True:
+            rows = await self.fetch(
+                f"SELECT {', '.join(TURN_FIELDS)} FROM turns WHERE user_id = ? AND id > ?"
+                " ORDER BY id LIMIT ?",
+                (user_id, after, PAGE),
+            )
+            for row in rows:
+                record = {"type": "turn", **dict(zip(TURN_FIELDS, row, strict=True))}
+                record["incomplete"] = bool(record["incomplete"])
+                yield record
+            if len(rows) < PAGE:
+                return
+            after = int(rows[-1][0])
+
+    async def fact_records(self, user_id: str) -> list[dict[str, Any]]:
+        """Every version of every fact, oldest first."""
+        found = []
+        cursor = None
+        while True:
+            page, cursor = await self.facts.list(
+                user_id, include_inactive=True, limit=500, cursor=cursor
+            )
+            found += page
+            if cursor is None:
+                break
+        return [
+            {"type": "fact", **{k: v for k, v in f.as_dict().items() if k not in _FACT_SKIP}}
+            for f in sorted(found, key=lambda f: f.id)
+        ]
+
+    async def summary_records(self, user_id: str) -> list[dict[str, Any]]:
+        """Every summary, history included, oldest first."""
+        found = await self.summaries.list(user_id, include_history=True)
+        return [
+            {"type": "summary", **{k: v for k, v in s.as_dict().items() if k not in _SUMMARY_SKIP}}
+            for s in sorted(found, key=lambda s: s.id)
+        ]
+
+    async def profile_record(self, user_id: str) -> dict[str, Any] | None:
+        """Consent and the profile, or None when the user never set either."""
+        consent = await self.profiles.consent(user_id)
+        profile = await self.profiles.get(user_id)
+        if not consent and profile is None:
+            return None
+        body = None
+        if profile is not None:
+            body = {k: v for k, v in profile.as_dict().items() if k != "user_id"}
+        return {"type": "profile", "consent": consent, "profile": body}

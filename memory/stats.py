@@ -1,0 +1,156 @@
+"""What one user's memory holds, how big the indexes are, and per-request metrics over time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memory.facts import FactStore
+from memory.profiles import ProfileStore
+from memory.store import Store
+from memory.vectors import VectorIndex
+
+MAX_METRICS_ROWS = 10_000
+DEAD_LETTERS_SHOWN = 20
+_METRIC_FIELDS = (
+    "created_at", "session_id", "request_id", "model", "items", "injected_tokens", "truncated",
+    "recall_ms", "embed_ms", "error",
+)
+
+
+class MemoryStats:
+    """Counts, index sizes, queue depth and request metrics."""
+
+    def __init__(
+        self, store: Store, vectors: VectorIndex, facts: FactStore, profiles: ProfileStore, *,
+        vectors_path: Path,
+    ) -> None:
+        self.store = store
+        self.vectors = vectors
+        self.vectors_path = vectors_path
+        self.facts = facts
+        self.profiles = profiles
+
+    async def user(self, user_id: str) -> dict[str, Any]:
+        """Counts of the user's memory, index sizes, and the (shared) job queue."""
+        return {
+            "user_id": user_id,
+            "counts": await self._counts(user_id),
+            "index": await self._index(user_id),
+            "jobs": await self.jobs(),
+        }
+
+    async def jobs(self) -> dict[str, Any]:
+        """Queue depth by status and the latest dead letters (their kind and error only)."""
+        counts = await self.store.job_counts()
+        dead = await self.store.dead_jobs(DEAD_LETTERS_SHOWN)
+        return {
+            **counts,
+            "depth": counts["queued"] + counts["running"],
+            "dead_letters": [
+                {"id": job.id, "kind": job.kind, "attempts": job.attempts,
+                 "error": (job.last_error or "")[:500], "updated_at": job.updated_at}
+                for job in dead
+            ],
+        }
+
+    async def metrics(
+        self, user_id: str, since: float, until: float, limit: int
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The user's per-request metrics rows in [since, until), oldest first; more left?"""
+        rows = await self.store.read(
+            "SELECT created_at, session_id, request_id, model, items_json, injected_tokens,"
+            " truncated, recall_ms, embed_ms, error FROM request_metrics"
+            " WHERE user_id = ? AND created_at >= ? AND created_at < ?"
+            " ORDER BY created_at, id LIMIT ?",
+            (user_id, since, until, limit + 1),
+        )
+        found = []
+        for row in rows[:limit]:
+            item = dict(zip(_METRIC_FIELDS, row, strict=True))
+            item["items"] = json.loads(item["items"])
+            item["truncated"] = bool(item["truncated"])
+            found.append(item)
+        return found, len(rows) > limit
+
+    async def _counts(self, user_id: str) -> dict[str, Any]:
+        one = "SELECT COUNT(*) FROM {} WHERE user_id = ?"
+        counts: dict[str, Any] = {}
+        for name, table in (("sessions", "sessions"), ("turns", "turns"), ("chunks", "chunks")):
+            counts[name] = int((await self.store.read(one.format(table), (user_id,)))[0][0])
+        summaries = await self.store.read(
+            "SELECT COUNT(*) FROM summaries WHERE user_id = ? AND superseded_by IS NULL",
+            (user_id,),
+        )
+        pinned = await self.store.read(
+            "SELECT COUNT(*) FROM facts WHERE user_id = ? AND pinned = 1 AND valid_to IS NULL",
+            (user_id,),
+        )
+        counts.update(
+            facts=await self.facts.count(user_id),
+            fact_versions=await self.facts.count(user_id, active_only=False),
+            pinned=int(pinned[0][0]),
+            summaries=int(summaries[0][0]),
+            profile=await self.profiles.get(user_id) is not None,
+            consent=await self.profiles.consent(user_id),
+        )
+        return counts
+
+    async def _index(self, user_id: str) -> dict[str, Any]:
+        vectors, total = await asyncio.gather(
+            asyncio.to_thread(self.vectors.count, {"user_id": user_id}),
+            asyncio.to_thread(self.vectors.count),
+        )
+        database, vector_files = await asyncio.to_thread(
+            lambda: (_size([self.store.path, *_wal_files(self.store.path)]),
+                     _size(_files(self.vectors_path)))
+        )
+        return {
+            "vectors": vectors, "vectors_total": total,
+            "database_bytes": database, "vectors_bytes": vector_files,
+        }
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Count, recall latency percentiles and injected tokens of metrics rows."""
+    latencies = sorted(r["recall_ms"] for r in rows if r["recall_ms"] is not None)
+    tokens = [int(r["injected_tokens"]) for r in rows]
+    return {
+        "requests": len(rows),
+        "recall_ms_p50": _percentile(latencies, 50),
+        "recall_ms_p95": _percentile(latencies, 95),
+        "recall_ms_max": latencies[-1] if latencies else None,
+        "injected_tokens_mean": round(statistics.fmean(tokens), 1) if tokens else None,
+        "injected_tokens_max": max(tokens) if tokens else None,
+        "truncated": sum(1 for r in rows if r["truncated"]),
+        "errors": sum(1 for r in rows if r["error"]),
+    }
+
+
+def _percentile(values: Sequence[float], pct: int) -> float | None:
+    if not values:
+        return None
+    index = min(len(values) - 1, max(0, round(pct / 100 * len(values)) - 1))
+    return float(values[index])
+
+
+def _wal_files(path: Path) -> list[Path]:
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+
+
+def _files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+
+
+def _size(paths: Sequence[Path]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total

@@ -1,0 +1,439 @@
+"""Recall latency and indexing throughput for one user among many, at 1k, 10k and 100k turns.
+
+A seeded synthetic corpus (prose, code blocks, names, numbers, identifiers; 10-300 tokens a
+turn) goes through the real engine: `Store.append_turns` in sessions of 20 turns, indexed by
+the engine's job worker. The measured user grows 1k -> 10k -> 100k turns while other users
+hold a comparable amount in the same database and collection. Reported: indexing throughput
+on a fresh store (with embedding, Chroma and SQLite time); `MemoryEngine.recall` p50/p95
+(budget 1000, scope user) and query-embedding p50; the recall stages timed on their own; and
+at 10k, chat completions sent straight to a scripted upstream vs through memproxy::
+
+    .venv/bin/python -m scripts.bench_recall --quick        # 1k and 10k, light load, ~2 min
+    .venv/bin/python -m scripts.bench_recall --data-dir /tmp/recall-store --json out.json
+
+`--data-dir` keeps the store between runs (it only grows); the default is a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from config import Settings, load_settings
+from memory.embeddings import LocalEmbedder
+from memory.engine import INDEX_JOB, MemoryEngine, RecallRequest
+from memory.query import build_query
+from memory.store import NewTurn
+from memory.tokens import count_tokens
+from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
+
+USER, MODEL, SESSION_TURNS, T0 = "bench-user", "gpt-4o-mini", 20, 1_700_000_000.0
+PROGRESS = "bench_recall.json"
+NAMES = "Alice Bob Priya Chen Mateo Fatima Olu Sven Yuki Carlos Amara Dmitri Lena Ravi Noor".split()
+PROJECTS = ["payments-api", "ingest pipeline", "mobile app", "search service", "auth gateway",
+            "billing dashboard", "data warehouse", "recommendation model", "infra migration"]
+TECH = "Postgres SQLite Redis Kafka Rust Go TypeScript React Django FastAPI Terraform gRPC".split()
+NOUNS = "user order invoice cache retry token session queue batch config schema index event " \
+        "payload webhook quota metric shard".split()
+ACTIONS = "fetch parse load save build flush merge validate resolve sync render compute".split()
+RELATIONS = "sister brother mother father cousin manager friend partner".split()
+FACTS = [
+    "{n} said the {p} deploy moves to next {day}.", "My {r} {n} is visiting on the {num}th.",
+    "The `{i}` function fails when the {x} is empty; fixed in v{num}.{num2}.",
+    "Set {i} to {num} in the {p} config, not {num2}.", "We agreed to move {p} to {t} by {day}.",
+    "Latency of {p} went from {num} ms to {num2} ms after the {i} change.",
+    "I prefer {t} over {t2} for anything touching the {x} path.",
+    "The budget for {p} is ${num}k this quarter.", "{n} owns {i} and reviews every change to it.",
+    "The bug in {i} was a race between {i2} and the {x} worker.",
+    "Ticket {P}-{num} tracks the {x} cleanup for {p}.",
+]
+ASKS = [
+    "What did {n} say about the {p} deploy?", "Why does `{i}` fail when the {x} is empty?",
+    "What value did we set {i} to in the {p} config?", "When is my {r} visiting?",
+    "How much did {p} latency change after the {i} change?", "Do I prefer {t} or {t2}?",
+    "What is the budget for {p} this quarter?", "Who owns {i}?", "Which ticket tracks {x} cleanup?",
+    "Remind me what caused the bug in {i}.", "What did we decide about moving {p} to {t}?",
+]
+COMMON = ("the of and to in is you that it was for on are with as his they be at one have this "
+          "from had not but what all were when can said there use each which she how their will "
+          "other about out many then them these some her would make like him into time has look "
+          "two more write see number way could people than first water been call who its now find "
+          "long down day did get come made may part").split()
+WORD = re.compile(r"\w+")
+FOLLOW_UPS = ["and why was that?", "what about the other one?", "so when does it happen?"]
+
+
+def identifier(rng: random.Random) -> str:
+    a, x = rng.choice(ACTIONS), rng.choice(NOUNS)
+    return rng.choice((f"{a}_{x}", f"{a}{x.title()}", f"{x}.{a}_{rng.choice(NOUNS)}", f"{x.upper()}_{a.upper()}"))
+
+
+class Corpus:
+    """Deterministic chat turns: template facts among Zipf-distributed filler words."""
+
+    def __init__(self, seed: int, model_dir: Path) -> None:
+        vocab = (model_dir / "onnx" / "vocab.txt").read_text().split()
+        words = [w for w in vocab if w.isascii() and w.isalpha() and len(w) > 2 and w not in COMMON]
+        random.Random(seed).shuffle(words)
+        self.words = np.array(COMMON + words)  # function words first, as in real text
+        self.cum = np.cumsum(1 / np.arange(1, len(self.words) + 1) ** 1.05)
+        self.seed = seed
+
+    def slots(self, rng: random.Random) -> dict[str, str]:
+        t, t2 = rng.sample(TECH, 2)
+        return {"n": rng.choice(NAMES), "p": rng.choice(PROJECTS), "t": t, "t2": t2,
+                "i": identifier(rng), "i2": identifier(rng), "x": rng.choice(NOUNS),
+                "r": rng.choice(RELATIONS), "num": str(rng.randint(2, 999)), "P": "OPS",
+                "num2": str(rng.randint(2, 99)), "day": rng.choice(("Monday", "Friday", "week"))}
+
+    def filler(self, rng: random.Random, count: int) -> list[str]:
+        draws = np.random.default_rng(rng.getrandbits(64)).random(count) * self.cum[-1]
+        return list(self.words[np.searchsorted(self.cum, draws)])
+
+    def code(self, rng: random.Random) -> str:
+        s = self.slots(rng)
+        if rng.random() < 0.5:
+            return f"```sql\nSELECT id, {s['x']}_id FROM {s['x']}s WHERE shard = {s['num']} LIMIT {s['num2']};\n```"
+        name = s["i"].replace(".", "_")
+        return (f"```python\ndef {name}({s['x']}, retries={s['num2']}):\n    result = {s['i2']}({s['x']})\n"
+                f"    if not result:\n        raise ValueError('{s['x']} {s['num']} missing')\n    return result\n```")
+
+    def turn(self, rng: random.Random, role: str) -> str:
+        target = min(300, max(10, int(rng.lognormvariate(3.2 if role == "user" else 4.4, 0.6)))) / 1.4
+        parts: list[str] = []
+        if role == "assistant" and rng.random() < 0.2:
+            parts.append(self.code(rng))
+        words, size = self.filler(rng, int(target) + 18), sum(len(p.split()) for p in parts)
+        while size < target:
+            if rng.random() < 0.35:
+                parts.append(rng.choice(FACTS).format(**self.slots(rng)))
+            else:
+                k = rng.randint(6, 18)
+                parts.append(" ".join(words[:k]).capitalize() + ".")
+                words = words[k:] or words
+            size += len(parts[-1].split())
+        rng.shuffle(parts)
+        return " ".join(parts) if rng.random() < 0.7 else "\n\n".join(parts)
+
+    def session(self, user: str, number: int) -> list[NewTurn]:
+        rng = random.Random(f"{self.seed}:{user}:{number}")
+        start = T0 + number * 3600 + rng.random() * 600
+        texts = [(role, self.turn(rng, role)) for role in ("user", "assistant") * (SESSION_TURNS // 2)]
+        return [NewTurn(role, text, created_at=start + 60 * i, model=MODEL, tokens=count_tokens(text, MODEL))
+                for i, (role, text) in enumerate(texts)]
+
+    def queries(self, count: int) -> list[list[dict[str, str]]]:
+        rng = random.Random(f"{self.seed}:queries")
+        out = []
+        for i in range(count):
+            ask = rng.choice(ASKS).format(**self.slots(rng))
+            messages = [{"role": "system", "content": "You are a helpful assistant."}]
+            if i % 5 == 4:  # an elliptical follow-up: the query takes the previous turns along
+                messages += [{"role": "user", "content": ask},
+                             {"role": "assistant", "content": self.turn(rng, "assistant")},
+                             {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
+            elif i % 7 == 6:  # pasted context, then the question
+                messages.append({"role": "user", "content": self.turn(rng, "assistant") + "\n\n" + ask})
+            else:
+                messages.append({"role": "user", "content": ask})
+            out.append(messages)
+        return out
+
+
+# -- building the store ----------------------------------------------------------------------
+
+
+class HashedEmbedder:
+    """Stand-in for building big stores fast: a seeded random vector per word, averaged."""
+
+    def __init__(self, seed: int, buckets: int = 1 << 15) -> None:
+        self.table = np.random.default_rng(seed).standard_normal((buckets, 384), dtype=np.float32)
+        self.buckets = buckets
+
+    def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
+        rows = [[zlib.crc32(w.encode()) % self.buckets for w in WORD.findall(t.lower())] or [0]
+                for t in texts]
+        out = np.stack([self.table[ids].mean(axis=0) for ids in rows])
+        return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return await asyncio.to_thread(self.embed_sync, texts)
+
+
+class Timed:
+    """An embedder (`embed`, awaited) or vector index (`add`) with its busy seconds added up."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return await self.inner.embed(texts)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def add(self, *args: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self.inner.add(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def grow(engine: MemoryEngine, corpus: Corpus, progress: dict[str, int], user_turns: int,
+               share: float, others: int) -> dict[str, float]:
+    """Add sessions until the measured user holds `user_turns`; wait until all are indexed."""
+    have_user, have_other = progress["user"] // SESSION_TURNS, progress["others"] // SESSION_TURNS
+    want_user, want_other = user_turns // SESSION_TURNS, round(share * user_turns) // SESSION_TURNS
+    plan = [((s - have_user) / max(1, want_user - have_user), USER, s) for s in range(have_user, want_user)]
+    plan += [((k - have_other) / max(1, want_other - have_other), f"other-{k % others:03d}", k)
+             for k in range(have_other, want_other)]
+    started, append_s = time.perf_counter(), 0.0
+    for n, (_, user, number) in enumerate(sorted(plan)):
+        turns = corpus.session(user, number)
+        mark = time.perf_counter()
+        await engine.store.append_turns(user, f"s{number}", turns, job_kind=INDEX_JOB)
+        append_s += time.perf_counter() - mark
+        if n % 25 == 0:
+            engine.worker.notify()
+    await engine.worker.run_until_idle(timeout=4 * 3600)
+    seconds = time.perf_counter() - started
+    progress.update(user=max(progress["user"], want_user * SESSION_TURNS),
+                    others=max(progress["others"], want_other * SESSION_TURNS))
+    added = len(plan) * SESSION_TURNS
+    return {"turns_added": added, "seconds": seconds, "turns_per_s": added / seconds if plan else 0.0,
+            "append_s": append_s}
+
+
+async def indexing_throughput(settings: Settings, embedder: LocalEmbedder, corpus: Corpus,
+                              turns: int) -> dict[str, float]:
+    """Index the first `turns` turns into a fresh store; split the time by component."""
+    with tempfile.TemporaryDirectory(prefix="bench-recall-fresh-") as tmp:
+        timed = Timed(embedder)
+        engine = await MemoryEngine.open(settings.replace(data_dir=Path(tmp)), embedder=timed)
+        vectors = engine.vectors = Timed(engine.vectors)  # type: ignore[assignment]
+        try:
+            built = await grow(engine, corpus, {"user": 0, "others": 0}, turns, 0.0, 1)
+        finally:
+            await engine.close()
+    return {**built, "embed_s": timed.seconds, "chroma_add_s": vectors.seconds}
+
+
+# -- recall ----------------------------------------------------------------------------------
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 0.5), "p95": percentile(values, 0.95), "n": len(values)}
+
+
+async def measure_recall(engine: MemoryEngine, queries: list[list[dict[str, str]]], warmup: int) -> dict[str, Any]:
+    """Total recall, query embedding alone, and each search stage alone, in milliseconds."""
+    k, where = engine.settings.recall_candidates, {"user_id": USER}
+    times: dict[str, list[float]] = {s: [] for s in ("recall", "embed", "chroma", "fts", "chunks")}
+    items, tokens = [], []
+    for n, messages in enumerate(queries[:warmup] + queries):
+        request = RecallRequest(USER, "bench-query", messages, MODEL, 1000, "user")
+        query, marks = build_query(messages), [time.perf_counter()]
+        recalled = await engine.recall(request)
+        marks.append(time.perf_counter())
+        vector = (await engine.embedder.embed([query]))[0]
+        marks.append(time.perf_counter())
+        dense = await asyncio.to_thread(engine.vectors.query, vector, k=k, where=where)
+        marks.append(time.perf_counter())
+        lexical = await engine.store.fts_search(USER, query, k=k)
+        marks.append(time.perf_counter())
+        await engine.store.get_chunks(list({int(key[1:]) for key, _ in dense} | {i for i, _ in lexical}))
+        marks.append(time.perf_counter())
+        if n >= warmup:
+            for stage, a, b in zip(times, marks[:-1], marks[1:], strict=True):
+                times[stage].append((b - a) * 1000)
+            items.append(len(recalled.items))
+            tokens.append(recalled.tokens)
+    return {**{stage: summary(v) for stage, v in times.items()},
+            "items_mean": statistics.fmean(items), "tokens_mean": statistics.fmean(tokens)}
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def end_to_end(data_dir: Path, queries: list[list[dict[str, str]]], rounds: int, per_phase: int) -> dict[str, Any]:
+    """Chat completions at concurrency 1: direct, through memproxy read-only, and read+write."""
+    ports = {"direct": free_port(), "proxy": free_port()}
+    env = child_env(MEMPROXY_DATA_DIR=str(data_dir), MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{ports['direct']}/v1",
+                    MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), LITELLM_LOCAL_MODEL_COST_MAP="True",
+                    MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="5")
+    up = [sys.executable, "-m", "scripts.scripted_upstream", "--port", str(ports["direct"])]
+    proxy = [sys.executable, "-m", "proxy", "serve", "--port", str(ports["proxy"])]
+    memory = {"x-memory-user-id": USER, "x-memory-session-id": "bench-e2e", "x-memory-budget": "1000",
+              "x-memory-scope": "user", "x-memory-read": "on"}
+    arms = {"direct": (ports["direct"], {}), "read": (ports["proxy"], {**memory, "x-memory-write": "off"}),
+            "write": (ports["proxy"], {**memory, "x-memory-write": "on"})}
+    p50s: dict[str, list[float]] = {arm: [] for arm in arms}
+    injected: list[int] = []
+    base = "http://127.0.0.1:{}"
+    with (tempfile.TemporaryDirectory(prefix="bench-recall-logs-") as logs,
+          serving("upstream", up, child_env(), base.format(ports["direct"]) + "/v1/models", Path(logs)),
+          serving("proxy", proxy, env, base.format(ports["proxy"]) + "/readyz", Path(logs)),
+          httpx.Client(timeout=30, trust_env=False, headers={"authorization": "Bearer sk-bench"}) as http):
+        def phase(arm: str, count: int, offset: int) -> list[float]:
+            port, headers = arms[arm]
+            latencies = []
+            for i in range(offset, offset + count):
+                body = {"model": MODEL, "messages": queries[i % len(queries)]}
+                started = time.perf_counter()
+                reply = http.post(base.format(port) + "/v1/chat/completions", json=body, headers=headers)
+                latencies.append((time.perf_counter() - started) * 1000)
+                if reply.status_code != 200 or "x-memory-error" in reply.headers:
+                    raise BenchError(f"{arm}: {reply.status_code} {reply.headers.get('x-memory-error')} {reply.text[:200]}")
+                if arm == "read":
+                    injected.append(int(reply.headers["x-memory-injected-tokens"]))
+            return latencies
+
+        for arm in arms:
+            phase(arm, 20, 0)  # warm-up: connections, model, caches
+        for round_no in range(rounds):
+            for arm in arms if round_no % 2 == 0 else reversed(arms):
+                p50s[arm].append(percentile(phase(arm, per_phase, round_no * per_phase), 0.5))
+    added = {arm: statistics.median(p - d for p, d in zip(p50s[arm], p50s["direct"], strict=True))
+             for arm in ("read", "write")}
+    return {"p50_ms": {arm: statistics.median(v) for arm, v in p50s.items()}, "added_p50_ms": added,
+            "requests_per_arm": rounds * per_phase, "injected_tokens_mean": statistics.fmean(injected)}
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, settings: Settings, data_dir: Path) -> dict[str, Any]:
+    embedder = LocalEmbedder(MODEL_DIR, threads=settings.embedding_threads)
+    builder = embedder if args.build_embedder == "model" else HashedEmbedder(args.seed)
+    corpus = Corpus(args.seed, MODEL_DIR)
+    queries = corpus.queries(args.queries)
+    report: dict[str, Any] = {"sizes": {}}
+    print(f"indexing {args.index_turns} turns into a fresh store ...", file=sys.stderr)
+    report["indexing"] = await indexing_throughput(settings, embedder, corpus, args.index_turns)
+    progress_file = data_dir / PROGRESS
+    config = {"seed": args.seed, "others": args.others, "share": args.share, "build": args.build_embedder}
+    progress = {"user": 0, "others": 0, **config}
+    if progress_file.exists():
+        progress = json.loads(progress_file.read_text())
+        if {k: progress.get(k) for k in config} != config:
+            raise BenchError(f"{data_dir} was built with {progress}; pass the same options or another --data-dir")
+    for size in args.sizes:
+        if size < progress["user"]:
+            print(f"skipping {size}: the store already holds {progress['user']} turns", file=sys.stderr)
+            continue
+        print(f"growing the measured user to {size} turns ...", file=sys.stderr)
+        engine = await MemoryEngine.open(settings, embedder=builder)
+        try:
+            built = await grow(engine, corpus, progress, size, args.share, args.others)
+            progress_file.write_text(json.dumps(progress))
+        finally:
+            await engine.close()
+        print(f"  built in {built['seconds']:.0f} s; measuring recall ...", file=sys.stderr)
+        engine = await MemoryEngine.open(settings, embedder=embedder)  # queries: the real model
+        try:
+            total = await engine.store.count_turns()
+            recall = await measure_recall(engine, queries, args.warmup)
+        finally:
+            await engine.close()
+        report["sizes"][size] = {"total_turns": total, "build": built, **recall}
+        if size == args.e2e_size:
+            print(f"end to end at {size} turns ...", file=sys.stderr)
+            report["e2e"] = end_to_end(data_dir, queries, args.e2e_rounds, args.e2e_per_phase)
+    return report
+
+
+def print_report(report: dict[str, Any]) -> list[str]:
+    """The per-size table, the indexing split, the end-to-end figures and the target lines."""
+    print(f"\n{'user turns':>10} {'all turns':>9} {'recall p50':>10} {'p95':>7} {'embed p50':>9} "
+          f"{'chroma p50/p95':>14} {'fts p50/p95':>13} {'chunks p50':>10} {'items':>5} {'tokens':>6}")
+    for size, r in report["sizes"].items():
+        print(f"{size:>10} {r['total_turns']:>9} {r['recall']['p50']:>10.1f} {r['recall']['p95']:>7.1f} "
+              f"{r['embed']['p50']:>9.1f} {r['chroma']['p50']:>7.1f}/{r['chroma']['p95']:<6.1f} "
+              f"{r['fts']['p50']:>6.1f}/{r['fts']['p95']:<6.1f} {r['chunks']['p50']:>10.1f} "
+              f"{r['items_mean']:>5.1f} {r['tokens_mean']:>6.0f}")
+    ix = report["indexing"]
+    print(f"(ms; stages timed one by one; recall runs embed+chroma alongside fts)\n\nindexing "
+          f"{ix['turns_added']} turns: {ix['seconds']:.1f} s wall; busy: embed {ix['embed_s']:.1f} s, "
+          f"chroma add {ix['chroma_add_s']:.1f} s, sqlite append {ix['append_s']:.1f} s")
+    embeds = [r["embed"]["p50"] for r in report["sizes"].values()]
+    lines = [f"query embedding p50: {statistics.median(embeds) if embeds else float('nan'):.1f} ms (target <= 10)"]
+    for size, target in ((10_000, 30), (100_000, 60)):
+        r = report["sizes"].get(size)
+        lines.append(f"recall p95 @{size // 1000}k: " + (f"{r['recall']['p95']:.1f} ms" if r else "not run")
+                     + f" (target <= {target})")
+    lines.append(f"indexing: {ix['turns_per_s']:.0f} turns/s (target >= 200)")
+    if e2e := report.get("e2e"):
+        print("end to end p50 ms: " + ", ".join(f"{k} {v:.2f}" for k, v in e2e["p50_ms"].items())
+              + f"; write on adds {e2e['added_p50_ms']['write']:.2f} ms")
+        lines.append(f"end-to-end added p50 @10k: {e2e['added_p50_ms']['read']:.2f} ms (target <= 15)")
+    print("\n".join(lines))
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_recall", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000,100000", help="measured user's turns, growing")
+    parser.add_argument("--quick", action="store_true", help="1k and 10k, light other-user load")
+    parser.add_argument("--data-dir", type=Path, help="store to build or reuse (default: temp)")
+    parser.add_argument("--others", type=int, default=50, help="other users in the store")
+    parser.add_argument("--share", type=float, default=1.0, help="others' turns per measured turn")
+    parser.add_argument("--queries", type=int, default=240)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--index-turns", type=int, default=2000, help="fresh-store indexing slice")
+    parser.add_argument("--e2e-size", type=int, default=10_000, help="0 skips the end-to-end part")
+    parser.add_argument("--e2e-rounds", type=int, default=6)
+    parser.add_argument("--e2e-per-phase", type=int, default=50)
+    parser.add_argument("--build-embedder", choices=("model", "hashed"), default="model",
+                        help="vectors of the grown store: the real model, or a fast stand-in "
+                        "(queries and the indexing slice always use the real model)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, metavar="FILE")
+    args = parser.parse_args(argv)
+    args.sizes = sorted(int(s) for s in args.sizes.split(","))
+    if args.quick:
+        args.sizes, args.others, args.share = [1000, 10_000], 20, 0.2
+        args.queries, args.index_turns, args.e2e_rounds, args.e2e_per_phase = 200, 300, 2, 40
+        args.build_embedder = "hashed"
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="bench-recall-") as tmp:
+        data_dir = (args.data_dir or Path(tmp)).resolve()
+        env = {"MEMPROXY_DATA_DIR": str(data_dir), "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR),
+               "MEMPROXY_LOG_LEVEL": "warning"}
+        settings = load_settings(env=env)
+        try:
+            report = asyncio.run(run(args, settings, data_dir))
+        except (BenchError, KeyboardInterrupt) as exc:
+            print(f"bench_recall: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}", file=sys.stderr)
+            return 1
+    loads.append(os.getloadavg()[0])
+    targets = print_report(report)
+    print(f"(1-min load average {loads[0]:.1f} at start, {loads[1]:.1f} at end, on {os.cpu_count()} CPUs)")
+    if args.json:
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"config": config, "load": loads, **report, "targets": targets}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

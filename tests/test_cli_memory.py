@@ -1,0 +1,224 @@
+"""The memory CLI against a running memproxy: every command, as a table and as --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import main
+from tests.conftest import ROOT, RunningProxy
+from tests.memory_helpers import QUIET, Starter, chat, wait_idle
+
+
+@pytest.fixture
+def memproxy(start_proxy: Starter) -> RunningProxy:
+    return start_proxy(memory=True, **QUIET)
+
+
+def run(capsys: pytest.CaptureFixture[str], proxy: RunningProxy, *argv: str) -> tuple[int, str, str]:
+    """`memproxy ARGV --url ...` in-process: exit status, stdout, stderr."""
+    status = main([*argv, "--url", proxy.url])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], proxy: RunningProxy, *argv: str) -> Any:
+    status, out, err = run(capsys, proxy, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: RunningProxy) -> None:
+    status, out, _ = run(capsys, memproxy, "memories", "add", "Prefers tabs over spaces",
+                         "--category", "preference")
+    assert status == 0 and out.startswith("Added fact 1 (preference): Prefers tabs over spaces")
+    added = run_json(capsys, memproxy, "memories", "add", "Works on the billing service",
+                     "--category", "project", "--importance", "8", "--pin")
+    assert added["pinned"] is True and added["importance"] == 8 and added["confidence"] == 0.6
+
+    status, out, _ = run(capsys, memproxy, "memories", "list")
+    header, rule, *rows = out.splitlines()
+    assert header.split() == ["ID", "CATEGORY", "CONF", "PIN", "TEXT"] and set(rule) <= {"-", " "}
+    assert rows[0].split()[:4] == [str(added["id"]), "project", "0.60", "*"]
+    assert rows[1].endswith("Prefers tabs over spaces")
+    listed = run_json(capsys, memproxy, "memories", "list", "--category", "preference")
+    assert [f["text"] for f in listed] == ["Prefers tabs over spaces"]
+    assert [f["id"] for f in run_json(capsys, memproxy, "memories", "list", "--pinned")] == [added["id"]]
+    assert len(run_json(capsys, memproxy, "memories", "list", "--limit", "1")) == 1
+    assert run_json(capsys, memproxy, "memories", "list", "-q", "billing")[0]["id"] == added["id"]
+
+    status, out, _ = run(capsys, memproxy, "memories", "edit", "1", "--text", "Prefers spaces")
+    assert status == 0 and "Fact 1 is now fact 3 (version 2): Prefers spaces" in out
+    edited = run_json(capsys, memproxy, "memories", "edit", "3", "--confidence", "0.9")
+    assert (edited["version"], edited["confidence"]) == (3, 0.9)
+    history = run_json(capsys, memproxy, "memories", "list", "--all")
+    assert {f["text"] for f in history if not f["active"]} == {"Prefers tabs over spaces", "Prefers spaces"}
+
+    status, out, _ = run(capsys, memproxy, "memories", "pin", str(edited["id"]))
+    assert status == 0 and out.startswith(f"Pinned fact {edited['id']}")
+    assert run_json(capsys, memproxy, "memories", "pin", str(edited["id"]), "--off")["pinned"] is False
+
+    chat(memproxy, "The release train leaves every second Tuesday.", session="rel")
+    wait_idle(memproxy)
+    status, out, _ = run(capsys, memproxy, "memories", "search", "when does the release train leave?")
+    assert status == 0 and "second Tuesday" in out and "tokens" in out.splitlines()[-1]
+    found = run_json(capsys, memproxy, "memories", "search", "release train", "--budget", "200")
+    assert found["budget"] == 200 and found["items"][0]["session_id"] == "rel"
+    status, out, _ = run(capsys, memproxy, "memories", "search", "release train", "--budget", "0")
+    assert status == 0 and out.startswith("Nothing would be injected")
+
+    status, out, _ = run(capsys, memproxy, "memories", "forget", str(edited["id"]))
+    assert status == 0 and out.strip() == f"Forgot fact {edited['id']} and its history."
+    assert run_json(capsys, memproxy, "memories", "forget", str(added["id"]))["deleted"] is True
+    status, out, _ = run(capsys, memproxy, "memories", "list")
+    assert out.strip() == "No facts."
+
+    status, _, err = run(capsys, memproxy, "memories", "forget", "999")
+    assert status == 1 and err.startswith("memproxy: no fact 999 (404 not_found)")
+    status, _, err = run(capsys, memproxy, "memories", "edit", "5")
+    assert status == 1 and "nothing to change" in err
+    status, _, err = run(capsys, memproxy, "memories", "add", "x", "--confidence", "7")
+    assert status == 1 and "confidence" in err
+
+
+def test_sessions_and_stats(capsys: pytest.CaptureFixture[str], memproxy: RunningProxy) -> None:
+    chat(memproxy, "Our on-call rotation changes on Mondays.", session="oncall")
+    chat(memproxy, "Grafana lives at grafana.internal.", session="dash")
+    wait_idle(memproxy)
+    status, out, _ = run(capsys, memproxy, "sessions", "list")
+    header, _, *rows = out.splitlines()
+    assert header.split()[:2] == ["SESSION", "LAST"] and [r.split()[0] for r in rows] == ["dash", "oncall"]
+    listed = run_json(capsys, memproxy, "sessions", "list", "--limit", "1")
+    assert [s["session_id"] for s in listed] == ["dash"]
+
+    status, out, _ = run(capsys, memproxy, "sessions", "show", "oncall")
+    lines = out.splitlines()
+    assert lines[0].startswith("Session oncall: 2 turns")
+    assert lines[2].endswith("user: Our on-call rotation changes on Mondays.")
+    assert lines[3].endswith("assistant: echo: Our on-call rotation changes on Mondays.")
+    shown = run_json(capsys, memproxy, "sessions", "show", "oncall")
+    assert [t["role"] for t in shown["turns_list"]] == ["user", "assistant"]
+
+    status, out, _ = run(capsys, memproxy, "stats")
+    assert status == 0 and out.startswith("Memory of default")
+    assert any(line.split() == ["turns", "4"] for line in out.splitlines())
+    stats = run_json(capsys, memproxy, "stats")
+    assert stats["counts"]["sessions"] == 2 and stats["jobs"]["depth"] == 0
+
+    status, out, _ = run(capsys, memproxy, "sessions", "delete", "oncall")
+    assert status == 0 and out.startswith("Deleted session oncall: 2 turns")
+    assert run_json(capsys, memproxy, "sessions", "delete", "dash")["removed"]["turns"] == 2
+    status, out, _ = run(capsys, memproxy, "sessions", "list")
+    assert out.strip() == "No sessions."
+    status, _, err = run(capsys, memproxy, "sessions", "show", "oncall")
+    assert status == 1 and "no session 'oncall'" in err
+
+
+def test_export_and_import_with_both_outputs(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, start_proxy: Starter, tmp_path: Path
+) -> None:
+    chat(memproxy, "The office moved to Canal Street.", session="office")
+    run(capsys, memproxy, "memories", "add", "Cycles to work", "--category", "context")
+    wait_idle(memproxy)
+    dump = tmp_path / "memory.jsonl"
+    status, out, err = run(capsys, memproxy, "memories", "export", "-o", str(dump))
+    assert status == 0 and out == "" and err.strip() == f"Exported 2 turns, 1 fact to {dump}."
+    assert "\r" not in err  # no progress bar when stderr is not a terminal
+    summary = run_json(capsys, memproxy, "memories", "export", "-o", str(tmp_path / "again.jsonl"))
+    assert summary == {"file": str(tmp_path / "again.jsonl"), "records": {"turn": 2, "fact": 1}}
+    status, out, _ = run(capsys, memproxy, "memories", "export")
+    assert status == 0 and out.splitlines()[1:] == dump.read_text().splitlines()[1:]
+
+    target = start_proxy(memory=True, data_dir=tmp_path / "fresh", **QUIET)
+    status, out, _ = run(capsys, target, "memories", "import", str(dump))
+    assert status == 0 and out.strip() == "Imported 2 turns, 1 fact; already there: nothing."
+    again = run_json(capsys, target, "memories", "import", str(dump))
+    assert again["added"] == {"turns": 0, "facts": 0, "summaries": 0, "profile": 0}
+    status, _, err = run(capsys, target, "memories", "import", str(tmp_path / "missing.jsonl"))
+    assert status == 1 and "missing.jsonl" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "fact", "text": "x", "category": "mood"}\n')
+    status, _, err = run(capsys, target, "memories", "import", str(bad))
+    assert status == 1 and "line 1: category must be one of" in err
+
+
+def test_console_script_with_keys_env_and_a_progress_bar(start_proxy: Starter, tmp_path: Path) -> None:
+    proxy = start_proxy(memory=True, api_keys="key-cli-000001:carol", **QUIET)
+    records = [{"type": "turn", "session_id": f"s{i // 100}", "role": "user",
+                "content": f"message {i}"} for i in range(400)]
+    source = tmp_path / "big.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {**os.environ, "MEMPROXY_URL": proxy.url, "MEMPROXY_KEY": "key-cli-000001"}
+    script = str(Path(sys.executable).with_name("memproxy"))
+
+    denied = subprocess.run([script, "stats"], capture_output=True, text=True, timeout=60,
+                            env={**env, "MEMPROXY_KEY": "wrong-key-000"}, cwd=ROOT)
+    assert denied.returncode == 1 and "(401 invalid_api_key)" in denied.stderr
+
+    # On a terminal the import shows a progress bar on stderr; stdout stays clean.
+    main_fd, child_fd = pty.openpty()
+    imported = subprocess.run([script, "memories", "import", str(source)], stdout=subprocess.PIPE,
+                              stderr=child_fd, env=env, timeout=120, cwd=ROOT)
+    os.close(child_fd)
+    terminal = _drain(main_fd)
+    assert imported.returncode == 0, terminal
+    assert imported.stdout.decode().strip() == "Imported 400 turns; already there: nothing."
+    assert "uploading [" in terminal and "100%" in terminal
+
+    main_fd, child_fd = pty.openpty()
+    exported = subprocess.run([script, "memories", "export", "-o", str(tmp_path / "out.jsonl")],
+                              stdout=subprocess.PIPE, stderr=child_fd, env=env, timeout=120, cwd=ROOT)
+    os.close(child_fd)
+    terminal = _drain(main_fd)
+    assert exported.returncode == 0
+    assert "exporting [" in terminal and "401/401" in terminal
+    assert f"Exported 400 turns to {tmp_path / 'out.jsonl'}" in terminal
+
+    stats = subprocess.run([script, "stats", "--json"], capture_output=True, text=True, timeout=60,
+                           env=env, cwd=ROOT)
+    assert json.loads(stats.stdout)["user_id"] == "carol"  # the key's user
+    wait_idle(proxy)
+
+
+def _drain(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other end is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_readme_cli_example_runs_as_shown(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```console\n$ memproxy memories add", 1)[1].split("```", 1)[0]
+    lines = ("$ memproxy memories add" + block).splitlines()
+    monkeypatch.chdir(tmp_path)
+    commands: list[tuple[list[str], list[str]]] = []
+    for line in lines:
+        if line.startswith("$ "):
+            commands.append((shlex.split(line[2:])[1:], []))
+        else:
+            commands[-1][1].append(line)
+    assert len(commands) == 9
+    for argv, expected in commands:
+        status = main([*argv, "--url", memproxy.url])
+        out, err = capsys.readouterr()
+        assert status == 0, err
+        assert (out + err).splitlines() == expected, argv

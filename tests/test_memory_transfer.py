@@ -1,0 +1,246 @@
+"""Export, import and clear-all with undo, through real running proxies and data dirs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from config import Settings
+from tests.conftest import RunningProxy
+from tests.memory_helpers import (
+    QUIET,
+    Starter,
+    assert_error,
+    canonical,
+    chat,
+    check_schema,
+    db_rows,
+    export_records,
+    memory_api,
+    seed,
+    wait_idle,
+)
+
+ADA = {"X-Memory-User-Id": "ada"}
+
+
+@pytest.fixture
+def memproxy_quiet(start_proxy: Starter) -> RunningProxy:
+    return start_proxy(memory=True, **QUIET)
+
+
+def body_of(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+
+
+async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
+    make_settings: Callable[..., Settings], embedder: Any, start_proxy: Starter, tmp_path: Path
+) -> None:
+    await seed(make_settings(**QUIET), embedder)
+    source = start_proxy(memory=True, **QUIET)
+    exported = export_records(source, **ADA)
+    meta = exported[0]
+    assert meta["type"] == "meta" and meta["user_id"] == "ada"
+    assert meta["counts"] == {"turn": 6, "fact": 4, "summary": 2, "profile": 1}
+    assert [r["type"] for r in exported[1:]] == ["turn"] * 6 + ["fact"] * 4 + ["summary"] * 2 + ["profile"]
+    assert any("\u2028" in r.get("content", "") for r in exported)  # one record, one line
+
+    target = start_proxy(memory=True, data_dir=tmp_path / "empty", **QUIET)
+    with memory_api(target, **ADA) as api:
+        first = api.post("/import", content=body_of(exported))
+        assert first.status_code == 200, first.text
+        check_schema("ImportReport", first.json())
+        assert first.json()["added"] == {"turns": 6, "facts": 4, "summaries": 2, "profile": 1}
+        wait_idle(target)
+        again = api.post("/import", content=body_of(exported)).json()
+        assert again["added"] == {"turns": 0, "facts": 0, "summaries": 0, "profile": 0}
+        assert again["skipped"] == {"turns": 6, "facts": 4, "summaries": 2, "profile": 1}
+        wait_idle(target)
+        assert canonical(export_records(target, **ADA)) == canonical(exported)
+        stats = api.get("/stats").json()["counts"]
+        assert (stats["turns"], stats["facts"], stats["pinned"], stats["summaries"]) == (6, 3, 1, 1)
+        assert stats["profile"] and stats["consent"]
+        # Imported memory is recalled like memory learned live.
+        found = api.post("/search", json={"query": "which hotel near Alfama?"}).json()
+        assert "Alfama" in found["block"]
+    assert db_rows(target, "SELECT count(*) FROM turns") == [(6,)]
+
+
+def test_import_accepts_openai_conversations_with_timestamps(memproxy_quiet: RunningProxy) -> None:
+    conversations = [
+        {"messages": [
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "My dog is called Biscuit.", "timestamp": "2024-03-01T10:00:00Z"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Biscuit, noted."}],
+             "timestamp": 1709287260},
+        ]},
+        {"session_id": "imported-2", "created_at": 1709300000, "messages": [
+            {"role": "user", "content": "I play the cello."},
+            {"role": "assistant", "content": "Lovely."},
+        ]},
+    ]
+    text = "\n".join(json.dumps(c) for c in conversations)
+    with memory_api(memproxy_quiet) as api:
+        report = api.post("/import", content=text).json()
+        assert report["added"]["turns"] == 4 and report["records"] == 2
+        assert api.post("/import", content=text).json()["added"]["turns"] == 0
+        sessions = {s["session_id"]: s for s in api.get("/sessions").json()["data"]}
+        assert "imported-2" in sessions and len(sessions) == 2
+        fingerprint = next(s for s in sessions if s != "imported-2")
+        turns = api.get("/turns", params={"session_id": fingerprint}).json()["data"]
+        assert [(t["role"], t["content"], t["created_at"]) for t in turns] == [
+            ("user", "My dog is called Biscuit.", 1709287200.0),
+            ("assistant", "Biscuit, noted.", 1709287260.0)]
+        cello = api.get("/turns", params={"session_id": "imported-2"}).json()["data"]
+        assert [t["created_at"] for t in cello] == [1709300000.0, 1709300000.0]
+        as_array = api.post("/import", content=json.dumps(conversations)).json()
+        assert as_array["added"]["turns"] == 0 and as_array["skipped"]["turns"] == 4
+    # Continuing the conversation through the proxy lands in the same session.
+    dry = httpx.post(f"{memproxy_quiet.base_url}/chat/completions", headers={"X-Memory-Dry-Run": "on"},
+                     json={"model": "gpt-4o", "messages": conversations[0]["messages"][:2]}).json()
+    assert dry["session_id"] == fingerprint
+
+
+def test_import_rejects_bad_records_and_writes_nothing(memproxy_quiet: RunningProxy) -> None:
+    good = {"type": "turn", "session_id": "s", "role": "user", "content": "fine"}
+    with memory_api(memproxy_quiet) as api:
+        for body, param in [
+            (b"", None),
+            (b"not json at all", None),
+            (json.dumps(good) + "\n{broken", None),
+            (json.dumps({"type": "turn", "session_id": "s", "role": "system", "content": "x"}), "role"),
+            (json.dumps({"type": "turn", "role": "user", "content": "x"}), "session_id"),
+            (json.dumps({"type": "fact", "text": "x", "category": "mood"}), "category"),
+            (json.dumps({"type": "fact", "text": "x", "category": "todo", "confidence": 3}), "confidence"),
+            (json.dumps({"type": "turn", "session_id": "s", "role": "user", "content": "x",
+                         "created_at": "yesterday"}), "created_at"),
+            (json.dumps({"type": "meta", "format": "memproxy-export", "version": 99}), "version"),
+            (json.dumps({"type": "summary", "session_id": "s", "text": "t", "data": {"todos": [1]}}), "data.todos"),
+            (json.dumps({"type": "profile", "consent": "yes"}), "consent"),
+            (json.dumps({"messages": []}), "messages"),
+            (json.dumps({"type": "photo"}), "type"),
+            (json.dumps([1, 2]), None),
+            (b"\xff\xfe", None),
+        ]:
+            response = api.post("/import", content=body)
+            error = assert_error(response, 400, param)
+            if param is not None:
+                assert error["code"] == "invalid_record" and "line 1" in error["message"]
+        mixed = json.dumps(good) + "\n" + json.dumps({"type": "turn", "role": "user", "content": "x"})
+        assert "line 2" in assert_error(api.post("/import", content=mixed), 400, "session_id")["message"]
+        assert api.get("/stats").json()["counts"]["turns"] == 0
+
+
+def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> None:
+    proxy = memproxy_quiet
+    with memory_api(proxy) as api:
+        api.post("/facts", json={"text": "Prefers green tea", "category": "preference", "pinned": True})
+        api.post("/facts", json={"text": "Ships on Fridays", "category": "decision"})
+        api.put("/consent", json={"consent": True})
+        api.put("/profile", json={"fields": {"name": "Kim"}, "text": "Designer"})
+        chat(proxy, "The design system is called Prism.", session="d1")
+        chat(proxy, "Prism uses 8px spacing.", session="d2")
+        wait_idle(proxy)
+        before = canonical(export_records(proxy))
+        counts = api.get("/stats").json()["counts"]
+        receipt = api.post("/clear")
+        assert receipt.status_code == 200
+        check_schema("Clear", receipt.json())
+        cleared = receipt.json()
+        assert cleared["removed"] | {"facts": 2, "turns": 4, "sessions": 2, "profile": 1} == cleared["removed"]
+        assert (counts["facts"], counts["turns"], counts["sessions"]) == (2, 4, 2)
+        assert 9 < cleared["expires_at"] - time.time() <= 10
+        assert api.get("/facts").json()["data"] == [] and api.get("/sessions").json()["data"] == []
+        assert api.get("/profile").json()["profile"] is None
+        assert api.post("/search", json={"query": "what is the design system called?"}).json()["items"] == []
+        wait_idle(proxy)
+        assert proxy.state.memory.vectors.count({"user_id": "default"}) == 0
+        assert api.get("/stats").json()["pending_clears"][0]["removed"] == cleared["removed"]
+
+        undone = api.post("/clear/undo", json={"undo_token": cleared["undo_token"]})
+        assert undone.status_code == 200 and undone.json()["added"]["turns"] == 4
+        wait_idle(proxy)
+        assert canonical(export_records(proxy)) == before
+        assert "Prism" in api.post("/search", json={"query": "what is the design system called?"}).json()["block"]
+        assert [f["pinned"] for f in api.get("/facts", params={"pinned": "true"}).json()["data"]] == [True]
+        again = api.post("/clear/undo", json={"undo_token": cleared["undo_token"]})
+        assert again.status_code == 200 and again.json()["added"]["turns"] == 0  # idempotent
+        assert_error(api.post("/clear/undo", json={"undo_token": "made-up"}), 404, "undo_token")
+        assert_error(api.post("/clear/undo", json={}), 400, "undo_token")
+        assert_error(api.post("/clear", json={"all": True}), 400, "all")
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
+
+
+def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
+    chat(proxy, "The wifi password is hunter2.", session="w")
+    wait_idle(proxy)
+    with memory_api(proxy) as api:
+        token = api.post("/clear").json()["undo_token"]
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records")[0][0] > 0
+        time.sleep(1.2)
+        error = assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        assert error["code"] == "undo_expired"
+        wait_idle(proxy)
+        assert db_rows(proxy, "SELECT status FROM clears") == [("purged",)]
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
+        assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        assert api.get("/stats").json()["counts"]["turns"] == 0
+
+
+def test_a_restart_inside_the_window_keeps_the_undo(start_proxy: Starter) -> None:
+    first = start_proxy(memory=True, clear_undo_seconds=60, **QUIET)
+    chat(first, "Our standup is at 9:15.", session="team")
+    wait_idle(first)
+    with memory_api(first) as api:
+        token = api.post("/clear").json()["undo_token"]
+    first.stop()
+    second = start_proxy(memory=True, clear_undo_seconds=60, **QUIET)
+    with memory_api(second) as api:
+        assert api.get("/sessions").json()["data"] == []
+        assert api.post("/clear/undo", json={"undo_token": token}).status_code == 200
+    wait_idle(second)
+    second.stop()
+    third = start_proxy(memory=True, clear_undo_seconds=60, **QUIET)  # the undo was durable
+    with memory_api(third) as api:
+        assert [s["session_id"] for s in api.get("/sessions").json()["data"]] == ["team"]
+        assert "9:15" in api.post("/search", json={"query": "when is standup?"}).json()["block"]
+
+
+def test_a_window_that_ends_while_stopped_purges_on_start(start_proxy: Starter) -> None:
+    first = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
+    chat(first, "The VPN endpoint is vpn.example.org.", session="net")
+    wait_idle(first)
+    with memory_api(first) as api:
+        token = api.post("/clear").json()["undo_token"]
+    first.stop()
+    time.sleep(1.2)
+    second = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
+    wait_idle(second)
+    assert db_rows(second, "SELECT status FROM clears") == [("purged",)]
+    assert db_rows(second, "SELECT count(*) FROM clear_records") == [(0,)]
+    with memory_api(second) as api:
+        assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        assert api.get("/stats").json()["counts"]["turns"] == 0
+
+
+def test_export_streams_lines_for_a_big_memory(memproxy_quiet: RunningProxy) -> None:
+    records = [{"type": "turn", "session_id": f"bulk-{i // 50}", "role": "user" if i % 2 == 0 else "assistant",
+                "content": f"Bulk message number {i} about subject {i % 7}."} for i in range(600)]
+    with memory_api(memproxy_quiet) as api:
+        report = api.post("/import", content=body_of(records)).json()
+        assert report["added"]["turns"] == 600
+        index_jobs = db_rows(memproxy_quiet, "SELECT count(*) FROM jobs WHERE kind = 'index'")[0][0]
+        assert index_jobs == 12  # one durable index job per imported batch
+        with api.stream("GET", "/export") as response:
+            assert response.headers["transfer-encoding"] == "chunked"  # streamed, not buffered
+            assert "content-length" not in response.headers
+            lines = response.read().split(b"\n")
+        assert len([line for line in lines if line]) == 601
+    wait_idle(memproxy_quiet, timeout=120)
