@@ -10,8 +10,7 @@ for longer than one job.
 Expiry: `expires_at` is set explicitly, or for extracted facts from the category's
 lifetime. Pinned facts never expire and are never evicted; at most `max_pinned` per user.
 
-    FactError (ValueError, .param)
-     └── FactNotFound (no such fact for this user)
+The record, errors and checks live in `memory.fact_model` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,96 +18,39 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from memory.fact_model import (
+    ACTIVE_SQL,
+    CATEGORIES,
+    DAY,
+    MAX_PAGE,
+    MAX_TEXT_CHARS,
+    SOURCES,
+    SYNC_JOB,
+    Fact,
+    FactError,
+    FactNotFound,
+    check_category,
+    check_fields,
+    check_text,
+    fact_from_row,
+    parse_cursor,
+    queue_sync,
+)
 from memory.store import Store, Transaction, match_expression, owner_token
 
-CATEGORIES = ("identity", "preference", "project", "relationship", "context", "todo", "decision")
-SOURCES = ("extracted", "manual", "import")
-SYNC_JOB = "sync_vectors"
-MAX_TEXT_CHARS = 1000
-MAX_PAGE = 500
-DAY = 86400.0
+__all__ = [
+    "ACTIVE_SQL", "CATEGORIES", "DAY", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",
+    "Fact", "FactError", "FactNotFound", "FactStore", "facts_by_id", "queue_sync",
+]
 
 _COLUMNS = (
     "id, user_id, text, category, confidence, importance, mentions, source, source_session, "
     "source_turn_ids, pinned, first_seen, last_seen, expires_at, version, previous_id, "
     "valid_from, valid_to, superseded_by, created_at, updated_at"
 )
-# Active: the chain's current version, not expired (pinned facts never expire).
-ACTIVE_SQL = "valid_to IS NULL AND (pinned = 1 OR expires_at IS NULL OR expires_at > ?)"
-
-
-class FactError(ValueError):
-    """A fact request that cannot be done; `param` names the offending argument."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class FactNotFound(FactError):
-    """No fact with this id belongs to this user."""
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One version of a fact; times are unix seconds."""
-
-    id: int
-    user_id: str
-    text: str
-    category: str
-    confidence: float
-    importance: int
-    mentions: int
-    source: str
-    source_session: str | None
-    source_turn_ids: list[int]
-    pinned: bool
-    first_seen: float
-    last_seen: float
-    expires_at: float | None
-    version: int
-    previous_id: int | None
-    valid_from: float
-    valid_to: float | None
-    superseded_by: int | None
-    created_at: float
-    updated_at: float
-
-    @property
-    def expired(self) -> bool:
-        """Past its expiry (pinned facts never are)."""
-        return not self.pinned and self.expires_at is not None and self.expires_at <= time.time()
-
-    @property
-    def active(self) -> bool:
-        """The current version and not expired: the only kind of fact ever recalled."""
-        return self.valid_to is None and not self.expired
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__} | {
-            "active": self.active
-        }
-
-
-async def queue_sync(
-    tx: Transaction,
-    *,
-    facts: Iterable[int] = (),
-    summaries: Iterable[int] = (),
-    profiles: Iterable[str] = (),
-) -> None:
-    """Queue a vector sync for these rows, committed with the transaction."""
-    payload = {"facts": sorted(set(facts)), "summaries": sorted(set(summaries)),
-               "profiles": sorted(set(profiles))}
-    if any(payload.values()):
-        await tx.enqueue(SYNC_JOB, payload)
-
 
 class FactStore:
     """Facts of every user, always read and written scoped to one user."""
@@ -141,8 +83,8 @@ class FactStore:
         expires_at: float | None = None,
     ) -> Fact:
         """Store a new fact (version 1 of a new chain)."""
-        text = _check_text(text)
-        _check_fields(category, confidence, importance)
+        text = check_text(text)
+        check_fields(category, confidence, importance)
         if source not in SOURCES:
             raise FactError(f"source must be one of {', '.join(SOURCES)}", "source")
         now = time.time()
@@ -171,7 +113,7 @@ class FactStore:
         rows = await self.store.read(
             f"SELECT {_COLUMNS} FROM facts WHERE id = ? AND user_id = ?", (fact_id, user_id)
         )
-        return _fact(rows[0]) if rows else None
+        return fact_from_row(rows[0]) if rows else None
 
     async def get_many(self, user_id: str, ids: Sequence[int]) -> builtins.list[Fact]:
         """These facts of this user, in the order asked; unknown ids are skipped."""
@@ -182,7 +124,7 @@ class FactStore:
             " (SELECT value FROM json_each(?))",
             (user_id, json.dumps(list(ids))),
         )
-        found = {fact.id: fact for fact in map(_fact, rows)}
+        found = {fact.id: fact for fact in map(fact_from_row, rows)}
         return [found[i] for i in ids if i in found]
 
     async def list(
@@ -202,7 +144,7 @@ class FactStore:
         where: builtins.list[str] = ["user_id = ?"]
         params: builtins.list[Any] = [user_id]
         if category is not None:
-            _check_category(category)
+            check_category(category)
             where.append("category = ?")
             params.append(category)
         if pinned is not None:
@@ -219,12 +161,12 @@ class FactStore:
             params.append(expression)
         if cursor is not None:
             where.append("id < ?")
-            params.append(_cursor(cursor))
+            params.append(parse_cursor(cursor))
         rows = await self.store.read(
             f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
             (*params, limit + 1),
         )
-        facts = [_fact(row) for row in rows[:limit]]
+        facts = [fact_from_row(row) for row in rows[:limit]]
         return facts, str(facts[-1].id) if len(rows) > limit else None
 
     async def active(self, user_id: str) -> builtins.list[Fact]:
@@ -233,7 +175,7 @@ class FactStore:
             f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND {ACTIVE_SQL} ORDER BY id DESC",
             (user_id, time.time()),
         )
-        return [_fact(row) for row in rows]
+        return [fact_from_row(row) for row in rows]
 
     async def search(self, user_id: str, query: str, *, k: int) -> builtins.list[tuple[int, float]]:
         """Best `k` (fact_id, bm25) among this user's active facts, best first."""
@@ -262,13 +204,13 @@ class FactStore:
         """Write a new version; the old one gets valid_to + superseded_by and stays as history."""
         old = await self._must_get(user_id, fact_id)
         changes: dict[str, Any] = {
-            "text": old.text if text is None else _check_text(text),
+            "text": old.text if text is None else check_text(text),
             "category": category or old.category,
             "confidence": old.confidence if confidence is None else confidence,
             "importance": old.importance if importance is None else importance,
             "expires_at": old.expires_at if expires_at is None else expires_at,
         }
-        _check_fields(changes["category"], changes["confidence"], changes["importance"])
+        check_fields(changes["category"], changes["confidence"], changes["importance"])
         return await self.supersede(user_id, fact_id, **changes)
 
     async def supersede(
@@ -299,7 +241,7 @@ class FactStore:
             )
             if not old_rows:
                 raise FactNotFound(f"no fact {fact_id}", "fact_id")
-            old = _fact(old_rows[0][:-1])
+            old = fact_from_row(old_rows[0][:-1])
             if old.valid_to is not None:
                 raise FactError(
                     f"fact {fact_id} is an old version (superseded by {old.superseded_by});"
@@ -363,18 +305,6 @@ class FactStore:
         self._notify()
         return bool(rows)
 
-    async def delete_ids(self, user_id: str, ids: Sequence[int]) -> int:
-        """Hard-delete these rows (single versions, e.g. by retention); return how many."""
-        async with self.store.write() as tx:
-            rows = await tx.execute(
-                "DELETE FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))"
-                " RETURNING id",
-                (user_id, json.dumps(list(ids))),
-            )
-            await queue_sync(tx, facts=[int(row[0]) for row in rows])
-        self._notify()
-        return len(rows)
-
     async def set_pinned(self, user_id: str, fact_id: int, pinned: bool) -> Fact:
         """Pin (never evicted, never expires) or unpin the current version of a fact."""
         now = time.time()
@@ -404,7 +334,7 @@ class FactStore:
             " (SELECT chain_id FROM facts WHERE id = ? AND user_id = ?) ORDER BY version",
             (user_id, fact_id, user_id),
         )
-        return [_fact(row) for row in rows]
+        return [fact_from_row(row) for row in rows]
 
     async def count(self, user_id: str, *, active_only: bool = True) -> int:
         """How many facts this user has (active ones, or every version)."""
@@ -447,40 +377,4 @@ async def facts_by_id(store: Store, ids: Sequence[int]) -> list[Fact]:
         f"SELECT {_COLUMNS} FROM facts WHERE id IN (SELECT value FROM json_each(?))",
         (json.dumps(list(ids)),),
     )
-    return [_fact(row) for row in rows]
-
-
-def _check_text(text: str) -> str:
-    text = text.strip() if isinstance(text, str) else ""
-    if not text:
-        raise FactError("a fact needs non-empty text", "text")
-    if len(text) > MAX_TEXT_CHARS:
-        raise FactError(f"a fact is at most {MAX_TEXT_CHARS} characters", "text")
-    return text
-
-
-def _check_category(category: str) -> None:
-    if category not in CATEGORIES:
-        raise FactError(f"category must be one of {', '.join(CATEGORIES)}", "category")
-
-
-def _check_fields(category: str, confidence: float, importance: int) -> None:
-    _check_category(category)
-    if isinstance(confidence, bool) or not 0.0 <= float(confidence) <= 1.0:
-        raise FactError("confidence must be between 0 and 1", "confidence")
-    if isinstance(importance, bool) or int(importance) != importance or not 1 <= importance <= 10:
-        raise FactError("importance must be an integer from 1 to 10", "importance")
-
-
-def _cursor(cursor: str) -> int:
-    try:
-        return int(cursor)
-    except ValueError:
-        raise FactError("invalid cursor", "cursor") from None
-
-
-def _fact(row: Sequence[Any]) -> Fact:
-    values = list(row)
-    values[9] = json.loads(values[9])  # source_turn_ids
-    values[10] = bool(values[10])  # pinned
-    return Fact(*values)
+    return [fact_from_row(row) for row in rows]

@@ -36,7 +36,7 @@ def check_record(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise RecordError("each line must be a JSON object")
     kind = raw.get("type")
-    if kind is None and "messages" in raw:
+    if "type" not in raw and "messages" in raw:
         kind = "conversation"  # OpenAI's chat format: {"messages": [...]} per line
     if kind not in TYPES:
         raise RecordError(f"type must be one of {', '.join(TYPES)}", "type")
@@ -47,14 +47,14 @@ def _meta(raw: Mapping[str, Any]) -> dict[str, Any]:
     if raw.get("format", FORMAT) != FORMAT:
         raise RecordError(f"format must be {FORMAT!r}", "format")
     version = raw.get("version", VERSION)
-    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
         raise RecordError(f"this memproxy reads export version {VERSION} or older", "version")
     return {}
 
 
 def _turn(raw: Mapping[str, Any]) -> dict[str, Any]:
     role = raw.get("role")
-    if role not in TURN_ROLES:
+    if not isinstance(role, str) or role not in TURN_ROLES:
         raise RecordError(f"role must be one of {', '.join(sorted(TURN_ROLES))}", "role")
     content = raw.get("content")
     if not isinstance(content, str) or not content.strip():
@@ -160,25 +160,22 @@ def _conversation(raw: Mapping[str, Any]) -> dict[str, Any]:
     messages = raw.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RecordError("messages must be a non-empty list", "messages")
-    start = _time(_first(raw, "created_at", "timestamp", "create_time"), "created_at")
+    start = _first_time(raw, ("created_at", "timestamp", "create_time"), "", _NOW)
     turns = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise RecordError("each message needs a role", where)
-        if not isinstance(message.get("tool_calls") or [], list):
+        if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
             raise RecordError("tool_calls must be a list", f"{where}.tool_calls")
+        at = _first_time(message, ("timestamp", "created_at", "create_time"), where, start)
+        name = _opt_str(message, "name", MAX_ID_CHARS)
         if message["role"] not in TURN_ROLES:
             continue  # system prompts are configuration, not memory
         text = turn_text(message)
-        if not text.strip():
-            continue
-        at = _time(_first(message, "timestamp", "created_at", "create_time"), where, default=start)
-        turns.append({
-            "role": message["role"], "content": text, "created_at": at,
-            "name": _opt_str(message, "name", MAX_ID_CHARS),
-        })
-    session = raw.get("session_id", raw.get("id"))
+        if text.strip():
+            turns.append({"role": message["role"], "content": text, "created_at": at, "name": name})
+    session = raw.get("session_id")
     return {
         "session_id": None if session is None else _ident(session, "session_id"),
         "messages": list(messages),
@@ -192,8 +189,11 @@ _CHECKS = {
 }
 
 
-def _first(raw: Mapping[str, Any], *names: str) -> Any:
-    return next((raw[name] for name in names if raw.get(name) is not None), None)
+def _first_time(raw: Mapping[str, Any], names: tuple[str, ...], where: str, default: Any) -> Any:
+    """The first of several time fields that is set; every one that is set must be valid."""
+    prefix = f"{where}." if where else ""
+    times = [_time(raw[name], prefix + name) for name in names if raw.get(name) is not None]
+    return times[0] if times else _time(None, where, default)
 
 
 def _ident(value: Any, field: str) -> str:
@@ -255,7 +255,7 @@ def _time(value: Any, field: str, default: Any = _NOW) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         # Milliseconds (JavaScript's Date.now()) are read as such.
         seconds = float(value) / 1000 if value > 1e11 else float(value)
-        if 0 <= seconds < 32503680000:  # before the year 3000
+        if 0 <= seconds <= 32503680000:  # up to the year 3000
             return seconds
     if isinstance(value, str):
         try:

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from proxy.cli_memory import CliError, MemoryClient, Progress, emit, table, upload, when
+from proxy.cli_memory import CliError, MemoryClient, emit, upload
+from proxy.cli_render import Progress, table, when
 
 PAGE = 200
 

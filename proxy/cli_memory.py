@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from memory.facts import CATEGORIES
-from proxy.cli_render import Progress, table, when
+from proxy.cli_render import Progress
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 UPLOAD_CHUNK = 256 * 1024
@@ -175,5 +175,3 @@ def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
 
     return chunks(), progress
 
-
-__all__ = ["CliError", "MemoryClient", "Progress", "add_commands", "emit", "run", "table", "upload", "when"]

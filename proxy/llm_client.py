@@ -13,12 +13,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
 import orjson
 
 from config import Settings
 from proxy.errors import ProxyError
-from proxy.upstream import Target, Upstream, url_for
+from proxy.upstream import Target, Upstream, read_body, url_for
 
 MAX_ANSWER_BYTES = 4 << 20
 # Provider key shapes (sk-..., sk-ant-..., masked sk-abc***xyz), as echoed in error bodies.
@@ -55,30 +54,37 @@ class LLMClient:
         if key is None:
             lent = self._client_keys.get(user_id)
             key = lent[1] if lent is not None and lent[0] == target.base_url else None
-        if target.via_litellm:
-            from proxy.litellm_adapter import complete_text
+        try:
+            if target.via_litellm:
+                from proxy.litellm_adapter import complete_text
 
-            try:
                 return await complete_text(
                     target, model, messages, key, timeout=self.settings.upstream_timeout
                 )
-            except ProxyError as exc:
-                raise LearningCallFailed(scrub(f"learning call failed: {exc}", key)) from None
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+            return await self._post(target, model, messages, key)
+        except ProxyError as exc:
+            raise LearningCallFailed(scrub(f"learning call failed: {exc}", key)) from None
+
+    async def _post(
+        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None
+    ) -> str:
+        headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
         if key:
-            headers["authorization"] = f"Bearer {key}"
+            headers.append(("authorization", f"Bearer {key}"))
         body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
+        response = await self.upstream.open(
+            "POST", url_for(target, "/v1/chat/completions"), headers, body
+        )
         try:
-            response = await self.upstream.client.post(
-                url_for(target, "/v1/chat/completions"), content=body, headers=headers
-            )
-        except httpx.HTTPError as exc:
-            raise LearningCallFailed(f"learning call failed: {type(exc).__name__}") from None
+            content = await read_body(response, limit=MAX_ANSWER_BYTES)
+        finally:
+            await response.aclose()
         if response.status_code >= 400:
-            raise LearningCallFailed(scrub(
-                f"learning call got HTTP {response.status_code}: {response.text[:300]}", key
-            ))
-        return _reply_text(response.content[:MAX_ANSWER_BYTES])
+            text = content[:300].decode("utf-8", "replace")
+            raise LearningCallFailed(
+                scrub(f"learning call got HTTP {response.status_code}: {text}", key)
+            )
+        return _reply_text(content)
 
 
 def scrub(text: str, key: str | None) -> str:

@@ -217,6 +217,20 @@ def test_a_failed_learning_call_keeps_no_key_in_the_job_table(
             assert b"sk-client-xyz-987" not in path.read_bytes(), path
 
 
+def test_a_client_key_never_follows_the_learning_call_to_another_upstream(
+    start_proxy: Callable[..., RunningProxy], model: PlaysTheModel, upstream: ScriptedUpstream
+) -> None:
+    elsewhere = upstream.base_url.replace("127.0.0.1", "localhost")  # same server, other URL
+    proxy = start_proxy(memory=True, extract_every=1, extract_base_url=elsewhere,
+                        extract_model="small-extractor")
+    model.facts.append(answer(fact("User writes all services in Elixir.", "project")))
+    say(proxy, "I write all my services in Elixir.", key="sk-client-abc-123")
+    wait_indexed(proxy)
+    [asked] = model.prompts
+    assert asked.json["model"] == "small-extractor" and "authorization" not in asked.headers
+    assert query(proxy, "SELECT text FROM facts") == [("User writes all services in Elixir.",)]
+
+
 def test_the_assistants_own_statements_are_not_extracted(
     learning: RunningProxy, model: PlaysTheModel, upstream: ScriptedUpstream
 ) -> None:

@@ -88,6 +88,8 @@ def test_fact_errors(api: httpx.Client) -> None:
         (api.post("/facts", content=b"{not json"), 400, None),
         (api.post("/facts", json=["a list"]), 400, None),
         (api.patch(f"/facts/{fact['id']}", json={}), 400, None),
+        (api.patch(f"/facts/{fact['id']}", json={"expires_at": None}), 400, "expires_at"),
+        (api.post("/facts", json={"text": None, "category": "todo"}), 400, "text"),
         (api.patch(f"/facts/{fact['id']}", json={"category": "mood"}), 400, "category"),
         (api.patch("/facts/999999", json={"text": "y"}), 404, "fact_id"),
         (api.get("/facts/999999"), 404, "fact_id"),
@@ -107,14 +109,17 @@ def test_fact_errors(api: httpx.Client) -> None:
     for response, status, param in cases:
         check_schema("Error", response.json())
         assert_error(response, status, param)
+    not_allowed = api.put("/facts")
+    assert set(not_allowed.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
     edited = api.patch(f"/facts/{fact['id']}", json={"text": "Uses neovim"}).json()
     stale = api.patch(f"/facts/{fact['id']}", json={"text": "Uses emacs"})
-    assert_error(stale, 400, "fact_id")  # an old version cannot be edited
-    assert_error(api.post(f"/facts/{fact['id']}/pin"), 400, "fact_id")
+    assert assert_error(stale, 409, "fact_id")["code"] == "fact_superseded"  # an old version
+    assert_error(api.post(f"/facts/{fact['id']}/pin"), 409, "fact_id")
     add(api, "one", pinned=True)
     assert api.post(f"/facts/{edited['id']}/pin").json()["pinned"] is True
-    assert_error(add_raw(api, "three", pinned=True), 400, "pinned")  # at most 2 pinned here
-    assert_error(api.post(f"/facts/{add(api, 'four')['id']}/pin"), 400, "pinned")
+    at_limit = assert_error(add_raw(api, "three", pinned=True), 409, "pinned")  # 2 pins here
+    assert at_limit["code"] == "pin_limit"
+    assert_error(api.post(f"/facts/{add(api, 'four')['id']}/pin"), 409, "pinned")
 
 
 def add_raw(api: httpx.Client, text: str, **extra: Any) -> httpx.Response:
@@ -334,8 +339,9 @@ def test_stats_and_metrics(memproxy: RunningProxy, api: httpx.Client) -> None:
     one = api.get("/metrics", params={"limit": 1}).json()
     assert len(one["data"]) == 1 and one["has_more"]
     assert api.get("/metrics", params={"since": 0, "until": 1}).json()["data"] == []
+    assert api.get("/metrics", params={"since": 10, "until": 5}).json()["data"] == []
     for params, param in [({"since": "yesterday"}, "since"), ({"until": "-5"}, "until"),
-                          ({"since": 10, "until": 5}, "since"), ({"limit": 0}, "limit")]:
+                          ({"limit": 0}, "limit")]:
         assert_error(api.get("/metrics", params=params), 400, param)
 
 

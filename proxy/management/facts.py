@@ -42,7 +42,7 @@ async def list_facts(request: Request, who: Caller) -> Response:
         query=query_text(request, "q"),
         include_inactive=bool(query_flag(request, "include_inactive")),
         limit=query_limit(request, 50, MAX_PAGE),
-        cursor=query_text(request, "cursor", max_chars=40),
+        cursor=_cursor(query_text(request, "cursor", max_chars=18)),
     )
     return respond(page([fact_json(f) for f in facts], cursor))
 
@@ -137,6 +137,12 @@ async def _current(who: Caller, fact_id: int) -> int:
             " change the current one", param="fact_id", code="fact_superseded",
         )
     return fact_id
+
+
+def _cursor(cursor: str | None) -> str | None:
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidRequest("invalid cursor", param="cursor")
+    return cursor
 
 
 def _required(name: str) -> str:

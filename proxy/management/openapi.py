@@ -17,6 +17,8 @@ from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 
 JSON = "application/json"
+# At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
+NON_BLANK = r"[^\s\x1c-\x1f\x85]"
 NDJSON = "application/x-ndjson"
 # Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
 # for another user or a remote client without keys, memory turned off.
@@ -83,8 +85,8 @@ def _list(item: str) -> dict[str, Any]:
     }
 
 
-_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": r"\S"}
-_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"\S"}
+_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": NON_BLANK}
+_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": NON_BLANK}
 _INT = {"type": "integer", "minimum": -(2**63) + 1, "maximum": 2**63 - 1}
 _SECONDS = {"type": "number", "minimum": 0, "maximum": 32503680000}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}
@@ -92,7 +94,8 @@ _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
-_SESSION_CURSOR = r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024}$"
+# An empty cursor is the first page.
+_SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
 _EDITABLE = {
     "text": _TEXT,
     "category": {"type": "string", "enum": list(CATEGORIES)},
@@ -177,13 +180,13 @@ SCHEMAS: dict[str, Any] = {
                   {"properties": {"scope": {"enum": ["user"]}}},
                   {"required": ["session_id"]}],
         "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": r"\S"},
+            "query": {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": NON_BLANK},
             "budget": {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET},
             "scope": {"type": "string", "enum": ["user", "session"],
                       "description": "session needs session_id"},
             "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
-                           "pattern": r"\S"},
-            "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
+                           "pattern": NON_BLANK},
+            "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NON_BLANK,
                       "description": "Whose tokenizer counts the budget (default gpt-4o)."},
         },
     },
@@ -214,12 +217,11 @@ SCHEMAS: dict[str, Any] = {
     **{name: schema for name, schema in (
         ("TurnRecord", {
             "type": "object", "required": ["type", "session_id", "role", "content"],
-            "additionalProperties": False,
             "properties": {
                 "type": {"type": "string", "enum": ["turn"]}, "id": {**_INT, "nullable": True},
                 "session_id": _ID_TEXT, "parent_id": {**_INT, "nullable": True},
                 "role": {"type": "string", "enum": ["user", "assistant", "tool"]},
-                "content": {"type": "string", "minLength": 1, "pattern": r"\S"},
+                "content": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
                 "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
                 "created_at": {**_SECONDS, "nullable": True},
                 "model": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
@@ -230,7 +232,6 @@ SCHEMAS: dict[str, Any] = {
         }),
         ("FactRecord", {
             "type": "object", "required": ["type", "text", "category"],
-            "additionalProperties": False,
             "properties": {
                 "type": {"type": "string", "enum": ["fact"]}, "id": {**_INT, "nullable": True},
                 "text": _TEXT, "category": {"type": "string", "enum": list(CATEGORIES)},
@@ -251,11 +252,10 @@ SCHEMAS: dict[str, Any] = {
         }),
         ("SummaryRecord", {
             "type": "object", "required": ["type", "session_id", "text"],
-            "additionalProperties": False,
             "properties": {
                 "type": {"type": "string", "enum": ["summary"]},
                 "id": {**_INT, "nullable": True}, "session_id": _ID_TEXT,
-                "text": {"type": "string", "minLength": 1, "pattern": r"\S"},
+                "text": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
                 "data": {"type": "object", "properties": {
                     key: {"type": "array", "items": {"type": "string"}}
                     for key in ("facts", "preferences", "decisions", "todos", "entities")}},
@@ -268,10 +268,10 @@ SCHEMAS: dict[str, Any] = {
             },
         }),
         ("ProfileRecord", {
-            "type": "object", "required": ["type"], "additionalProperties": False,
+            "type": "object", "required": ["type"],
             "properties": {
                 "type": {"type": "string", "enum": ["profile"]}, "consent": {"type": "boolean"},
-                "profile": {"type": "object", "nullable": True, "additionalProperties": False,
+                "profile": {"type": "object", "nullable": True,
                             "properties": {"fields": {"type": "object"},
                                            "text": {"type": "string"}}},
             },
@@ -281,22 +281,29 @@ SCHEMAS: dict[str, Any] = {
             "properties": {
                 "type": {"type": "string", "enum": ["meta"]},
                 "format": {"type": "string", "enum": ["memproxy-export"]},
-                "version": {"type": "integer", "minimum": -(2**63) + 1, "maximum": 1},
+                "version": {"type": "integer", "minimum": 1, "maximum": 1},
             },
         }),
         ("Conversation", {
-            "type": "object", "required": ["messages"], "additionalProperties": False,
-            "description": "OpenAI chat format; system messages are skipped.",
+            "type": "object", "required": ["messages"],
+            "description": "OpenAI chat format; system messages are skipped. Records may carry"
+                           " other fields too (they are ignored).",
             "properties": {
                 "type": {"type": "string", "enum": ["conversation"]},
-                "session_id": _ID_TEXT,
-                "created_at": _SECONDS, "timestamp": _SECONDS,
+                "session_id": {**_ID_TEXT, "nullable": True,
+                               "description": "Unset: the session a chat with this start gets."},
+                "created_at": {**_SECONDS, "nullable": True},
+                "timestamp": {**_SECONDS, "nullable": True},
+                "create_time": {**_SECONDS, "nullable": True},
                 "messages": {"type": "array", "minItems": 1, "items": {
                     "type": "object", "required": ["role"],
                     "properties": {
                         "role": {"type": "string"}, "content": {},
-                        "name": {"type": "string", "maxLength": MAX_ID_LENGTH},
-                        "timestamp": _SECONDS, "created_at": _SECONDS,
+                        "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+                        "timestamp": {**_SECONDS, "nullable": True},
+                        "created_at": {**_SECONDS, "nullable": True},
+                        "create_time": {**_SECONDS, "nullable": True},
+                        "tool_calls": {"type": "array", "nullable": True},
                     },
                 }},
             },
@@ -369,7 +376,7 @@ _FACT_QUERY = [
     _query("q", {"type": "string", "maxLength": 1000}, "Full-text search in the fact text."),
     _query("include_inactive", {"type": "boolean"}, "Also old versions and expired facts."),
     _query("limit", _LIMIT, "Page size (default 50)."),
-    _query("cursor", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "next_cursor of the previous page."),
+    _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor of the previous page."),
 ]
 _PAGE_QUERY = [
     _query("limit", _LIMIT, "Page size."),
@@ -412,7 +419,7 @@ PATHS: dict[str, Any] = {
         {"name": "session_id", "in": "query", "required": True,
          "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}},
         _query("limit", _LIMIT, "Page size (default 100)."),
-        _query("cursor", {"type": "string", "pattern": "^[0-9]{1,18}$"}, "next_cursor."),
+        _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor."),
     ])},
     "/search": {"post": _op("What would be injected for a query (no model is called)",
                             _json(_ref("SearchResult")), "400", "413",
@@ -425,7 +432,7 @@ PATHS: dict[str, Any] = {
         "413", body=_body({"type": "object", "required": ["undo_token"],
                            "additionalProperties": False, "properties": {
                                "undo_token": {"type": "string", "minLength": 1, "maxLength": 200,
-                                              "pattern": r"\S"}}}))},
+                                              "pattern": NON_BLANK}}}))},
     "/export": {"get": _op("Export as JSON Lines (streamed)", {
         "description": "meta, turns, facts, summaries, profile: one JSON object per line",
         "content": {NDJSON: {"schema": {"type": "string"}}}})},

@@ -158,8 +158,6 @@ function remove(fact) {
 async function refreshCounts() {
   const stats = await api("GET", "/stats");
   const counts = stats.counts;
-  state.counts = counts;
-  state.undoSeconds = stats.limits.clear_undo_seconds;
   $("fact-count").textContent = `${plural(counts.facts, "fact")} · ${plural(counts.turns, "turn")} in ${plural(counts.sessions, "session")}`;
   const total = counts.facts + counts.turns + counts.summaries;
   $("clear-all").textContent = `Clear all (${plural(counts.facts, "fact")}, ${plural(counts.turns, "turn")})…`;

@@ -1,0 +1,135 @@
+"""The fact record, its errors and field checks, shared by the fact store and learning.
+
+    FactError (ValueError, .param)
+     └── FactNotFound (no such fact for this user)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memory.store import Transaction
+
+CATEGORIES = ("identity", "preference", "project", "relationship", "context", "todo", "decision")
+SOURCES = ("extracted", "manual", "import")
+SYNC_JOB = "sync_vectors"
+MAX_TEXT_CHARS = 1000
+MAX_PAGE = 500
+DAY = 86400.0
+
+# Active: the chain's current version, not expired (pinned facts never expire).
+ACTIVE_SQL = "valid_to IS NULL AND (pinned = 1 OR expires_at IS NULL OR expires_at > ?)"
+
+
+class FactError(ValueError):
+    """A fact request that cannot be done; `param` names the offending argument."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class FactNotFound(FactError):
+    """No fact with this id belongs to this user."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One version of a fact; times are unix seconds."""
+
+    id: int
+    user_id: str
+    text: str
+    category: str
+    confidence: float
+    importance: int
+    mentions: int
+    source: str
+    source_session: str | None
+    source_turn_ids: list[int]
+    pinned: bool
+    first_seen: float
+    last_seen: float
+    expires_at: float | None
+    version: int
+    previous_id: int | None
+    valid_from: float
+    valid_to: float | None
+    superseded_by: int | None
+    created_at: float
+    updated_at: float
+
+    @property
+    def expired(self) -> bool:
+        """Past its expiry (pinned facts never are)."""
+        return not self.pinned and self.expires_at is not None and self.expires_at <= time.time()
+
+    @property
+    def active(self) -> bool:
+        """The current version and not expired: the only kind of fact ever recalled."""
+        return self.valid_to is None and not self.expired
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__} | {
+            "active": self.active
+        }
+
+
+async def queue_sync(
+    tx: Transaction,
+    *,
+    facts: Iterable[int] = (),
+    summaries: Iterable[int] = (),
+    profiles: Iterable[str] = (),
+) -> None:
+    """Queue a vector sync for these rows, committed with the transaction."""
+    payload = {"facts": sorted(set(facts)), "summaries": sorted(set(summaries)),
+               "profiles": sorted(set(profiles))}
+    if any(payload.values()):
+        await tx.enqueue(SYNC_JOB, payload)
+
+
+def check_text(text: str) -> str:
+    """The text stripped; FactError unless 1 to MAX_TEXT_CHARS characters."""
+    text = text.strip() if isinstance(text, str) else ""
+    if not text:
+        raise FactError("a fact needs non-empty text", "text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise FactError(f"a fact is at most {MAX_TEXT_CHARS} characters", "text")
+    return text
+
+
+def check_category(category: str) -> None:
+    """FactError unless `category` is one of CATEGORIES."""
+    if category not in CATEGORIES:
+        raise FactError(f"category must be one of {', '.join(CATEGORIES)}", "category")
+
+
+def check_fields(category: str, confidence: float, importance: int) -> None:
+    """FactError naming the first of category, confidence (0-1), importance (1-10) that is bad."""
+    check_category(category)
+    if isinstance(confidence, bool) or not 0.0 <= float(confidence) <= 1.0:
+        raise FactError("confidence must be between 0 and 1", "confidence")
+    if isinstance(importance, bool) or int(importance) != importance or not 1 <= importance <= 10:
+        raise FactError("importance must be an integer from 1 to 10", "importance")
+
+
+def parse_cursor(cursor: str) -> int:
+    """The fact id a page cursor stands for."""
+    try:
+        return int(cursor)
+    except ValueError:
+        raise FactError("invalid cursor", "cursor") from None
+
+
+def fact_from_row(row: Sequence[Any]) -> Fact:
+    """A Fact from a row of the facts columns, in Fact's field order."""
+    values = list(row)
+    values[9] = json.loads(values[9])  # source_turn_ids
+    values[10] = bool(values[10])  # pinned
+    return Fact(*values)
