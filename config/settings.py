@@ -150,8 +150,14 @@ class Settings:
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
-    weight_dense: float = _setting(1.0, "Fusion weight of dense (vector) similarity.", min=0.0)
-    weight_bm25: float = _setting(0.6, "Fusion weight of BM25 (lexical) relevance.", min=0.0)
+    weight_dense: float = _setting(
+        1.0, "Fusion weight of dense (vector) similarity, min-max scaled over a query's "
+        "candidates; 0 skips the vector search.", min=0.0,
+    )
+    weight_bm25: float = _setting(
+        1.5, "Fusion weight of BM25 (lexical) relevance over a turn's text and speaker, min-max "
+        "scaled over a query's candidates; 0 skips the lexical search.", min=0.0,
+    )
     weight_identifier: float = _setting(
         0.5, "Fusion weight of an exact code-identifier match.", min=0.0
     )
@@ -161,6 +167,12 @@ class Settings:
     )
     recency_half_life_days: float = _setting(
         30.0, "Age at which the recency signal halves, in days.", min=0.001
+    )
+    weight_context: float = _setting(
+        0.4,
+        "Share of a top item's score given to the turns just before and after it (an answer "
+        "next to a matching question); 0 turns this off.",
+        min=0.0,
     )
 
     # -- learning: extraction and summaries (DESIGN.md section 3)

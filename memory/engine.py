@@ -26,9 +26,9 @@ from memory.manage import Management
 from memory.messages import TURN_ROLES, last_user_text, turn_text
 from memory.profiles import ProfileStore
 from memory.query import build_query, identifiers, is_trivial
-from memory.ranking import Candidate, Weights, fuse
+from memory.ranking import CONTEXT_SEEDS, Candidate, Weights, add_context, fuse
 from memory.render import Entry
-from memory.store import NewTurn, RequestMetrics, Store
+from memory.store import ChunkRow, NewTurn, RequestMetrics, Store
 from memory.summaries import SummaryStore
 from memory.tokens import count_tokens, ensure_offline_tiktoken
 from memory.vectors import VectorIndex
@@ -105,6 +105,7 @@ class MemoryEngine:
         self.weights = Weights(
             settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
             settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
+            settings.weight_context,
         )
         self._maintenance: asyncio.Task[None] | None = None
         self.facts = FactStore(
@@ -294,6 +295,7 @@ class MemoryEngine:
             return Recalled(skipped="trivial", recall_ms=_ms(started))
         session = request.session_id if request.scope == "session" else None
         k = self.settings.recall_candidates
+        present = "\n".join(turn_text(m) for m in request.messages)
         # A signal weighted 0 is not searched at all (that is how ablations run).
         (dense, embed_ms), lexical, learned = await asyncio.gather(
             self._dense(request.user_id, session, query, k) if self.weights.dense else _none(),
@@ -301,16 +303,19 @@ class MemoryEngine:
             if self.weights.bm25 else _empty(),
             self.learned_recall.gather(
                 request.user_id, request.session_id, query, session_only=session is not None,
-                present="\n".join(turn_text(m) for m in request.messages),
+                present=present,
             ),
         )
-        candidates = await self._candidates(request, dense, lexical)
+        candidates = await self._candidates(request.user_id, present, dense, lexical)
         ranked = fuse(
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),
         )
+        if self.weights.context and ranked:
+            ranked = await self._with_context(request.user_id, present, ranked)
         packed = pack_block(
-            learned, [Entry(c.speaker, c.created_at, c.text) for c in ranked],
+            learned,
+            [Entry(c.speaker, c.created_at, c.text, c.session_id, c.turn_id) for c in ranked],
             request.budget, lambda t: count_tokens(t, request.model),
         )
         items = [
@@ -335,25 +340,67 @@ class MemoryEngine:
         return hits, embed_ms
 
     async def _candidates(
-        self, request: RecallRequest, dense: list[tuple[str, float]], lexical: list[tuple[int, float]]
+        self, user_id: str, present: str, dense: list[tuple[str, float]],
+        lexical: list[tuple[int, float]],
     ) -> dict[str, Candidate]:
         scores: dict[int, list[float]] = {}
         for key, similarity in dense:
             scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
         for chunk_id, bm25 in lexical:
             scores.setdefault(chunk_id, [0.0, 0.0])[1] = bm25
-        rows = await self.store.get_chunks(list(scores))
-        present = "\n".join(turn_text(m) for m in request.messages)
-        candidates: dict[str, Candidate] = {}
-        for row in rows:
-            if row.user_id != request.user_id or row.text.strip() in present:
+        # The same text can be stored more than once (an edited history's branches, a reply
+        # logged before the client resent it with a name): one candidate per text, with the
+        # best of each signal, shown under a name when any copy has one.
+        by_text: dict[str, Candidate] = {}
+        for row in await self.store.get_chunks(list(scores)):
+            if row.user_id != user_id or row.text.strip() in present:
                 continue  # already in the prompt (or, defensively, not this user's)
             dense_score, bm25 = scores[row.id]
-            candidates[f"c{row.id}"] = Candidate(
-                f"c{row.id}", row.session_id, row.created_at, row.text,
-                speaker=row.name or row.role, turn_id=row.turn_id, dense=dense_score, bm25=bm25,
-            )
-        return candidates
+            found = by_text.get(_same_text(row.text))
+            if found is None:
+                by_text[_same_text(row.text)] = _candidate(row, dense_score, bm25)
+                continue
+            found.dense, found.bm25 = max(found.dense, dense_score), max(found.bm25, bm25)
+            if row.name and found.speaker in TURN_ROLES:
+                found.key, found.turn_id, found.speaker = f"c{row.id}", row.turn_id, row.name
+                found.session_id, found.created_at = row.session_id, row.created_at
+        return {c.key: c for c in by_text.values()}
+
+    async def _with_context(
+        self, user_id: str, present: str, ranked: list[Candidate]
+    ) -> list[Candidate]:
+        """The ranking with the turns around the best items lifted (ranking.add_context)."""
+        seeds = ranked[:CONTEXT_SEEDS]
+        pairs = await self.store.neighbour_chunks([int(c.key[1:]) for c in seeds])
+        known = {c.key for c in ranked}
+        by_text = {_same_text(c.text): c.key for c in ranked}
+        alias: dict[str, str] = {}
+        added: dict[str, Candidate] = {}
+        unknown = list(dict.fromkeys(n for _, n in pairs if f"c{n}" not in known))
+        for row in await self.store.get_chunks(unknown):
+            if row.user_id != user_id or row.text.strip() in present:
+                continue
+            same = by_text.setdefault(_same_text(row.text), f"c{row.id}")
+            if same == f"c{row.id}":
+                added[same] = _candidate(row, 0.0, 0.0)
+            alias[f"c{row.id}"] = same
+        neighbours: dict[str, list[str]] = {}
+        for seed, neighbour in pairs:
+            key = f"c{neighbour}"
+            if key in known or key in alias:
+                neighbours.setdefault(f"c{seed}", []).append(alias.get(key, key))
+        return add_context(ranked, neighbours, added, self.weights.context)
+
+
+def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
+    return Candidate(
+        f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
+        turn_id=row.turn_id, dense=dense, bm25=bm25,
+    )
+
+
+def _same_text(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _item(c: Candidate) -> RecalledItem:

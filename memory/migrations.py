@@ -235,10 +235,41 @@ CREATE TABLE clear_records (
 CREATE INDEX request_metrics_by_user ON request_metrics (user_id, created_at);
 """
 
+# Recall (memory/engine.py): a chunk's speaker is indexed with its text, so a name in a query
+# matches what that person said instead of every turn that merely addresses them; and the
+# turn after a recalled one is found by parent_id (conversation context).
+_RECALL = """
+DROP TRIGGER chunks_fts_delete;
+DROP TRIGGER chunks_fts_update;
+DROP TABLE chunks_fts;
+ALTER TABLE chunks ADD COLUMN speaker TEXT NOT NULL DEFAULT '';
+UPDATE chunks SET speaker = (SELECT COALESCE(t.name, t.role) FROM turns AS t WHERE t.id = chunks.turn_id);
+CREATE VIRTUAL TABLE chunks_fts USING fts5(
+    text, speaker, owner, sess,
+    content='chunks', content_rowid='id',
+    tokenize='porter unicode61'
+);
+-- The speaker counts half as much as a word of the text; scope tokens never count.
+INSERT INTO chunks_fts (chunks_fts, rank) VALUES ('rank', 'bm25(1.0, 0.5, 0.0, 0.0)');
+INSERT INTO chunks_fts (chunks_fts) VALUES ('rebuild');
+CREATE TRIGGER chunks_fts_delete AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts (chunks_fts, rowid, text, speaker, owner, sess)
+    VALUES ('delete', old.id, old.text, old.speaker, old.owner, old.sess);
+END;
+CREATE TRIGGER chunks_fts_update AFTER UPDATE ON chunks BEGIN
+    INSERT INTO chunks_fts (chunks_fts, rowid, text, speaker, owner, sess)
+    VALUES ('delete', old.id, old.text, old.speaker, old.owner, old.sess);
+    INSERT INTO chunks_fts (rowid, text, speaker, owner, sess)
+    VALUES (new.id, new.text, new.speaker, new.owner, new.sess);
+END;
+CREATE INDEX turns_by_parent ON turns (parent_id);
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
     ("0003_clears", _CLEARS),
+    ("0004_recall", _RECALL),
 ]
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+# How many of the best items lend context to their neighbours (see `add_context`).
+CONTEXT_SEEDS = 30
 
 
 @dataclass(frozen=True)
@@ -12,11 +15,12 @@ class Weights:
     """How much each signal counts in the fused score."""
 
     dense: float = 1.0
-    bm25: float = 0.6
+    bm25: float = 1.5
     identifier: float = 0.5
     recency: float = 0.1
     session: float = 0.1
     half_life_days: float = 30.0
+    context: float = 0.4
 
 
 @dataclass
@@ -45,17 +49,20 @@ def fuse(
 ) -> list[Candidate]:
     """Score every candidate and return them best first.
 
-    Dense similarity is used as is (cosine, clipped at 0). BM25 scores are unbounded, so
-    they are divided by the best one of this query. Recency halves every half-life.
+    Dense similarity and BM25 are each min-max scaled over this query's candidates: raw
+    cosines of a small model crowd into a narrow band and BM25 is unbounded, so only their
+    order within the query carries meaning. A candidate one search did not return gets 0
+    from it. Recency halves every half-life.
     """
-    top_bm25 = max((c.bm25 for c in candidates.values()), default=0.0) or 1.0
+    dense = _scaled({key: c.dense for key, c in candidates.items()})
+    bm25 = _scaled({key: c.bm25 for key, c in candidates.items()})
     half_life = weights.half_life_days * 86400.0
-    for c in candidates.values():
+    for key, c in candidates.items():
         ident = _identifier_share(query_identifiers, c.text)
         recency = math.pow(0.5, max(0.0, now - c.created_at) / half_life)
         c.signals = {
-            "dense": round(max(0.0, c.dense), 4),
-            "bm25": round(c.bm25 / top_bm25, 4),
+            "dense": round(dense[key], 4),
+            "bm25": round(bm25[key], 4),
             "identifier": round(ident, 4),
             "recency": round(recency, 4),
             "session": 1.0 if c.session_id == session_id else 0.0,
@@ -68,7 +75,50 @@ def fuse(
             + weights.session * c.signals["session"],
             6,
         )
-    return sorted(candidates.values(), key=lambda c: (-c.score, -c.created_at, c.key))
+    return _best_first(candidates.values())
+
+
+def add_context(
+    ranked: Sequence[Candidate],
+    neighbours: Mapping[str, Sequence[str]],
+    added: Mapping[str, Candidate],
+    share: float,
+) -> list[Candidate]:
+    """Give the turns around each of the best items `share` of its score, and re-rank.
+
+    An answer often shares no words with the question that the turn before it asked
+    ("How long have you been painting?" / "Seven years now"), so the neighbours of a
+    strong match are likely relevant too. `neighbours` maps a seed's key to its
+    neighbours' keys; `added` holds the neighbours that were not candidates (scored 0).
+    Each neighbour takes the largest share offered, from the first CONTEXT_SEEDS items.
+    """
+    bonus: dict[str, float] = {}
+    for seed in ranked[:CONTEXT_SEEDS]:
+        for key in neighbours.get(seed.key, ()):
+            if key != seed.key:
+                bonus[key] = max(bonus.get(key, 0.0), share * seed.score)
+    everyone = {c.key: c for c in ranked} | {k: c for k, c in added.items() if k in bonus}
+    for key, extra in bonus.items():
+        c = everyone.get(key)
+        if c is not None:
+            c.signals["context"] = round(extra, 4)
+            c.score = round(c.score + extra, 6)
+    return _best_first(everyone.values())
+
+
+def _scaled(values: Mapping[str, float]) -> dict[str, float]:
+    """Positive values min-max scaled into [0, 1] (all 1 when equal); the others 0."""
+    present = [v for v in values.values() if v > 0]
+    low, high = min(present, default=0.0), max(present, default=0.0)
+    span = high - low
+    return {
+        key: 0.0 if v <= 0 else (v - low) / span if span > 0 else 1.0
+        for key, v in values.items()
+    }
+
+
+def _best_first(candidates: Iterable[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: (-c.score, -c.created_at, c.key))
 
 
 def _identifier_share(wanted: set[str], text: str) -> float:

@@ -44,6 +44,23 @@ _CHUNK_SELECT = (
     "SELECT c.id, c.turn_id, c.user_id, c.session_id, c.ordinal, c.kind, c.text, c.tokens, "
     "t.role, t.name, t.created_at FROM chunks AS c JOIN turns AS t ON t.id = c.turn_id"
 )
+# (seed, neighbour) chunk pairs for Store.neighbour_chunks; {marks} are the seed ids.
+_NEIGHBOURS = """
+WITH seed AS (
+    SELECT c.id, c.turn_id, c.ordinal, t.parent_id,
+        (SELECT MAX(ordinal) FROM chunks WHERE turn_id = c.turn_id) AS last
+    FROM chunks AS c JOIN turns AS t ON t.id = c.turn_id WHERE c.id IN ({marks})
+)
+SELECT s.id, n.id FROM seed AS s
+    JOIN chunks AS n ON n.turn_id = s.turn_id AND n.ordinal IN (s.ordinal - 1, s.ordinal + 1)
+UNION ALL
+SELECT s.id, n.id FROM seed AS s JOIN chunks AS n ON n.turn_id = s.parent_id
+    WHERE s.ordinal = 0 AND n.ordinal = (SELECT MAX(ordinal) FROM chunks WHERE turn_id = s.parent_id)
+UNION ALL
+SELECT s.id, n.id FROM seed AS s JOIN turns AS t ON t.parent_id = s.turn_id
+    JOIN chunks AS n ON n.turn_id = t.id AND n.ordinal = 0
+    WHERE s.ordinal = s.last
+"""
 _JOB_STATUSES = ("queued", "running", "done", "dead")
 
 
@@ -177,8 +194,14 @@ def search_terms(query: str) -> list[str]:
     return list(terms)[:_MAX_QUERY_TERMS]
 
 
-def match_expression(user_id: str, query: str, session_id: str | None = None) -> str | None:
-    """FTS5 MATCH text for free text within a user (and session) scope; None if no terms."""
+def match_expression(
+    user_id: str, query: str, session_id: str | None = None, *, columns: Sequence[str] = ("text",)
+) -> str | None:
+    """FTS5 MATCH text for free text within a user (and session) scope; None if no terms.
+
+    `columns` are the indexed columns the words may match (all of them rank; see the
+    table's bm25 weights).
+    """
     terms = search_terms(query)
     if not terms:
         return None
@@ -187,7 +210,7 @@ def match_expression(user_id: str, query: str, session_id: str | None = None) ->
     scope = f'owner:"{owner_token(user_id)}"'
     if session_id is not None:
         scope += f' AND sess:"{session_token(user_id, session_id)}"'
-    return f"{scope} AND text:({alternatives})"
+    return f"{scope} AND {{{' '.join(columns)}}}:({alternatives})"
 
 
 class Transaction:
@@ -327,13 +350,15 @@ class Store:
         """Store (ordinal, kind, text, tokens) chunks of a turn; re-adding one updates it."""
         async with self._transaction() as db:
             rows = await db.execute_fetchall(
-                "SELECT user_id, session_id FROM turns WHERE id = ?", (turn_id,)
+                "SELECT user_id, session_id, COALESCE(name, role) FROM turns WHERE id = ?",
+                (turn_id,),
             )
-            user_id, session_id = _only_row(rows, f"no turn with id {turn_id}")
+            user_id, session_id, speaker = _only_row(rows, f"no turn with id {turn_id}")
             fresh, changed = await _diff_chunks(db, turn_id, chunks)
             if fresh:
                 tokens = (owner_token(user_id), session_token(user_id, session_id))
-                await _insert_chunks(db, turn_id, (user_id, session_id, *tokens), fresh)
+                scope = (user_id, session_id, *tokens, speaker)
+                await _insert_chunks(db, turn_id, scope, fresh)
             if changed:  # the update trigger re-indexes them; their ids stay the same
                 await db.executemany(
                     "UPDATE chunks SET kind = ?, text = ?, tokens = ?"
@@ -352,14 +377,27 @@ class Store:
         found = {chunk.id: chunk for chunk in map(_chunk, await self._read_in(sql, ids))}
         return [found[i] for i in ids if i in found]
 
+    async def neighbour_chunks(self, ids: Sequence[int]) -> list[tuple[int, int]]:
+        """(chunk id, neighbour id) pairs: the chunks just before and after each one.
+
+        Before: the previous chunk of its turn, else the last chunk of the previous turn.
+        After: the next chunk of its turn, else the first chunk of every following turn
+        (a conversation that was edited and resent has several).
+        """
+        rows = await self._read_in(_NEIGHBOURS, ids)
+        return [(int(row[0]), int(row[1])) for row in rows]
+
     async def fts_search(
         self, user_id: str, query: str, *, k: int, session_id: str | None = None
     ) -> list[tuple[int, float]]:
-        """Best `k` (chunk_id, score) for free text within the user's chunks, best first."""
-        expression = match_expression(user_id, query, session_id)
+        """Best `k` (chunk_id, score) for free text within the user's chunks, best first.
+
+        The words match a chunk's text or its speaker's name.
+        """
+        expression = match_expression(user_id, query, session_id, columns=("text", "speaker"))
         if expression is None or k <= 0:
             return []
-        # rank is bm25 weighted (1, 0, 0) by the migration; lower is better, so negate it.
+        # rank is bm25 weighted (1, 0.5, 0, 0) by the migration; lower is better: negate it.
         rows = await self._read(
             "SELECT rowid, -rank FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
             (expression, k),
@@ -657,18 +695,18 @@ async def _diff_chunks(
 async def _insert_chunks(
     db: aiosqlite.Connection,
     turn_id: int,
-    scope: tuple[str, str, str, str],
+    scope: tuple[str, str, str, str, str],
     chunks: Sequence[tuple[int, str, str, int]],
 ) -> None:
     await db.executemany(
         "INSERT INTO chunks (turn_id, ordinal, kind, text, tokens, user_id, session_id, owner,"
-        " sess) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " sess, speaker) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(turn_id, *chunk, *scope) for chunk in chunks],
     )
     # One statement for the batch: see the migration for why this is not a trigger.
     await db.execute(
-        "INSERT INTO chunks_fts (rowid, text, owner, sess) SELECT id, text, owner, sess"
-        " FROM chunks WHERE turn_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
+        "INSERT INTO chunks_fts (rowid, text, speaker, owner, sess)"
+        " SELECT id, text, speaker, owner, sess FROM chunks WHERE turn_id = ? AND ordinal IN (SELECT value FROM json_each(?))",
         (turn_id, json.dumps([chunk[0] for chunk in chunks])),
     )
 

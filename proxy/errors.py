@@ -8,7 +8,6 @@
     ├── NotFound                        404  invalid_request_error
     ├── MethodNotAllowed                405  invalid_request_error
     ├── Conflict                        409  invalid_request_error
-    ├── Gone                            410  invalid_request_error
     ├── PayloadTooLarge                 413  invalid_request_error
     ├── RateLimited                     429  rate_limit_error
     ├── MemoryUnavailable               503  api_error
@@ -89,10 +88,6 @@ class MethodNotAllowed(ProxyError):
 
 class Conflict(ProxyError):
     status, type, code = 409, "invalid_request_error", "conflict"
-
-
-class Gone(ProxyError):
-    status, type, code = 410, "invalid_request_error", "gone"
 
 
 class MemoryUnavailable(ProxyError):

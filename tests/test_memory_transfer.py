@@ -191,12 +191,12 @@ def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> N
         token = api.post("/clear").json()["undo_token"]
         assert db_rows(proxy, "SELECT count(*) FROM clear_records")[0][0] > 0
         time.sleep(1.2)
-        error = assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        error = assert_error(api.post("/clear/undo", json={"undo_token": token}), 409, "undo_token")
         assert error["code"] == "undo_expired"
         wait_idle(proxy)
         assert db_rows(proxy, "SELECT status FROM clears") == [("purged",)]
         assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
-        assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        assert_error(api.post("/clear/undo", json={"undo_token": token}), 409, "undo_token")
         assert api.get("/stats").json()["counts"]["turns"] == 0
 
 
@@ -232,7 +232,7 @@ def test_a_window_that_ends_while_stopped_purges_on_start(start_proxy: Starter) 
     assert db_rows(second, "SELECT status FROM clears") == [("purged",)]
     assert db_rows(second, "SELECT count(*) FROM clear_records") == [(0,)]
     with memory_api(second) as api:
-        assert_error(api.post("/clear/undo", json={"undo_token": token}), 410, "undo_token")
+        assert_error(api.post("/clear/undo", json={"undo_token": token}), 409, "undo_token")
         assert api.get("/stats").json()["counts"]["turns"] == 0
 
 

@@ -1,6 +1,6 @@
 """The memory panel (/ui) in headless Chromium against a real running proxy with keys on.
 
-Screenshots go to artifacts/ui-*.png. Chromium comes from Debian (`.ci/run` installs it);
+Screenshots go to artifacts/ui-*.png; docs/panel.png is a copy of ui-panel.png. Chromium comes from Debian (`.ci/run` installs it);
 without it this test fails under CI and is skipped, with the reason, elsewhere.
 """
 
@@ -124,6 +124,8 @@ def test_manage_facts_in_the_panel(browser: Browser, panel_proxy: RunningProxy) 
     expect(unpin).to_have_attribute("aria-pressed", "true")
     expect(card(page, "Drinks green tea")).to_have_class("card pinned")
     assert next(f for f in facts_api(panel_proxy) if f["id"] == edited["id"])["pinned"]
+    expect(page.locator(".toast")).to_have_count(0, timeout=5000)
+    shot(page, "panel")  # the README's picture (docs/panel.png is a copy)
 
     page.get_by_role("button", name="Delete: Drinks green tea").click()
     expect(card(page, "Drinks green tea")).to_have_count(0)

@@ -29,7 +29,6 @@ from memory.sessions import CursorError
 from proxy.errors import (
     AuthenticationFailed,
     Conflict,
-    Gone,
     InvalidRequest,
     MemoryUnavailable,
     NotFound,
@@ -74,7 +73,7 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         except ClearNotFound as exc:
             raise NotFound(str(exc), param="undo_token") from None
         except ClearExpired as exc:
-            raise Gone(str(exc), param="undo_token", code="undo_expired") from None
+            raise Conflict(str(exc), param="undo_token", code="undo_expired") from None
 
     return run
 

@@ -22,7 +22,7 @@ async def clear_all(request: Request, who: Caller) -> Response:
 
 @endpoint
 async def undo_clear(request: Request, who: Caller) -> Response:
-    """POST /v1/memory/clear/undo: 404 for an unknown token, 410 once the window ended."""
+    """POST /v1/memory/clear/undo: 404 for an unknown token, 409 once the window ended."""
     body = await json_object(request, who.settings.max_body_bytes, ("undo_token",))
     token = text(body, "undo_token", required=True, max_chars=200) or ""
     report = await who.memory.manage.clears.undo(who.user_id, token)

@@ -23,7 +23,7 @@ async def json_object(
 ) -> dict[str, Any]:
     """The body as a JSON object holding only `allowed` fields."""
     raw = await read_body(request, limit)
-    if not raw.strip() and empty_ok:
+    if not raw and empty_ok:  # no body at all; whitespace is not JSON
         return {}
     try:
         body = orjson.loads(raw)

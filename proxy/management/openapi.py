@@ -12,13 +12,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.flags import MAX_BUDGET
-from memory.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS
+from memory.facts import CATEGORIES, MAX_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
+from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
 
 JSON = "application/json"
-# At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
-NON_BLANK = r"[^\s\x1c-\x1f\x85]"
 NDJSON = "application/x-ndjson"
 # Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
 # for another user or a remote client without keys, memory turned off.
@@ -28,8 +27,8 @@ _ERROR_TEXT = {
     "401": "Proxy keys are on and the key is missing or wrong.",
     "403": "The key is bound to another user, or a remote client without keys.",
     "404": "No such item for this user.",
-    "409": "Conflict (e.g. a profile without consent).",
-    "410": "The undo window has ended.",
+    "409": "Conflict with the current state: a profile without consent, an old fact version,"
+           " the pin limit, an undo after its window.",
     "413": "The body is larger than MEMPROXY_MAX_BODY_BYTES.",
     "500": "A bug in memproxy.",
     "503": "Memory is turned off on this proxy.",
@@ -85,10 +84,7 @@ def _list(item: str) -> dict[str, Any]:
     }
 
 
-_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": NON_BLANK}
-_ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": NON_BLANK}
-_INT = {"type": "integer", "minimum": -(2**63) + 1, "maximum": 2**63 - 1}
-_SECONDS = {"type": "number", "minimum": 0, "maximum": 32503680000}
+
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}
 _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
@@ -97,7 +93,7 @@ _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
 # An empty cursor is the first page.
 _SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
 _EDITABLE = {
-    "text": _TEXT,
+    "text": TEXT,
     "category": {"type": "string", "enum": list(CATEGORIES)},
     "confidence": {"type": "number", "minimum": 0, "maximum": 1},
     "importance": {"type": "integer", "minimum": 1, "maximum": 10},
@@ -214,101 +210,7 @@ SCHEMAS: dict[str, Any] = {
             "embed_ms": {"type": "number"}, "skipped": _nullable("string"),
         },
     },
-    **{name: schema for name, schema in (
-        ("TurnRecord", {
-            "type": "object", "required": ["type", "session_id", "role", "content"],
-            "properties": {
-                "type": {"type": "string", "enum": ["turn"]}, "id": {**_INT, "nullable": True},
-                "session_id": _ID_TEXT, "parent_id": {**_INT, "nullable": True},
-                "role": {"type": "string", "enum": ["user", "assistant", "tool"]},
-                "content": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
-                "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                "created_at": {**_SECONDS, "nullable": True},
-                "model": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                "tokens": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
-                "request_id": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                "incomplete": {"type": "boolean"},
-            },
-        }),
-        ("FactRecord", {
-            "type": "object", "required": ["type", "text", "category"],
-            "properties": {
-                "type": {"type": "string", "enum": ["fact"]}, "id": {**_INT, "nullable": True},
-                "text": _TEXT, "category": {"type": "string", "enum": list(CATEGORIES)},
-                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-                "importance": {"type": "integer", "minimum": 1, "maximum": 10, "nullable": True},
-                "mentions": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
-                "source": {"type": "string", "enum": ["extracted", "manual", "import"]},
-                "source_session": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                "source_turn_ids": {"type": "array", "items": _INT},
-                "pinned": {"type": "boolean"},
-                "version": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
-                "previous_id": {**_INT, "nullable": True},
-                "superseded_by": {**_INT, "nullable": True},
-                **{name: {**_SECONDS, "nullable": True} for name in (
-                    "first_seen", "last_seen", "expires_at", "valid_from", "valid_to",
-                    "created_at", "updated_at")},
-            },
-        }),
-        ("SummaryRecord", {
-            "type": "object", "required": ["type", "session_id", "text"],
-            "properties": {
-                "type": {"type": "string", "enum": ["summary"]},
-                "id": {**_INT, "nullable": True}, "session_id": _ID_TEXT,
-                "text": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
-                "data": {"type": "object", "properties": {
-                    key: {"type": "array", "items": {"type": "string"}}
-                    for key in ("facts", "preferences", "decisions", "todos", "entities")}},
-                "source_turn_ids": {"type": "array", "items": _INT},
-                "last_turn_id": {**_INT, "nullable": True},
-                "user_turns": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
-                "tokens": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
-                "superseded_by": {**_INT, "nullable": True},
-                "created_at": {**_SECONDS, "nullable": True},
-            },
-        }),
-        ("ProfileRecord", {
-            "type": "object", "required": ["type"],
-            "properties": {
-                "type": {"type": "string", "enum": ["profile"]}, "consent": {"type": "boolean"},
-                "profile": {"type": "object", "nullable": True,
-                            "properties": {"fields": {"type": "object"},
-                                           "text": {"type": "string"}}},
-            },
-        }),
-        ("MetaRecord", {
-            "type": "object", "required": ["type"],
-            "properties": {
-                "type": {"type": "string", "enum": ["meta"]},
-                "format": {"type": "string", "enum": ["memproxy-export"]},
-                "version": {"type": "integer", "minimum": 1, "maximum": 1},
-            },
-        }),
-        ("Conversation", {
-            "type": "object", "required": ["messages"],
-            "description": "OpenAI chat format; system messages are skipped. Records may carry"
-                           " other fields too (they are ignored).",
-            "properties": {
-                "type": {"type": "string", "enum": ["conversation"]},
-                "session_id": {**_ID_TEXT, "nullable": True,
-                               "description": "Unset: the session a chat with this start gets."},
-                "created_at": {**_SECONDS, "nullable": True},
-                "timestamp": {**_SECONDS, "nullable": True},
-                "create_time": {**_SECONDS, "nullable": True},
-                "messages": {"type": "array", "minItems": 1, "items": {
-                    "type": "object", "required": ["role"],
-                    "properties": {
-                        "role": {"type": "string"}, "content": {},
-                        "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                        "timestamp": {**_SECONDS, "nullable": True},
-                        "created_at": {**_SECONDS, "nullable": True},
-                        "create_time": {**_SECONDS, "nullable": True},
-                        "tool_calls": {"type": "array", "nullable": True},
-                    },
-                }},
-            },
-        }),
-    )},
+    **RECORD_SCHEMAS,
     "Clear": {
         "type": "object", "required": ["object", "undo_token", "expires_at", "removed"],
         "properties": {
@@ -428,7 +330,8 @@ PATHS: dict[str, Any] = {
                            "400", "413", body=_body({"type": "object", "maxProperties": 0},
                                                     required=False))},
     "/clear/undo": {"post": _op(
-        "Undo a clear within its window", _json(_ref("ImportReport")), "400", "404", "410",
+        "Undo a clear within its window (409 after it)", _json(_ref("ImportReport")), "400",
+        "404", "409",
         "413", body=_body({"type": "object", "required": ["undo_token"],
                            "additionalProperties": False, "properties": {
                                "undo_token": {"type": "string", "minLength": 1, "maxLength": 200,
