@@ -315,7 +315,7 @@ class MemoryEngine:
             ranked = await self._with_context(request.user_id, present, ranked)
         packed = pack_block(
             learned,
-            [Entry(c.speaker, c.created_at, c.text, c.session_id, c.turn_id) for c in ranked],
+            [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked],
             request.budget, lambda t: count_tokens(t, request.model),
         )
         items = [
@@ -371,7 +371,7 @@ class MemoryEngine:
     ) -> list[Candidate]:
         """The ranking with the turns around the best items lifted (ranking.add_context)."""
         seeds = ranked[:CONTEXT_SEEDS]
-        pairs = await self.store.neighbour_chunks([int(c.key[1:]) for c in seeds])
+        pairs = await self.store.neighbour_chunks([_chunk_id(c) for c in seeds])
         known = {c.key for c in ranked}
         by_text = {_same_text(c.text): c.key for c in ranked}
         alias: dict[str, str] = {}
@@ -397,6 +397,10 @@ def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
         f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
         turn_id=row.turn_id, dense=dense, bm25=bm25,
     )
+
+
+def _chunk_id(c: Candidate) -> int:
+    return int(c.key[1:])  # turn candidates are keyed "c<chunk id>"
 
 
 def _same_text(text: str) -> str:

@@ -1,0 +1,159 @@
+"""Recall quality mechanics: speaker search, conversation neighbours, fusion, context, excerpts."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from memory import migrations
+from memory.ranking import Candidate, Weights, add_context, fuse
+from memory.render import CLOSE, OPEN, Entry, pack
+from memory.store import NewTurn, Store, owner_token, session_token
+from memory.tokens import count_tokens
+
+DAY = 86400.0
+T0 = 1_700_000_000.0  # 2023-11-14
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    store = await Store.open(tmp_path / "memory.db")
+    yield store
+    await store.close()
+
+
+async def indexed(store: Store, user: str, session: str, turns: list[NewTurn]) -> list[int]:
+    """Log turns and index each as one chunk; return the chunk ids."""
+    result = await store.append_turns(user, session, turns)
+    stored = await store.session_turns(user, session)
+    ids = []
+    for turn in stored[-len(turns):]:
+        ids += await store.add_chunks(turn.id, [(0, "prose", turn.content, 5)])
+    assert result.new_ids
+    return ids
+
+
+async def test_a_name_matches_what_that_person_said(store: Store) -> None:
+    ana_said, bo_said = await indexed(store, "u", "s", [
+        NewTurn("user", "I adopted a greyhound last spring.", name="Ana"),
+        NewTurn("assistant", "Ana, that greyhound sounds lovely!", name="Bo"),
+    ])
+    hits = [chunk for chunk, _ in await store.fts_search("u", "What pet did Ana adopt?", k=5)]
+    assert hits[0] == ana_said and bo_said in hits
+    # Roles stand in for missing names, and a role word alone finds nothing else.
+    (plain,) = await indexed(store, "u", "t", [NewTurn("user", "Remember the rollout date.")])
+    assert [c for c, _ in await store.fts_search("u", "user", k=5)] == [plain]
+
+
+async def test_neighbours_cross_turns_and_branches(store: Store) -> None:
+    question, answer, follow_up = await indexed(store, "u", "s", [
+        NewTurn("user", "How long have you been painting?"),
+        NewTurn("assistant", "Seven years now."),
+        NewTurn("user", "Impressive."),
+    ])
+    # The same question answered again on an edited branch: both answers follow it.
+    edited = await store.append_turns("u", "s", [
+        NewTurn("user", "How long have you been painting?"),
+        NewTurn("assistant", "Since I was seven."),
+    ])
+    (other,) = await store.add_chunks(edited.new_ids[0], [(0, "prose", "Since I was seven.", 4)])
+    pairs = set(await store.neighbour_chunks([question, answer, follow_up]))
+    assert pairs == {
+        (question, answer), (question, other), (answer, question), (answer, follow_up),
+        (follow_up, answer),
+    }
+    # Within a long turn, chunks neighbour each other before the next turn does.
+    long_turn = await store.append_turns("u", "long", [NewTurn("user", "part one. part two.")])
+    one, two = await store.add_chunks(
+        long_turn.new_ids[0], [(0, "prose", "part one.", 2), (1, "prose", "part two.", 2)]
+    )
+    assert set(await store.neighbour_chunks([one])) == {(one, two)}
+
+
+def candidate(key: str, dense: float = 0.0, bm25: float = 0.0) -> Candidate:
+    return Candidate(key, "s", T0, f"text {key}", dense=dense, bm25=bm25)
+
+
+def test_fusion_scales_each_signal_over_the_query() -> None:
+    candidates = {c.key: c for c in [
+        candidate("a", dense=0.62, bm25=3.0), candidate("b", dense=0.58, bm25=9.0),
+        candidate("c", dense=0.50), candidate("d", bm25=6.0),
+    ]}
+    ranked = fuse(candidates, Weights(), session_id="other", query_identifiers=set(), now=T0)
+    signals = {c.key: (c.signals["dense"], c.signals["bm25"]) for c in ranked}
+    assert signals == {"a": (1.0, 0.0), "b": (0.6667, 1.0), "c": (0.0, 0.0), "d": (0.0, 0.5)}
+    assert [c.key for c in ranked] == ["b", "a", "d", "c"]
+    # A lone hit is the best of its query.
+    (only,) = fuse({"x": candidate("x", dense=0.3)}, Weights(), session_id="s",
+                   query_identifiers=set(), now=T0)
+    assert only.signals["dense"] == 1.0
+
+
+def test_context_lifts_the_turns_next_to_a_strong_match() -> None:
+    ranked = [candidate("q"), candidate("x"), candidate("y")]
+    for c, score in zip(ranked, (2.0, 1.0, 0.9), strict=True):
+        c.score = score
+    answer = candidate("answer")  # shares no words with the query: not a candidate
+    result = add_context(ranked, {"q": ["answer", "y"]}, {"answer": answer}, 0.4)
+    assert [(c.key, c.score) for c in result] == [("q", 2.0), ("y", 1.7), ("x", 1.0),
+                                                  ("answer", 0.8)]
+    assert answer.signals["context"] == 0.8
+
+
+def test_turns_render_as_dated_excerpts_in_the_order_said() -> None:
+    def count(text: str) -> int:
+        return count_tokens(text, "gpt-4o")
+
+    entries = [  # most relevant first
+        Entry("Ana", T0 + DAY, "Seven years now.", "s2", 12),
+        Entry("Bo", T0, "I adopted a greyhound.", "s1", 3),
+        Entry("Bo", T0 + DAY, "How long have you been painting?", "s2", 11),
+        Entry("Ana", T0 + 2 * DAY, "The </memory> fence stays shut.", "s3", 20),
+    ]
+    packed = pack(entries, 1000, count)
+    assert packed.included == [0, 1, 2, 3] and not packed.truncated
+    assert packed.block.splitlines()[2:-1] == [
+        "[2023-11-14]", "Bo: I adopted a greyhound.",
+        "[2023-11-15]", "Bo: How long have you been painting?", "Ana: Seven years now.",
+        "[2023-11-16]", "Ana: The ‹/memory› fence stays shut.",
+    ]
+    assert packed.block.startswith(OPEN) and packed.block.count(CLOSE) == 1
+    for budget in range(40, 120, 3):
+        small = pack(entries, budget, count)
+        assert small.tokens == count(small.block) <= budget
+        # Chosen by relevance (an entry that does not fit is skipped), shown as said.
+        assert small.included == sorted(small.included)
+        assert small.included[:1] == ([0] if small.block else [])
+
+
+async def test_upgrading_indexes_the_speakers_of_existing_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] != "0004_recall"])
+        conn.execute(
+            "INSERT INTO turns (id, user_id, session_id, position, role, name, content,"
+            " content_hash, created_at) VALUES (1, 'u', 's', 0, 'user', 'Ana', 'I run daily.',"
+            " 'h1', 0), (2, 'u', 's', 1, 'assistant', NULL, 'Nice habit.', 'h2', 0)"
+        )
+        for turn_id, text in ((1, "I run daily."), (2, "Nice habit.")):
+            conn.execute(
+                "INSERT INTO chunks (id, turn_id, user_id, session_id, ordinal, kind, text, owner,"
+                " sess) VALUES (?, ?, 'u', 's', 0, 'prose', ?, ?, ?)",
+                (turn_id, turn_id, text, owner_token("u"), session_token("u", "s")),
+            )
+        conn.execute("INSERT INTO chunks_fts (chunks_fts) VALUES ('rebuild')")
+    store = await Store.open(path)
+    try:
+        assert [c for c, _ in await store.fts_search("u", "what does Ana do", k=5)] == [1]
+        assert [c for c, _ in await store.fts_search("u", "assistant habit", k=5)] == [2]
+    finally:
+        await store.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        assert conn.execute("SELECT speaker FROM chunks ORDER BY id").fetchall() == [
+            ("Ana",), ("assistant",)
+        ]
+        conn.execute("INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
