@@ -361,8 +361,8 @@ def print_report(report: dict[str, Any]) -> list[str]:
             head = f"{size:>10} {r['total_turns']:>9}" if n == 0 else " " * 20
             print(f"{head}  {stage:8} {t['p50']:7.1f} {t['p95']:7.1f} {t['cpu_p50']:7.1f}")
         print(f"{'':22}({r['items_mean']:.1f} items, {r['tokens_mean']:.0f} tokens injected on average)")
-    print("(stages below recall are timed alone, as recall runs them; learned = facts, summaries and"
-          " profile; cpu = this process, all threads)")
+    print("(stages below recall are its building blocks timed alone; learned = facts, summaries and"
+          " profile; recall also fuses, expands context and packs; cpu = this process, all threads)")
     sizes = report["sizes"]
     embeds = [r["stages"]["embed"]["p50"] for r in sizes.values()]
     lines = [f"query embedding p50: {statistics.median(embeds) if embeds else float('nan'):.1f} ms (target <= 10)"]
