@@ -73,6 +73,13 @@ class Settings:
     upstream_max_connections: int = _setting(
         512, "Most simultaneous connections to upstreams.", min=1
     )
+    upstream_retries: int = _setting(
+        0,
+        "Retries of a chat completion, streamed or not, whose upstream connection failed or "
+        "that got 429/502/503/504, with exponential backoff honouring Retry-After up to 4 s; "
+        "only before any byte reached the client (0: off).",
+        min=0, max=10,
+    )
     routes: tuple[Route, ...] = _setting_factory(
         tuple,
         "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
@@ -100,10 +107,37 @@ class Settings:
         10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
         min=1.0, max=86400.0,
     )
+    rate_limit: int = _setting(
+        0,
+        "Requests per minute each key may send to /v1 (token bucket; 0: off). The key is the "
+        "proxy key when keys are set, else the client's bearer key, else the user id; over "
+        "it: 429 with a Retry-After of the seconds until the next request is allowed.",
+        min=0,
+    )
+    rate_limit_burst: int = _setting(
+        0,
+        "Requests a key may send at once before rate_limit paces it (the bucket's size; "
+        "0: one minute's worth, rate_limit).",
+        min=0,
+    )
+    max_streams_per_key: int = _setting(
+        0,
+        "Streamed chat completions each key may have open at once (0: no limit); one more "
+        "gets 429 with Retry-After: 1.",
+        min=0,
+    )
 
     # -- storage
     data_dir: Path = _setting_factory(
         _default_data_dir, "Where the database and the vector index live."
+    )
+    redact: str = _setting(
+        "secrets",
+        "Replace secrets with a typed placeholder such as [REDACTED:api_key] before a turn, "
+        "fact or summary is stored: secrets (API keys, bearer tokens, AWS key ids, GitHub "
+        "tokens, private key blocks, passwords), secrets,cards (also Luhn-valid card "
+        "numbers) or off. The upstream always gets the original text.",
+        choices=("secrets", "secrets,cards", "off"),
     )
 
     # -- memory defaults (each overridable per request by an X-Memory* header)
@@ -172,6 +206,12 @@ class Settings:
         0.4,
         "Share of a top item's score given to the turns just before and after it (an answer "
         "next to a matching question); 0 turns this off.",
+        min=0.0,
+    )
+    weight_conversation: float = _setting(
+        0.4,
+        "Fusion weight of how well an item's whole session matches (the mean of its three "
+        "best items, scaled to the best session's); 0 turns this off.",
         min=0.0,
     )
 

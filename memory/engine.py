@@ -26,7 +26,15 @@ from memory.manage import Management
 from memory.messages import TURN_ROLES, last_user_text, turn_text
 from memory.profiles import ProfileStore
 from memory.query import build_query, identifiers, is_trivial
-from memory.ranking import CONTEXT_SEEDS, Candidate, Weights, add_context, fuse
+from memory.ranking import (
+    CONTEXT_SEEDS,
+    Candidate,
+    Weights,
+    add_context,
+    add_conversation,
+    fuse,
+)
+from memory.redact import Redactor
 from memory.render import Entry
 from memory.store import ChunkRow, NewTurn, RequestMetrics, Store
 from memory.summaries import SummaryStore
@@ -105,7 +113,7 @@ class MemoryEngine:
         self.weights = Weights(
             settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
             settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
-            settings.weight_context,
+            settings.weight_context, settings.weight_conversation,
         )
         self._maintenance: asyncio.Task[None] | None = None
         self.facts = FactStore(
@@ -147,7 +155,7 @@ class MemoryEngine:
         `llm` answers the learning jobs (facts, summaries); without one nothing is learned.
         """
         ensure_offline_tiktoken()
-        store = await Store.open(settings.db_path)
+        store = await Store.open(settings.db_path, redact=Redactor(settings.redact))
         try:
             vectors = await asyncio.to_thread(
                 VectorIndex.open, settings.vectors_path, collection_name(settings)
@@ -296,6 +304,9 @@ class MemoryEngine:
         session = request.session_id if request.scope == "session" else None
         k = self.settings.recall_candidates
         present = "\n".join(turn_text(m) for m in request.messages)
+        # Stored turns are redacted: compare them with the redacted messages too.
+        if (redacted := self.store.redact(present)) != present:
+            present += "\n" + redacted
         # A signal weighted 0 is not searched at all (that is how ablations run).
         (dense, embed_ms), lexical, learned = await asyncio.gather(
             self._dense(request.user_id, session, query, k) if self.weights.dense else _none(),
@@ -311,6 +322,8 @@ class MemoryEngine:
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),
         )
+        if self.weights.conversation:
+            ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         packed = pack_block(

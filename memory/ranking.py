@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 # How many of the best items lend context to their neighbours (see `add_context`).
 CONTEXT_SEEDS = 30
+# How many of a session's best items make its score (see `add_conversation`).
+CONVERSATION_ITEMS = 3
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class Weights:
     session: float = 0.1
     half_life_days: float = 30.0
     context: float = 0.4
+    conversation: float = 0.4
 
 
 @dataclass
@@ -76,6 +79,27 @@ def fuse(
             6,
         )
     return _best_first(candidates.values())
+
+
+def add_conversation(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
+    """Lift the items of sessions that match as a whole, and re-rank.
+
+    A session is usually about one task or topic, so an item is likelier relevant when its
+    session holds other strong matches (passage retrieval's document-score interpolation,
+    with the session as the document). A session's score is the mean of its
+    CONVERSATION_ITEMS best scores (missing ones count 0), scaled to the best session's.
+    """
+    best: dict[str, list[float]] = {}
+    for c in ranked:  # best first, so each list is too
+        best.setdefault(c.session_id, []).append(c.score)
+    sessions = {s: sum(v[:CONVERSATION_ITEMS]) / CONVERSATION_ITEMS for s, v in best.items()}
+    top = max(sessions.values(), default=0.0)
+    if top <= 0:
+        return list(ranked)
+    for c in ranked:
+        c.signals["conversation"] = round(sessions[c.session_id] / top, 4)
+        c.score = round(c.score + weight * c.signals["conversation"], 6)
+    return _best_first(ranked)
 
 
 def add_context(

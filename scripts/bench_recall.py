@@ -161,7 +161,8 @@ class HashedEmbedder:
         rows = [[zlib.crc32(w.encode()) % len(self.table) for w in WORD.findall(t.lower())] or [0]
                 for t in texts]
         out = np.stack([self.table[ids].mean(axis=0) for ids in rows])
-        return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+        unit: np.ndarray = out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+        return unit
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self.embed_sync, texts)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memory import migrations
-from memory.ranking import Candidate, Weights, add_context, fuse
+from memory.ranking import Candidate, Weights, add_context, add_conversation, fuse
 from memory.render import CLOSE, OPEN, Entry, pack
 from memory.store import NewTurn, Store, owner_token, session_token
 from memory.tokens import count_tokens
@@ -102,6 +102,17 @@ def test_context_lifts_the_turns_next_to_a_strong_match() -> None:
     assert [(c.key, c.score) for c in result] == [("q", 2.0), ("y", 1.7), ("x", 1.0),
                                                   ("answer", 0.8)]
     assert answer.signals["context"] == 0.8
+
+
+def test_a_session_that_matches_as_a_whole_lifts_its_items() -> None:
+    ranked = [candidate("lone"), candidate("a"), candidate("b"), candidate("c")]
+    for c, session, score in zip(ranked, "xyyy", (1.3, 1.2, 1.1, 1.0), strict=True):
+        c.session_id, c.score = session, score
+    result = add_conversation(ranked, 0.4)
+    # Session y: (1.2 + 1.1 + 1.0) / 3 = 1.1; session x: 1.3 / 3, which is 0.3939 of y.
+    assert [(c.key, c.signals["conversation"], c.score) for c in result] == [
+        ("a", 1.0, 1.6), ("b", 1.0, 1.5), ("lone", 0.3939, 1.45756), ("c", 1.0, 1.4)
+    ]
 
 
 def test_turns_render_as_dated_excerpts_in_the_order_said() -> None:
