@@ -83,7 +83,8 @@ def _budget(headers: Mapping[str, str], default: int) -> int:
     if raw is None:
         return default
     text = raw.strip()
-    if not text.isdigit() or int(text) > MAX_BUDGET:
+    # isascii: "²" (a latin-1 header byte) passes isdigit() but int() rejects it.
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_BUDGET:
         raise FlagError(
             "X-Memory-Budget",
             f"X-Memory-Budget must be an integer from 0 to {MAX_BUDGET}, got {raw!r}",

@@ -184,6 +184,11 @@ class Settings:
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
+    vector_cache_mb: int = _setting(
+        512, "Memory for the copies of users' vectors that recall searches exactly (least "
+        "recently used dropped first; the latest user always stays); 0 queries Chroma with a "
+        "metadata filter instead.", min=0,
+    )
     weight_dense: float = _setting(
         1.0, "Fusion weight of dense (vector) similarity, min-max scaled over a query's "
         "candidates; 0 skips the vector search.", min=0.0,

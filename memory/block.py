@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from memory.learned_recall import Learned, LearnedItem
-from memory.render import Entry, neutralise, pack, render_entry, wrap
+from memory.render import MAX_SKIPPED, Entry, neutralise, pack, render_entry, wrap
 
 FACTS_SHARE = 0.4
 PROFILE_SHARE = 0.15
@@ -96,20 +96,25 @@ def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: C
         text = fit_text(summary.text, int(SUMMARY_SHARE * budget) - head, count)
         if text and take(head + count(text) + 1, SUMMARY_SHARE * budget):
             result.summary, result.summary_index = text, index
-    turn_lines = [render_entry(e) for e in entries]
-    for i, line in enumerate(turn_lines):
+    turn_lines: list[str] = []  # rendered as tried; the untried are never shown
+    skipped = 0
+    for i, entry in enumerate(entries):
+        line = render_entry(entry)
+        turn_lines.append(line)
         cost = count(line) + 1 + (0 if result.turns else count(TURNS_HEADING) + 1)
         if take(cost, room):
             result.turns.append(i)
+        elif (skipped := skipped + 1) >= MAX_SKIPPED:
+            break
     for i, line in enumerate(fact_lines):  # the rest of the room goes to facts
         if i not in result.facts and take(count(line) + 1, room):
             result.facts.append(i)
-    return _finish(result, learned, fact_lines, turn_lines, budget, count)
+    return _finish(result, learned, fact_lines, turn_lines, len(entries), budget, count)
 
 
 def _finish(
     result: BlockPack, learned: Learned, fact_lines: list[str], turn_lines: list[str],
-    budget: int, count: Count,
+    offered_turns: int, budget: int, count: Count,
 ) -> BlockPack:
     while True:
         lines = _render(result, learned, fact_lines, turn_lines)
@@ -119,7 +124,7 @@ def _finish(
         tokens = count(block)
         if tokens <= budget:
             shown = len(result.facts) + len(result.turns) + (result.summary is not None)
-            offered = len(learned.facts) + len(turn_lines) + min(1, len(learned.summaries))
+            offered = len(learned.facts) + offered_turns + min(1, len(learned.summaries))
             result.block, result.tokens = block, tokens
             result.truncated = shown < offered or (
                 learned.profile is not None

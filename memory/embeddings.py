@@ -132,6 +132,17 @@ def _stream_to(url: str, out: BinaryIO) -> str:
     return digest.hexdigest()
 
 
+class UnavailableEmbedder:
+    """Stands in for a model that could not be loaded: every call raises why."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """Raise the error that kept the model from loading."""
+        raise EmbeddingModelMissing(f"the embedding model is unavailable: {self.error}")
+
+
 class LocalEmbedder:
     """all-MiniLM-L6-v2 sentence embeddings on the CPU through onnxruntime."""
 

@@ -15,10 +15,10 @@ import numpy as np
 from config import Settings
 from memory.block import pack_block
 from memory.chunking import chunk_text
-from memory.embeddings import LocalEmbedder, find_model_dir
+from memory.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.facts import SYNC_JOB, FactStore
 from memory.jobs import JobWorker
-from memory.learned_recall import LearnedItem, LearnedRecall
+from memory.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.learned_vectors import LearnedVectors
 from memory.learning import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
 from memory.lifecycle import prune_all, purge_expired
@@ -128,7 +128,7 @@ class MemoryEngine:
             index_job=INDEX_JOB, notify=self._notify,
         )
         self.learned_recall = LearnedRecall(
-            self.facts, self.summaries, self.profiles, vectors, embedder.embed, self.weights,
+            self.facts, self.summaries, self.profiles, vectors, self.weights,
             k=settings.recall_candidates,
         )
         self.learner = Learner(
@@ -158,11 +158,11 @@ class MemoryEngine:
         store = await Store.open(settings.db_path, redact=Redactor(settings.redact))
         try:
             vectors = await asyncio.to_thread(
-                VectorIndex.open, settings.vectors_path, collection_name(settings)
+                VectorIndex.open, settings.vectors_path, collection_name(settings),
+                cache_bytes=settings.vector_cache_mb * 1024 * 1024,
             )
             if embedder is None:
-                model_dir = find_model_dir(settings.embedding_model_dir)
-                embedder = LocalEmbedder(model_dir, threads=settings.embedding_threads)
+                embedder = _local_embedder(settings)
         except BaseException:
             await store.close()
             raise
@@ -307,15 +307,28 @@ class MemoryEngine:
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.store.redact(present)) != present:
             present += "\n" + redacted
-        # A signal weighted 0 is not searched at all (that is how ablations run).
-        (dense, embed_ms), lexical, learned = await asyncio.gather(
-            self._dense(request.user_id, session, query, k) if self.weights.dense else _none(),
+
+
+        async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
+            # The query is embedded once, for turns and learned items alike.
+            started = time.perf_counter()
+            vector = (await self.embedder.embed([query]))[0] if self.weights.dense else None
+            embed_ms = _ms(started) if vector is not None else 0.0
+            dense, learned = await asyncio.gather(
+                self._dense(request.user_id, session, vector, k),
+                self.learned_recall.gather(
+                    request.user_id, request.session_id, query, vector,
+                    session_only=session is not None, present=present,
+                ),
+            )
+            return dense, learned, embed_ms
+
+        # A signal weighted 0 is not searched at all (that is how ablations run); the
+        # lexical search runs while the query is embedded.
+        (dense, learned, embed_ms), lexical = await asyncio.gather(
+            by_meaning(),
             self.store.fts_search(request.user_id, query, k=k, session_id=session)
             if self.weights.bm25 else _empty(),
-            self.learned_recall.gather(
-                request.user_id, request.session_id, query, session_only=session is not None,
-                present=present,
-            ),
         )
         candidates = await self._candidates(request.user_id, present, dense, lexical)
         ranked = fuse(
@@ -340,17 +353,15 @@ class MemoryEngine:
         )
 
     async def _dense(
-        self, user_id: str, session_id: str | None, query: str, k: int
-    ) -> tuple[list[tuple[str, float]], float]:
-        started = time.perf_counter()
-        vector = (await self.embedder.embed([query]))[0]
-        embed_ms = _ms(started)
+        self, user_id: str, session_id: str | None, vector: np.ndarray | None, k: int
+    ) -> list[tuple[str, float]]:
+        if vector is None:
+            return []
         # Facts, summaries and profiles share the collection: only turn chunks here.
         where = {"user_id": user_id, "source": "turn"} if session_id is None else {
             "user_id": user_id, "session_id": session_id, "source": "turn",
         }
-        hits = await asyncio.to_thread(self.vectors.query, vector, k=k, where=where)
-        return hits, embed_ms
+        return await asyncio.to_thread(self.vectors.query, vector, k=k, where=where)
 
     async def _candidates(
         self, user_id: str, present: str, dense: list[tuple[str, float]],
@@ -434,16 +445,24 @@ def _learned_item(item: LearnedItem) -> RecalledItem:
     )
 
 
+def _local_embedder(settings: Settings) -> Embedder:
+    """The local model, or, when it is missing or will not load, a stand-in that raises
+    that error: memory degrades (X-Memory-Error, /readyz names "embeddings") and the proxy
+    still serves, instead of not starting at all."""
+    try:
+        model_dir = find_model_dir(settings.embedding_model_dir)
+        return LocalEmbedder(model_dir, threads=settings.embedding_threads)
+    except Exception as exc:  # missing files, or onnxruntime/tokenizers refusing them
+        log.error("embedding model unavailable; memory runs degraded: %s", exc)
+        return UnavailableEmbedder(exc)
+
+
 def collection_name(settings: Settings) -> str:
     """One collection per embedding model: vectors of different models never mix."""
     if settings.embedding_backend == "local":
         return "chunks-minilm-l6"
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
-
-
-async def _none() -> tuple[list[tuple[str, float]], float]:
-    return [], 0.0
 
 
 async def _empty() -> list[tuple[int, float]]:

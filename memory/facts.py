@@ -83,7 +83,7 @@ class FactStore:
         expires_at: float | None = None,
     ) -> Fact:
         """Store a new fact (version 1 of a new chain)."""
-        text = check_text(text)
+        text = self.store.redact(check_text(text))
         check_fields(category, confidence, importance)
         if source not in SOURCES:
             raise FactError(f"source must be one of {', '.join(SOURCES)}", "source")
@@ -233,6 +233,7 @@ class FactStore:
         `restart` (a contradiction, not an edit): the new version starts its own mentions,
         first-seen time and source turns instead of inheriting them.
         """
+        text = self.store.redact(text)
         now = time.time()
         async with self.store.write() as tx:
             old_rows = await tx.execute(

@@ -20,6 +20,7 @@ from typing import Any
 
 from memory.facts import queue_sync
 from memory.profiles import ProfileStore
+from memory.redact import redact_record
 from memory.store import NewTurn, Store, Transaction, owner_token, session_token
 from memory.tokens import count_tokens
 
@@ -73,8 +74,9 @@ class Importer:
         """Import checked records (see record_checks.check_record) for `user_id`."""
         report = ImportReport()
         turn_map = await _TurnWriter(self, user_id, report, session_of).write(records)
-        facts = [r for r in records if r["type"] == "fact"]
-        summaries = [r for r in records if r["type"] == "summary"]
+        redact = self.store.redact
+        facts = [redact_record(r, redact) for r in records if r["type"] == "fact"]
+        summaries = [redact_record(r, redact) for r in records if r["type"] == "summary"]
         if facts or summaries:
             async with self.store.write() as tx:
                 await _write_facts(tx, user_id, facts, turn_map, report, self.max_pinned)

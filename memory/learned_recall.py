@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +32,6 @@ MIN_SIMILARITY = 0.3
 PERSONAL = frozenset({"my", "me", "mine", "myself"})
 _WORD = re.compile(r"[a-z']+")
 
-Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -82,25 +80,35 @@ class LearnedRecall:
 
     def __init__(
         self, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        vectors: VectorIndex, embed: Embed, weights: Weights, *, k: int,
+        vectors: VectorIndex, weights: Weights, *, k: int,
     ) -> None:
         self.facts = facts
         self.summaries = summaries
         self.profiles = profiles
         self.vectors = vectors
-        self.embed = embed
         self.weights = weights
         self.k = k
 
     async def gather(
-        self, user_id: str, session_id: str, query: str, *, session_only: bool, present: str
+        self, user_id: str, session_id: str, query: str, vector: np.ndarray | None, *,
+        session_only: bool, present: str,
     ) -> Learned:
-        """The learned items relevant to `query`."""
-        vector = (await self.embed([query]))[0] if self.weights.dense else None
+        """The learned items relevant to `query`, whose embedding is `vector` (None: no
+        dense search)."""
+        # Most users have learned nothing (or only some kinds): one read says which kinds
+        # to search, instead of a handful of empty searches.
+        has_facts, has_summaries, has_profile = (await self.facts.store.read(
+            "SELECT EXISTS(SELECT 1 FROM facts WHERE user_id = ? AND valid_to IS NULL),"
+            " EXISTS(SELECT 1 FROM summaries WHERE user_id = ?),"
+            " EXISTS(SELECT 1 FROM consent WHERE user_id = ? AND profile = 1)",
+            (user_id, user_id, user_id),
+        ))[0]
         facts, summaries, profile = await asyncio.gather(
-            self._facts(user_id, session_id, query, vector, session_only, present),
-            self._summaries(user_id, session_id, query, vector, session_only),
-            self._profile(user_id) if not session_only else _nothing(),
+            self._facts(user_id, session_id, query, vector, session_only, present)
+            if has_facts else _no_items(),
+            self._summaries(user_id, session_id, query, vector, session_only)
+            if has_summaries else _no_items(),
+            self._profile(user_id) if has_profile and not session_only else _nothing(),
         )
         return Learned(facts, summaries, profile)
 
@@ -207,3 +215,7 @@ async def _empty() -> list[tuple[int, float]]:
 
 async def _nothing() -> None:
     return None
+
+
+async def _no_items() -> list[LearnedItem]:
+    return []

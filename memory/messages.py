@@ -27,7 +27,9 @@ def message_text(content: Any) -> str:
 def tool_calls_text(message: Mapping[str, Any]) -> str:
     """An assistant message's tool calls rendered as text lines."""
     lines = []
-    for call in message.get("tool_calls") or ():
+    calls = message.get("tool_calls")
+    # Only a list holds calls; clients send anything here and memproxy forwards it unchecked.
+    for call in calls if isinstance(calls, list) else ():
         if isinstance(call, Mapping):
             function = call.get("function") or {}
             if isinstance(function, Mapping):

@@ -15,20 +15,26 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from memory import migrations
+from memory.lexical import TermSelector
+from memory.redact import keep
 
 _BUSY_TIMEOUT_MS = 5000
+_LOCKED_ATTEMPTS = 6  # each waits the busy timeout: 30 s in all for a write lock
+_T = TypeVar("_T")
 # SQLite's default limit on bound parameters is 32766; stay far below it.
 _IN_BATCH = 500
 _MAX_QUERY_TERMS = 32
+# Columns of chunks_fts that query words match (the text, and the speaker's name).
+FTS_COLUMNS = ("text", "speaker")
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
     "a an and are as at be but by did do does for from had has have he her his how i if in "
@@ -240,16 +246,23 @@ class Store:
     """The memory database: one serialized writer, round-robin readers."""
 
     def __init__(
-        self, path: Path, writer: aiosqlite.Connection, readers: list[aiosqlite.Connection]
+        self, path: Path, writer: aiosqlite.Connection, readers: list[aiosqlite.Connection],
+        *, redact: Callable[[str], str] = keep,
     ) -> None:
         self.path = path
+        # Applied to every turn's text before it is hashed and stored (MEMPROXY_REDACT);
+        # facts, summaries and imports call it too.
+        self.redact = redact
         self._writer = writer
         self._readers = readers
         self._next_reader = itertools.cycle(range(len(readers)))
         self._write_lock = asyncio.Lock()
+        self._chunk_terms = TermSelector(self._read, table="chunks_fts", columns=FTS_COLUMNS)
 
     @classmethod
-    async def open(cls, path: Path, *, readers: int = 2) -> Store:
+    async def open(
+        cls, path: Path, *, readers: int = 2, redact: Callable[[str], str] = keep
+    ) -> Store:
         """Create or upgrade the database at `path` and open its connections."""
         if readers < 1:
             raise ValueError("a store needs at least one reader connection")
@@ -264,7 +277,7 @@ class Store:
             for conn in opened:
                 await conn.close()
             raise
-        return cls(path, opened[0], opened[1:])
+        return cls(path, opened[0], opened[1:], redact=redact)
 
     async def close(self) -> None:
         """Close every connection; safe to call twice."""
@@ -298,6 +311,11 @@ class Store:
         """Log a conversation path exactly once, branching where history was edited."""
         if not turns:
             return AppendResult(after, [])
+        # Redacted before hashing: a resent message hashes the same, so it is stored once.
+        turns = [
+            t if (text := self.redact(t.content)) == t.content else replace(t, content=text)
+            for t in turns
+        ]
         hashes = [content_hash(t.role, t.name, t.content) for t in turns]
         async with self._transaction() as db:
             parent_id, position = await _path_start(db, user_id, session_id, after)
@@ -392,10 +410,14 @@ class Store:
     ) -> list[tuple[int, float]]:
         """Best `k` (chunk_id, score) for free text within the user's chunks, best first.
 
-        The words match a chunk's text or its speaker's name.
+        The words match a chunk's text or its speaker's name; the commonest are dropped when
+        the rows they match pass a budget (memory.lexical).
         """
-        expression = match_expression(user_id, query, session_id, columns=("text", "speaker"))
-        if expression is None or k <= 0:
+        if k <= 0:
+            return []
+        terms = await self._chunk_terms.select(search_terms(query))
+        expression = match_expression(user_id, " ".join(terms), session_id, columns=FTS_COLUMNS)
+        if expression is None:
             return []
         # rank is bm25 weighted (1, 0.5, 0, 0) by the migration; lower is better: negate it.
         rows = await self._read(
@@ -555,7 +577,7 @@ class Store:
             # aiosqlite queues calls in order, so even when this task is cancelled
             # mid-await, the ROLLBACK runs after the statement that was interrupted.
             try:
-                await self._writer.execute("BEGIN IMMEDIATE")
+                await _when_unlocked(lambda: self._writer.execute("BEGIN IMMEDIATE"))
                 yield self._writer
                 await self._writer.commit()
             except BaseException:
@@ -563,12 +585,14 @@ class Store:
                 raise
 
     async def _write_one(self, sql: str, params: Sequence[Any]) -> int:
-        async with self._write_lock, self._writer.execute(sql, params) as cursor:
-            return cursor.rowcount
+        async with self._write_lock:
+            cursor = await _when_unlocked(lambda: self._writer.execute(sql, params))
+            async with cursor:
+                return cursor.rowcount
 
     async def _write_returning(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
         async with self._write_lock:
-            return list(await self._writer.execute_fetchall(sql, params))
+            return list(await _when_unlocked(lambda: self._writer.execute_fetchall(sql, params)))
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         reader = self._readers[next(self._next_reader)]
@@ -580,6 +604,19 @@ class Store:
             batch = list(ids[start : start + _IN_BATCH])
             rows += await self._read(sql.format(marks=", ".join("?" * len(batch))), batch)
         return rows
+
+
+async def _when_unlocked(statement: Callable[[], Awaitable[_T]]) -> _T:
+    """Run a statement that takes the write lock, again while another process (a backup, a
+    sqlite3 shell) holds that lock past the busy timeout: a statement refused as "locked"
+    changed nothing, so trying again is safe, and a turn is not lost to a long lock."""
+    for attempt in itertools.count(1):
+        try:
+            return await statement()
+        except sqlite3.OperationalError as exc:
+            if attempt >= _LOCKED_ATTEMPTS or "locked" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _prepare_database(path: Path) -> str:

@@ -111,7 +111,9 @@ class SummaryStore:
         """Store the session's new current summary; the previous one becomes history."""
         if not text.strip():
             raise FactError("a summary needs text", "text")
-        clean = {key: [str(v) for v in data.get(key, ())] for key in SUMMARY_KEYS}
+        redact = self.store.redact
+        text = redact(text)
+        clean = {key: [redact(str(v)) for v in data.get(key, ())] for key in SUMMARY_KEYS}
         now = time.time()
         async with self.store.write() as tx:
             rows = await tx.execute(

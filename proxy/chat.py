@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,8 +18,9 @@ from config.flags import FlagError
 from memory.engine import Recalled
 from memory.inject import inject
 from proxy.chat_body import parse_chat_body
-from proxy.errors import InvalidHeader, ProxyError
+from proxy.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.identity import Identity, authenticate, resolve_session, resolve_user
+from proxy.limits import StreamSlot, limit_key
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.relay import RelayResponse, StreamOutcome
@@ -29,7 +31,6 @@ from proxy.upstream import (
     Target,
     forward_headers,
     map_transport_error,
-    raise_for_status,
     relay_headers,
     url_for,
 )
@@ -52,6 +53,7 @@ class ChatCall:
     target: Target
     request_id: str
     headers: dict[str, str] = field(default_factory=dict)
+    slot: StreamSlot | None = None  # the key's stream slot (MEMPROXY_MAX_STREAMS_PER_KEY)
 
 
 async def chat_completions(request: Request) -> Response | RelayResponse:
@@ -59,6 +61,7 @@ async def chat_completions(request: Request) -> Response | RelayResponse:
     state: AppState = request.app.state.memproxy
     started = time.perf_counter()
     status = 500
+    response: Response | RelayResponse | None = None
     try:
         response = await _handle(request, state)
         status = response.status_code if isinstance(response, Response) else response.status
@@ -69,6 +72,9 @@ async def chat_completions(request: Request) -> Response | RelayResponse:
             state.metrics.upstream_errors.labels(exc.code or "error").inc()
         raise
     finally:
+        call: ChatCall | None = getattr(request.state, "call", None)
+        if call is not None and call.slot is not None:
+            call.slot.hand_over(response)  # held until a stream ends, else freed now
         elapsed = time.perf_counter() - started
         state.metrics.observe(ROUTE, status, elapsed)
         if log.isEnabledFor(logging.INFO):
@@ -102,16 +108,23 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
         body, raw, identity, flags, state.upstream.target_for(body["model"]),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
-    call.headers["X-Memory-Session-Id"] = identity.session_id
+    # Sent back as the UTF-8 bytes it arrived in (headers go out as latin-1).
+    call.headers["X-Memory-Session-Id"] = identity.session_id.encode().decode("latin-1")
     request.state.call = call
+    call.slot = state.limits.admit(
+        limit_key(key, request.headers, user_id), stream=body.get("stream") is True
+    )
     step = MemoryStep(state, call.identity, call.flags, call.request_id, body)
     recalled = await step.recall()
     if flags.dry_run:
         return _dry_run(call, recalled, step)
-    injected = recalled is not None and bool(recalled.items)
-    if injected:
-        assert recalled is not None
-        body = {**body, "messages": inject(body["messages"], recalled.block, flags.placement)}
+    payload = raw  # without an injection the client's own bytes go out: nothing re-encoded
+    if recalled is not None and recalled.items:
+        with_memory = {**body, "messages": inject(body["messages"], recalled.block, flags.placement)}
+        try:
+            payload, body = orjson.dumps(with_memory), with_memory
+        except TypeError as exc:  # orjson writes 254 levels of nesting but reads 1024
+            step.failed("inject", exc)
     step.lend_client_key(request.headers, call.target)
     step.start_remembering()
     try:
@@ -119,8 +132,7 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
             from proxy.litellm_adapter import forward_litellm
 
             return await forward_litellm(state, call, body, step)
-        # Without an injection the client's own bytes go out: nothing re-encoded, nothing lost.
-        return await _forward(request, state, call, orjson.dumps(body) if injected else raw, step)
+        return await _forward(request, state, call, payload, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
         raise
@@ -133,12 +145,12 @@ async def _forward(
         request.headers.items(), call.target,
         strip_auth=bool(state.settings.api_keys), identity_encoding=True,
     )
-    upstream = await state.upstream.open(
-        "POST", url_for(call.target, "/v1/chat/completions"), headers, payload
+    upstream = await state.upstream.open_ok(
+        "POST", url_for(call.target, "/v1/chat/completions"), headers, payload,
+        retries=state.settings.upstream_retries,
     )
-    await raise_for_status(upstream)
-    # Memory headers last: by now the request's turns are usually stored, so a storage
-    # failure can still be reported in X-Memory-Error.
+    # Memory headers last, once the request's turns are stored (MemoryStep.stored).
+    await step.stored()
     out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         return _relay_stream(state, upstream, out_headers, step)
@@ -146,21 +158,38 @@ async def _forward(
         content = await read_upstream_body(upstream)
     finally:
         await upstream.aclose()
-    # Parse the reply only when it is going to be stored.
-    step.remember_reply(_reply_from_json(content) if step.writing else None, incomplete=False)
+    completion = _completion(content) if upstream.status_code < 300 else None
+    step.remember_reply(reply_text(completion) if completion else None, incomplete=False)
     return Response(content, upstream.status_code, out_headers)
 
 
 def _relay_stream(
     state: AppState, upstream: Any, headers: dict[str, str], step: MemoryStep
 ) -> RelayResponse:
+    # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
+    # checks) it only when it remembers the reply; otherwise the bytes go through as sent.
     tee = ChatReplyTee() if step.writing else None
 
     async def chunks() -> Any:
+        if tee is None:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+            return
+        held = b""
         async for chunk in upstream.aiter_raw():
-            if tee is not None:
-                tee.feed(chunk)
-            yield chunk
+            # Whole events only, so a malformed one can be replaced by an error event.
+            ready, held = _whole_events(held + chunk)
+            if ready:
+                tee.feed(ready)
+                if tee.malformed:
+                    if valid := _before_malformed(ready):
+                        yield valid
+                    raise UpstreamError("upstream sent a malformed stream event",
+                                        code="upstream_invalid_response")
+                yield ready
+        if held:
+            tee.feed(held)
+            yield held
 
     def done(outcome: StreamOutcome) -> None:
         state.metrics.inflight_streams.dec()
@@ -176,12 +205,37 @@ def _relay_stream(
     )
 
 
-def _reply_from_json(content: bytes) -> str | None:
+def _completion(content: bytes) -> dict[str, Any]:
+    """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
     try:
         completion = orjson.loads(content)
     except orjson.JSONDecodeError:
-        return None
-    return reply_text(completion) if isinstance(completion, dict) else None
+        completion = None
+    if not isinstance(completion, dict):
+        raise UpstreamError("upstream returned a body that is not a JSON object",
+                            code="upstream_invalid_response")
+    return completion
+
+
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """Split SSE bytes after the last blank line: (whole events, the start of the next)."""
+    if data.endswith(b"\n\n"):
+        return data, b""  # the usual case: the upstream flushes whole events
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) != -1]
+    end = max(ends, default=0)
+    return data[:end], data[end:]
+
+
+def _before_malformed(events: bytes) -> bytes:
+    """The whole events that precede the first malformed one (a rare path: it re-reads)."""
+    tee = ChatReplyTee()
+    valid = b""
+    for event in re.split(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))", events):
+        tee.feed(event)
+        if tee.malformed:
+            break
+        valid += event
+    return valid
 
 
 def _dry_run(call: ChatCall, recalled: Recalled | None, step: MemoryStep) -> Response:

@@ -56,7 +56,7 @@ def _check_message(i: int, message: Any) -> None:
     if not isinstance(message, dict):
         raise InvalidRequest(f"{param} must be an object", param=param)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a list or object role is unhashable
         raise InvalidRequest(
             f"{param}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}",
             param=f"{param}.role",

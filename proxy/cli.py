@@ -1,12 +1,15 @@
-"""The `memproxy` command line: `memproxy serve`, and `memories`, `sessions` and `stats`
-against a running server (proxy/cli_memory.py)."""
+"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/backup.py), and
+`memories`, `sessions` and `stats` against a running server (proxy/cli_memory.py)."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from config import SettingsError, load_settings
 from proxy import cli_memory
@@ -20,6 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
     serve.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    backup = commands.add_parser(
+        "backup", help="copy the memory of this data directory, safely while a server runs"
+    )
+    backup.add_argument("dest", type=Path, help="new data directory to write the copy to")
+    backup.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
     cli_memory.add_commands(commands)
     return parser
 
@@ -29,7 +37,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "backup":
+        return backup_command(args)
     return cli_memory.run(args)
+
+
+def backup_command(args: argparse.Namespace) -> int:
+    """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/backup.py)."""
+    from memory.backup import BackupError, backup
+
+    try:
+        settings = load_settings(config_file=args.config)
+        done = backup(settings.db_path, args.dest)
+    except (SettingsError, BackupError, sqlite3.Error, OSError) as exc:
+        print(f"memproxy: backup failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"
+          f" {done.seconds:.1f} s. A server started on it (MEMPROXY_DATA_DIR={args.dest})"
+          f" rebuilds the vector index first: {done.rebuild_jobs} queued jobs.")
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -46,12 +72,21 @@ def serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"memproxy: {exc}", file=sys.stderr)
         return 2
+    # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
+    # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level, access_log=False, server_header=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+        # A float: int() would turn a grace under a second into 0, which uvicorn reads as
+        # "wait forever". asyncio.wait_for takes any number (0 cancels in-flight work at once).
+        timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
     )
     return 0
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
     └── UpstreamError
         ├── UpstreamUnreachable         502  api_error
         ├── UpstreamTimeout             504  api_error
+        │   └── UpstreamConnectTimeout  504  api_error (nothing was sent: safe to retry)
         └── UpstreamStatus     (upstream's)  (the upstream's own body is relayed)
 
 Rendered as `{"error": {"message", "type", "param", "code"}}`, the shape the official
@@ -112,6 +113,10 @@ class UpstreamUnreachable(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     status, code = 504, "upstream_timeout"
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """The connection was never made, so the request was never sent."""
 
 
 class UpstreamStatus(UpstreamError):

@@ -68,8 +68,17 @@ def resolve_user(headers: Mapping[str, str], body: Mapping[str, Any], key: ApiKe
         body.get("safety_identifier"),
     ):
         if isinstance(value, str) and value.strip():
-            return value.strip()[:MAX_ID_LENGTH]
+            return _bounded(value.strip())
     return DEFAULT_USER
+
+
+def _bounded(user_id: str) -> str:
+    """An id over MAX_ID_LENGTH keeps a prefix plus a digest of the whole: two long ids
+    that share a prefix stay two users (plain truncation merged their memories)."""
+    if len(user_id) <= MAX_ID_LENGTH:
+        return user_id
+    digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{user_id[: MAX_ID_LENGTH - 33]}~{digest}"
 
 
 def resolve_session(headers: Mapping[str, str], user_id: str, messages: Sequence[Any]) -> str:
@@ -100,9 +109,18 @@ def _id_header(headers: Mapping[str, str], name: str, title: str) -> str | None:
     raw = headers.get(name)
     if raw is None:
         return None
-    value = raw.strip()
+    value = _utf8(raw).strip()
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise InvalidHeader(
             title, f"{title} must be 1 to {MAX_ID_LENGTH} printable characters"
         )
     return value
+
+
+def _utf8(raw: str) -> str:
+    # Starlette decodes header bytes as latin-1; clients send non-ASCII ids as UTF-8, the
+    # encoding body ids arrive in, so one user is the same user through either.
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return raw

@@ -53,6 +53,7 @@ async def forward_litellm(
         )
     except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc) from None
+    await step.stored()  # the request's turns are committed before the reply starts
     headers = {**call.headers, **step.headers()}
     if not body.get("stream"):
         completion = result.model_dump(exclude_none=True)

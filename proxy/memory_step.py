@@ -21,6 +21,8 @@ from proxy.state import AppState
 from proxy.upstream import Target
 
 log = get_logger("memory")
+# How long a reply waits, at most, for its request's turns to be committed before it starts.
+STORE_WAIT_SECONDS = 2.0
 
 
 class MemoryStep:
@@ -57,7 +59,7 @@ class MemoryStep:
                 self.model, self.flags.budget, self.flags.scope,
             ))
         except Exception as exc:
-            self._failed("recall", exc)
+            self.failed("recall", exc)
         self.state.metrics.recall_latency.observe(time.perf_counter() - started)
         if self.recalled is not None:
             self.state.metrics.injected_tokens.observe(self.recalled.tokens)
@@ -83,6 +85,16 @@ class MemoryStep:
             model=self.model, request_id=self.request_id,
         ))
 
+    async def stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
+        """Wait up to `timeout` seconds for the request's turns to be committed; never raises.
+
+        The write runs during the upstream call, so this usually returns at once. Once it is
+        committed, a crash in the middle of the reply cannot lose a turn the client saw
+        accepted, and a storage failure can still go out in X-Memory-Error.
+        """
+        if self._stored is not None and not self._stored.done():
+            await asyncio.wait({self._stored}, timeout=timeout)
+
     def remember_reply(self, text: str | None, *, incomplete: bool) -> None:
         """Store the assistant's reply once the request's turns are in, then the metrics row."""
         if self.state.memory is None or not self.flags.active:
@@ -100,11 +112,11 @@ class MemoryStep:
                     model=self.model, request_id=self.request_id, incomplete=incomplete,
                 )
         except Exception as exc:
-            self._failed("remember", exc)
+            self.failed("remember", exc)
         try:
             await memory.record(self._metrics_row())
         except Exception as exc:
-            self._failed("metrics", exc)
+            self.failed("metrics", exc)
 
     def headers(self) -> dict[str, str]:
         """X-Memory-* response headers describing what memory did."""
@@ -114,12 +126,13 @@ class MemoryStep:
             headers["X-Memory-Items"] = str(len(self.recalled.items))
             headers["X-Memory-Recall-Ms"] = f"{self.recalled.recall_ms:.1f}"
         if self._stored is not None and self._stored.done() and self._stored.exception():
-            self._failed("remember", self._stored.exception())  # type: ignore[arg-type]
+            self.failed("remember", self._stored.exception())  # type: ignore[arg-type]
         if self.errors:
             headers["X-Memory-Error"] = "; ".join(self.errors)[:500]
         return headers
 
-    def _failed(self, stage: str, exc: BaseException) -> None:
+    def failed(self, stage: str, exc: BaseException) -> None:
+        """Record a memory failure: counted, logged, and reported in X-Memory-Error."""
         reason = f"{stage}: {type(exc).__name__}"
         if reason not in self.errors:
             self.errors.append(reason)

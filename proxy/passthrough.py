@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import PayloadTooLarge, ProxyError
-from proxy.identity import authenticate
+from proxy.identity import DEFAULT_USER, authenticate
+from proxy.limits import limit_key
 from proxy.relay import RelayResponse
 from proxy.state import AppState
 from proxy.upstream import (
@@ -43,7 +44,10 @@ async def passthrough(request: Request) -> Response | RelayResponse:
 
 async def _forward(request: Request, state: AppState) -> Response | RelayResponse:
     settings = state.settings
-    authenticate(request.headers, settings.api_keys)
+    key = authenticate(request.headers, settings.api_keys)
+    # Only a request without any key counts against its user (the body is not parsed here).
+    user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
+    state.limits.admit(limit_key(key, request.headers, user_id), stream=False)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
@@ -54,10 +58,16 @@ async def _forward(request: Request, state: AppState) -> Response | RelayRespons
     if declared.isdigit():
         headers.append(("content-length", declared))  # streamed through, so say how long
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
-    content = _limited(request, settings.max_body_bytes) if has_body else b""
-    upstream = await state.upstream.open(
-        request.method, url_for(target, request.url.path, request.url.query), headers, content
-    )
+    too_large: list[PayloadTooLarge] = []
+    content = _limited(request, settings.max_body_bytes, too_large) if has_body else b""
+    try:
+        upstream = await state.upstream.open(
+            request.method, url_for(target, request.url.path, request.url.query), headers, content
+        )
+    except ProxyError:
+        if too_large:  # the upload outgrew the limit on its way: 413, not a failed upstream
+            raise too_large[0] from None
+        raise
     await raise_for_status(upstream)
     return RelayResponse(
         upstream.aiter_raw(), status=upstream.status_code,
@@ -67,10 +77,15 @@ async def _forward(request: Request, state: AppState) -> Response | RelayRespons
     )
 
 
-async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+async def _limited(
+    request: Request, limit: int, too_large: list[PayloadTooLarge]
+) -> AsyncIterator[bytes]:
+    """The body as it arrives; past `limit` it stops, noting why in `too_large` (the HTTP
+    client that reads this iterator reports the failure as its own connection error)."""
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body is larger than the {limit}-byte limit")
+            too_large.append(PayloadTooLarge(f"request body is larger than the {limit}-byte limit"))
+            raise too_large[-1]
         yield chunk

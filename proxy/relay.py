@@ -72,22 +72,30 @@ class RelayResponse:
 
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        try:
-            async for chunk in self.body:
+        body = aiter(self.body)
+        tail = b""
+        while True:
+            # Upstream failures and client failures apart: aiohttp's read timeouts are
+            # OSErrors too, and must not pass for a client that went away.
+            try:
+                chunk = await anext(body)
+            except StopAsyncIteration:
+                self.outcome.completed = True
+                break
+            except Exception as exc:
+                if self.on_error is None:
+                    raise
+                self.outcome.error = self.on_error(exc)
+                if not self.sse:
+                    raise  # a plain body cannot carry an error: abort the connection instead
+                tail = sse_error_event(self.outcome.error)
+                break
+            try:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except OSError:
+                self.outcome.client_disconnected = True
+                return
+        try:
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         except OSError:
             self.outcome.client_disconnected = True
-            return
-        except Exception as exc:
-            if self.on_error is None:
-                raise
-            self.outcome.error = self.on_error(exc)
-            if not self.sse:
-                raise  # a plain body cannot carry an error: abort the connection instead
-            await send({
-                "type": "http.response.body", "body": sse_error_event(self.outcome.error),
-                "more_body": True,
-            })
-        else:
-            self.outcome.completed = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -99,6 +99,7 @@ class ChatReplyTee:
     model: str | None = None
     finished: bool = False
     errored: bool = False
+    malformed: bool = False  # an unnamed event whose data is neither a JSON object nor [DONE]
 
     def feed(self, chunk: bytes) -> None:
         """Take relayed bytes."""
@@ -106,32 +107,44 @@ class ChatReplyTee:
             self._event(event)
 
     def _event(self, event: ServerSentEvent) -> None:
+        if self.malformed:
+            return  # the relay stops at a malformed event: nothing after it reaches the client
         if event.data.startswith("[DONE]"):
             self.finished = True
             return
         try:
             payload = orjson.loads(event.data)
         except orjson.JSONDecodeError:
-            return
+            payload = None
         if not isinstance(payload, dict):
+            # What the SDKs would fail on: an unnamed event whose data is not an object.
+            self.malformed = self.malformed or (event.event is None and bool(event.data))
             return
         if event.event == "error" or "error" in payload:
             self.errored = True
             return
-        self.model = self.model or payload.get("model")
-        for choice in payload.get("choices") or ():
+        # Any field may hold any type: the relay must never fail on what it only reads.
+        model = payload.get("model")
+        self.model = self.model or (model if isinstance(model, str) else None)
+        for choice in _list(payload.get("choices")):
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
-        delta = choice.get("delta") or {}
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
         if isinstance(delta.get("content"), str):
             self.parts.append(delta["content"])
-        for call in delta.get("tool_calls") or ():
-            slot = self.tool_calls.setdefault(call.get("index", 0), {"name": "", "arguments": ""})
-            function = call.get("function") or {}
-            slot["name"] += function.get("name") or ""
-            slot["arguments"] += function.get("arguments") or ""
+        for call in _list(delta.get("tool_calls")):
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", 0)
+            slot = self.tool_calls.setdefault(
+                index if isinstance(index, int) else 0, {"name": "", "arguments": ""}
+            )
+            function = _dict(call.get("function"))
+            slot["name"] += _str(function.get("name"))
+            slot["arguments"] += _str(function.get("arguments"))
         if choice.get("finish_reason"):
             self.finished = True
 
@@ -144,13 +157,23 @@ class ChatReplyTee:
 
 def reply_text(completion: dict[str, Any]) -> str:
     """The assistant's reply (choice 0) of a non-streamed chat.completion, as text."""
-    choices = completion.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return ""
-    message = choices[0].get("message") or {}
+    choices = _list(completion.get("choices"))
+    message = _dict(_dict(choices[0] if choices else None).get("message"))
     content = message.get("content")
     parts = [content] if isinstance(content, str) else []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
+    for call in _list(message.get("tool_calls")):
+        function = _dict(_dict(call).get("function"))
         parts.append(f"[tool call] {function.get('name', '')}({function.get('arguments', '')})")
     return "\n".join(filter(None, parts))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""

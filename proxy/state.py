@@ -9,6 +9,7 @@ from typing import Any
 
 from config import Settings
 from memory.engine import MemoryEngine
+from proxy.limits import KeyLimits
 from proxy.llm_client import LLMClient
 from proxy.metrics import Metrics
 from proxy.upstream import Upstream
@@ -24,6 +25,10 @@ class AppState:
     memory: MemoryEngine | None = None
     llm: LLMClient | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    limits: KeyLimits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = KeyLimits.from_settings(self.settings)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run work after the response; kept referenced until done, awaited at shutdown."""

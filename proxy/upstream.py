@@ -7,10 +7,19 @@ client keeps no cookies, so one user's upstream cookies can never reach another 
 OpenAI-compatible upstreams get the request body as sent and their response bytes come
 back untouched. Providers that are not OpenAI-compatible go through litellm
 (`proxy.litellm_adapter`), which is only imported when a route needs it.
+
+Retries (`upstream_retries`, off by default) happen only while no byte has gone to the
+client: a failed connection, or a 429/502/503/504 status. A response that started is
+never sent twice, whether streamed or not.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import math
+import random
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +27,14 @@ from typing import Any
 import aiohttp
 
 from config import Route, Settings
-from proxy.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import (
+    ProxyError,
+    UpstreamConnectTimeout,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from proxy.logs import get_logger
 
 # RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones httpx or the server recompute.
 HOP_BY_HOP = frozenset({
@@ -28,6 +44,11 @@ HOP_BY_HOP = frozenset({
 # Credentials the client sent to memproxy itself when proxy keys are on.
 PROXY_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 MAX_ERROR_BODY = 1 << 20
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+RETRY_BASE_DELAY = 0.25  # seconds before the first retry; doubles each time
+RETRY_MAX_DELAY = 4.0  # a longer Retry-After goes back to the client instead of waiting
+
+log = get_logger("upstream")
 
 
 @dataclass(frozen=True)
@@ -114,11 +135,73 @@ class Upstream:
             response = await self.client.request(
                 method, url, headers=headers, data=content, allow_redirects=False,
             )
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamConnectTimeout(f"upstream timed out connecting: {_describe(exc)}") from None
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream timed out: {_describe(exc)}") from None
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(f"upstream unreachable: {_describe(exc)}") from None
         return UpstreamResponse(response)
+
+    async def open_ok(
+        self, method: str, url: str, headers: list[tuple[str, str]], content: bytes, *, retries: int
+    ) -> UpstreamResponse:
+        """Send a request and return its successful response, retrying up to `retries` times
+        what failed before any response byte was read (the body must be bytes to resend)."""
+        for attempt in range(retries + 1):
+            try:
+                response = await self.open(method, url, headers, content)
+                await raise_for_status(response)
+                return response
+            except ProxyError as exc:
+                delay = retry_delay(exc, attempt) if attempt < retries else None
+                if delay is None:
+                    raise
+                log.warning("upstream retry", extra={
+                    "attempt": attempt + 1, "error": exc.code, "status": exc.status,
+                    "delay_s": round(delay, 3),
+                })
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def retry_delay(exc: ProxyError, attempt: int) -> float | None:
+    """Seconds before retry number `attempt + 1`, or None when `exc` must not be retried.
+
+    Retried: connections that failed (nothing was answered), and 429/502/503/504. A
+    Retry-After (RFC 9110 section 10.2.3) or OpenAI's retry-after-ms is honoured up to
+    RETRY_MAX_DELAY; a longer one is the client's decision, so the error goes back.
+    """
+    if isinstance(exc, UpstreamStatus):
+        if exc.status not in RETRY_STATUSES:
+            return None
+        asked = retry_after(exc.headers)
+        if asked is not None:
+            return asked if asked <= RETRY_MAX_DELAY else None
+    elif not isinstance(exc, UpstreamUnreachable | UpstreamConnectTimeout):
+        return None  # a read timeout: the upstream may still be working on the request
+    backoff = min(RETRY_MAX_DELAY, RETRY_BASE_DELAY * 2.0**attempt)
+    return backoff * random.uniform(0.5, 1.0)  # jitter, so retrying clients spread out
+
+
+def retry_after(headers: dict[str, str]) -> float | None:
+    """The wait a response asks for, in seconds: retry-after-ms, then Retry-After."""
+    lower = {name.lower(): value.strip() for name, value in headers.items()}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            seconds = float(lower[name]) * scale
+        except (KeyError, ValueError):
+            continue
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
+    value = lower.get("retry-after")
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 async def raise_for_status(response: UpstreamResponse) -> None:
@@ -183,7 +266,9 @@ def url_for(target: Target, path: str, query: str = "") -> str:
 
 
 def map_transport_error(exc: Exception) -> ProxyError:
-    """A transport failure during a body read, as our error."""
+    """A transport failure during a body read, as our error (ours pass through as they are)."""
+    if isinstance(exc, ProxyError):
+        return exc
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream timed out: {_describe(exc)}")
     return UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}")

@@ -66,6 +66,7 @@ class SSEReply:
     done: bool = True  # append ``data: [DONE]``
     cut_after: int | None = None  # close the socket after N events, without the final chunk
     headers: Mapping[str, str] = field(default_factory=dict)
+    stall: tuple[int, float] | None = None  # (N, S): after N events, pause S more seconds
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class RawReply:
     headers: Mapping[str, str] = field(default_factory=dict)
     content_type: str = "application/octet-stream"
     chunk_size: int | None = None  # stream the body chunked in pieces of this size
+    chunk_delay: float = 0.0  # pause before each piece after the first (a slow body)
 
 
 @dataclass(frozen=True)
@@ -465,9 +467,15 @@ async def _stream(ex: _Exchange, reply: SSEReply) -> bool:
     await ex.send(_start(reply.status, "text/event-stream; charset=utf-8", extra))
     for i, event in enumerate(reply.events):
         if i == reply.cut_after:
-            await ex.cut()
+            # The cut comes when event N would have: a reset right behind the data can
+            # make the client's HTTP library drop bytes it had already received.
+            if await ex.pause(reply.delay):
+                await ex.cut()
             return True
-        if not await ex.pause(reply.delay if i else reply.first_delay):
+        pause = reply.delay if i else reply.first_delay
+        if reply.stall is not None and i == reply.stall[0]:
+            pause += reply.stall[1]
+        if not await ex.pause(pause):
             return False
         await ex.send({"type": "http.response.body", "body": _sse(event), "more_body": True})
     if reply.cut_after is not None:
@@ -490,6 +498,8 @@ async def _chunked(ex: _Exchange, reply: RawReply) -> None:
     await ex.send(_start(reply.status, reply.content_type, reply.headers))
     size = reply.chunk_size or len(reply.body)
     for start in range(0, len(reply.body), size):
+        if start and not await ex.pause(reply.chunk_delay):
+            return
         piece = reply.body[start : start + size]
         await ex.send({"type": "http.response.body", "body": piece, "more_body": True})
     await ex.send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,3 +144,22 @@ def client(proxy: RunningProxy) -> Iterator[httpx.Client]:
     """A raw httpx client aimed at the proxy."""
     with httpx.Client(base_url=proxy.url, timeout=20) as http:
         yield http
+
+
+CASE_COUNTS = pytest.StashKey[Counter[str]]()
+
+
+@pytest.fixture(scope="session")
+def case_counts(pytestconfig: pytest.Config) -> Counter[str]:
+    """How many generated cases each property-based or fuzz test ran (printed at the end)."""
+    return pytestconfig.stash.setdefault(CASE_COUNTS, Counter())
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Print the case counts, so the CI log shows how much the fuzz tests covered."""
+    counts = config.stash.get(CASE_COUNTS, None)
+    if counts:
+        terminalreporter.section("generated cases")
+        for name, count in sorted(counts.items()):
+            terminalreporter.write_line(f"{name}: {count} cases")
+        terminalreporter.write_line(f"total: {sum(counts.values())} cases")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from memory import migrations
@@ -139,3 +142,75 @@ def test_a_0001_database_is_upgraded_to_facts_and_keeps_its_turns(conn: sqlite3.
     assert hits == [(1,)]
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute("UPDATE facts SET category = 'gossip'")
+
+
+# A database written by the previous schema (tests/fixtures/make_memproxy_0002_db.py).
+FIXTURE = Path(__file__).parent / "fixtures" / "memproxy-0002.db"
+OLD_TABLES = {  # table: the columns it had at 0002
+    "sessions": "*", "turns": "*", "jobs": "*", "request_metrics": "*", "facts": "*",
+    "summaries": "*", "profiles": "*", "consent": "*",
+    "chunks": "id, turn_id, user_id, session_id, ordinal, kind, text, tokens, owner, sess",
+}
+
+
+def old_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    with closing(sqlite3.connect(path)) as conn:
+        return {table: conn.execute(f"SELECT {columns} FROM {table} ORDER BY rowid").fetchall()
+                for table, columns in OLD_TABLES.items()}
+
+
+async def test_a_0002_database_from_disk_is_upgraded_without_loss(tmp_path: Path) -> None:
+    path = tmp_path / "memproxy.db"
+    shutil.copyfile(FIXTURE, path)
+    with closing(sqlite3.connect(path)) as conn:
+        assert migrations.applied(conn) == ALL[:2]
+    before = old_rows(path)
+    assert all(before.values()), "the fixture has rows in every table"
+
+    store = await Store.open(path)  # the start-up path: migrates
+    try:
+        lisbon = [chunk for chunk, _ in await store.fts_search("ada", "Lisbon hotels", k=10)]
+        planner = [chunk for chunk, _ in await store.fts_search("ada", "planner", k=10)]
+        munich = [chunk for chunk, _ in await store.fts_search("bob'; --", "München", k=10)]
+        nothing = await store.fts_search("ada", "München", k=10)
+    finally:
+        await store.close()
+
+    assert old_rows(path) == before
+    with closing(sqlite3.connect(path)) as conn:
+        assert migrations.applied(conn) == ALL
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        speakers = conn.execute("SELECT c.speaker, COALESCE(t.name, t.role) FROM chunks AS c"
+                                " JOIN turns AS t ON t.id = c.turn_id").fetchall()
+        fact = conn.execute("SELECT rowid FROM facts_fts WHERE facts_fts MATCH 'typescript'")
+        summary = conn.execute("SELECT rowid FROM summaries_fts WHERE summaries_fts MATCH 'hotels'")
+        assert (fact.fetchall(), summary.fetchall()) == ([(3,)], [(2,)])
+    assert all(new == old for new, old in speakers) and ("planner", "planner") in speakers
+    assert sorted(lisbon) == [1, 2, 3] and planner == [3]  # the speaker is searchable now
+    assert munich == [6] and nothing == []
+
+
+def test_a_server_starts_on_a_0002_database_and_serves_all_of_it(
+    start_proxy: Callable[..., Any], tmp_path: Path
+) -> None:
+    from tests.memory_helpers import QUIET, export_records, wait_idle
+
+    data = tmp_path / "old"
+    data.mkdir()
+    shutil.copyfile(FIXTURE, data / "memproxy.db")
+    proxy = start_proxy(memory=True, data_dir=data, weight_dense=0.0, **QUIET)
+    wait_idle(proxy)
+    records = export_records(proxy, **{"X-Memory-User-Id": "ada"})
+    kinds = [r["type"] for r in records]
+    assert (kinds.count("turn"), kinds.count("fact"), kinds.count("summary")) == (5, 3, 2)
+    assert [r["consent"] for r in records if r["type"] == "profile"] == [True]
+    found = httpx.post(f"{proxy.url}/v1/memory/search", headers={"X-Memory-User-Id": "ada"},
+                       json={"query": "When do we fly to Lisbon?"}).json()
+    assert "3rd of May" in found["block"] and "TypeScript" not in found["block"]
+    with closing(sqlite3.connect(data / "memproxy.db")) as conn:
+        jobs = dict(conn.execute("SELECT id, status FROM jobs WHERE id <= 3").fetchall())
+        dead = conn.execute("SELECT last_error FROM jobs WHERE id = 3").fetchall()
+    # The queued job ran; the dead letter keeps its error; the finished one may be pruned
+    # already (done jobs are kept a week, and this one is from 2023).
+    assert jobs.get(1, "done") == "done" and jobs[2] == "done" and jobs[3] == "dead"
+    assert dead == [("upstream answered 500",)]

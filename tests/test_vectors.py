@@ -34,9 +34,10 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(7)
 
 
-@pytest.fixture
-def index(tmp_path: Path) -> Iterator[VectorIndex]:
-    opened = VectorIndex.open(tmp_path / "vectors")
+@pytest.fixture(params=[0, 64 << 20], ids=["chroma-filter", "user-copies"])
+def index(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VectorIndex]:
+    """Every test runs against both query paths: Chroma's filter and the per-user copies."""
+    opened = VectorIndex.open(tmp_path / "vectors", cache_bytes=request.param)
     yield opened
     opened.close()
 
@@ -218,3 +219,65 @@ def test_latency_with_10k_vectors(index: VectorIndex, rng: np.random.Generator) 
         f"query k=50 filtered to one user p50 {np.percentile(timings, 50):.1f} ms, "
         f"p95 {np.percentile(timings, 95):.1f} ms; user+session {session_ms:.1f} ms"
     )
+
+
+def test_user_copies_answer_like_chroma(tmp_path: Path, rng: np.random.Generator) -> None:
+    """The same data, queried through both paths, gives the same ids and similarities."""
+    vectors = unit_vectors(rng, 300)
+    metas = [{"user_id": f"u{i % 3}", "session_id": f"s{i % 4}", "source": "turn"}
+             for i in range(300)]
+    chroma = VectorIndex.open(tmp_path / "a")
+    copies = VectorIndex.open(tmp_path / "b", cache_bytes=64 << 20)
+    try:
+        for index in (chroma, copies):
+            index.add([f"v{i}" for i in range(300)], vectors, metas)
+        for probe in unit_vectors(rng, 5):
+            for where in ({"user_id": "u1"}, {"user_id": "u2", "session_id": "s2"},
+                          {"user_id": "u0", "source": "fact"}):
+                expected = chroma.query(probe, k=15, where=where)
+                got = copies.query(probe, k=15, where=where)
+                assert [i for i, _ in got] == [i for i, _ in expected]
+                assert [s for _, s in got] == pytest.approx([s for _, s in expected], abs=1e-5)
+    finally:
+        chroma.close()
+        copies.close()
+
+
+def test_user_copies_follow_writes_and_deletes(tmp_path: Path, rng: np.random.Generator) -> None:
+    index = VectorIndex.open(tmp_path / "vectors", cache_bytes=64 << 20)
+    try:
+        vectors = unit_vectors(rng, 6)
+        index.add(["a0", "a1"], vectors[:2], [{"user_id": "A"}] * 2)
+        assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["a0", "a1"]
+        # Written after A's copy was loaded: visible at once.
+        index.add(["a2"], vectors[2:3], [{"user_id": "A", "session_id": "s"}])
+        assert index.query(vectors[2], k=1, where={"user_id": "A"})[0][0] == "a2"
+        assert index.query(vectors[2], k=5, where={"user_id": "A", "session_id": "s"})[0][0] == "a2"
+        # Upserting an id under another user moves it: A no longer sees it.
+        index.add(["a1"], vectors[3:4], [{"user_id": "B"}])
+        assert {i for i, _ in index.query(vectors[3], k=5, where={"user_id": "A"})} == {"a0", "a2"}
+        assert [i for i, _ in index.query(vectors[3], k=5, where={"user_id": "B"})] == ["a1"]
+        index.delete(ids=["a0"])
+        assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["a2"]
+        index.delete(where={"user_id": "A", "session_id": "s"})
+        assert index.query(vectors[0], k=5, where={"user_id": "A"}) == []
+    finally:
+        index.close()
+
+
+def test_user_copies_stay_within_their_memory(tmp_path: Path, rng: np.random.Generator) -> None:
+    one_user = 400 * DIM * 4  # 400 vectors of float32, before metadata
+    index = VectorIndex.open(tmp_path / "vectors", cache_bytes=int(2.5 * one_user))
+    try:
+        for user in range(6):
+            index.add([f"{user}-{i}" for i in range(400)], unit_vectors(rng, 400),
+                      [{"user_id": f"u{user}"}] * 400)
+        for user in range(6):
+            hits = index.query(unit_vectors(rng, 1)[0], k=3, where={"user_id": f"u{user}"})
+            assert all(i.startswith(f"{user}-") for i, _ in hits) and len(hits) == 3
+        held = index._cache._users  # the cache's own bookkeeping: what is loaded
+        assert 1 <= len(held) <= 2
+        assert list(held)[-1] == "u5"  # the most recent user stays
+        assert sum(v.nbytes for v in held.values()) <= int(2.5 * one_user)
+    finally:
+        index.close()

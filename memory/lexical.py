@@ -1,0 +1,69 @@
+"""Which of a query's words the lexical search should use.
+
+FTS5 scores every chunk that matches any query word, about 11 µs per matching row here, so a
+query with a common word (a speaker's name, "project") on a user with 100k chunks ranks tens
+of thousands of rows. The rare words carry the ranking anyway (BM25 weighs a word by how rare
+it is), so the search keeps the rarest words and drops the commonest once the rows they would
+match pass a budget. Word counts come from FTS5 itself and are kept for a few minutes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+# Rows the kept words may match in total; the rarest MIN_TERMS words are kept regardless.
+MATCH_ROW_BUDGET = 2000
+MIN_TERMS = 2
+# How long a word's count is reused, and how many counts are kept.
+COUNT_TTL_SECONDS = 300.0
+MAX_COUNTS = 50_000
+
+Read = Callable[[str, Sequence[Any]], Awaitable[Sequence[Sequence[Any]]]]
+
+
+class TermSelector:
+    """Keeps a query's rarest words within `budget` matching rows, from cached counts."""
+
+    def __init__(
+        self, read: Read, *, table: str, columns: Sequence[str], budget: int = MATCH_ROW_BUDGET
+    ) -> None:
+        self._read = read
+        self._budget = budget
+        self._table = table
+        self._columns = " ".join(columns)
+        self._counts: dict[str, tuple[int, float]] = {}
+
+    async def select(self, terms: Sequence[str]) -> list[str]:
+        """`terms` in their original order, without the commonest ones past the budget."""
+        if len(terms) <= MIN_TERMS:
+            return list(terms)
+        counts = await self.counts(terms)
+        kept: set[str] = set()
+        rows = 0
+        for term in sorted(terms, key=lambda t: counts[t]):
+            if len(kept) >= MIN_TERMS and rows + counts[term] > self._budget:
+                break
+            kept.add(term)
+            rows += counts[term]
+        return [t for t in terms if t in kept]
+
+    async def counts(self, terms: Sequence[str]) -> dict[str, int]:
+        """How many rows match each term (all owners), cached for COUNT_TTL_SECONDS."""
+        now = time.monotonic()
+        fresh = {t: c for t in terms if (c := self._counts.get(t)) and now - c[1] < COUNT_TTL_SECONDS}
+        missing = [t for t in terms if t not in fresh]
+        if missing:
+            # One statement counts every missing word; each is a quoted FTS5 string.
+            count = f"(SELECT count(*) FROM {self._table} WHERE {self._table} MATCH ?)"
+            row = (await self._read(
+                "SELECT " + ", ".join([count] * len(missing)),
+                [f'{{{self._columns}}}:"{t.replace(chr(34), chr(34) * 2)}"' for t in missing],
+            ))[0]
+            if len(self._counts) + len(missing) > MAX_COUNTS:
+                self._counts.clear()
+            for term, n in zip(missing, row, strict=True):
+                self._counts[term] = (int(n), now)
+                fresh[term] = (int(n), now)
+        return {t: fresh[t][0] for t in terms}

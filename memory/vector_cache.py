@@ -1,0 +1,160 @@
+"""Exact per-user search over an in-memory copy of a user's vectors.
+
+Chroma keeps the vectors on disk, but its metadata filter costs time in proportion to the
+whole collection, not to the user: measured on 70k vectors, `where user_id = X` costs 18-40
+ms of CPU whether X owns 600 vectors or 10k, against 1.4 ms for the same query unfiltered.
+A Chroma collection per user would avoid the filter, but each one holds about 2.7 MB of
+preallocated HNSW memory from its first vector, and Chroma's cache eviction loses vectors
+that were not yet flushed. So recall searches a copy of the user's vectors instead: one
+matrix product, exact cosine, in a few milliseconds even at 100k vectors.
+
+The copies live in an LRU bounded by bytes. A copy is loaded from Chroma on first use, kept
+in step on every add (the index is the only writer), and dropped on any delete that may touch
+it, to be reloaded when next needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+Value = str | int | float | bool
+# One row of a loaded copy: id, vector, metadata.
+Row = tuple[str, Sequence[float] | Vectors, Mapping[str, Value]]
+MISSING = -1  # code of a metadata key a row does not have
+
+
+class UserVectors:
+    """One user's vectors as a growable matrix, with metadata as integer codes per key."""
+
+    def __init__(self, dim: int) -> None:
+        self.ids: list[str] = []
+        self.rows: dict[str, int] = {}
+        self.matrix: Vectors = np.zeros((16, dim), dtype=np.float32)
+        self.columns: dict[str, npt.NDArray[np.int32]] = {}
+        self.codes: dict[str, dict[Value, int]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the matrix and the metadata codes."""
+        return self.matrix.nbytes + sum(c.nbytes for c in self.columns.values())
+
+    def upsert(self, rows: Iterable[Row]) -> None:
+        """Add rows, or replace the vector and metadata of ids already held."""
+        for id_, vector, metadata in rows:
+            row = self.rows.get(id_)
+            if row is None:
+                row = len(self.ids)
+                self._reserve(row + 1)
+                self.ids.append(id_)
+                self.rows[id_] = row
+            self.matrix[row] = vector
+            for column in self.columns.values():
+                column[row] = MISSING
+            for key, value in metadata.items():
+                column = self._column(key)
+                column[row] = self.codes[key].setdefault(value, len(self.codes[key]))
+
+    def search(self, vector: Vectors, k: int, where: Mapping[str, Value]) -> list[tuple[str, float]]:
+        """The `k` most similar rows matching every `where` equality, best first."""
+        n = len(self.ids)
+        if n == 0 or k < 1:
+            return []
+        similarity = self.matrix[:n] @ np.asarray(vector, dtype=np.float32)
+        mask: npt.NDArray[np.bool_] | None = None
+        for key, value in where.items():
+            code = self.codes.get(key, {}).get(value)
+            if code is None:
+                return []
+            match = self.columns[key][:n] == code
+            mask = match if mask is None else mask & match
+        candidates = np.flatnonzero(mask) if mask is not None else np.arange(n)
+        if len(candidates) > k:
+            top = np.argpartition(-similarity[candidates], k - 1)[:k]
+            candidates = candidates[top]
+        # Ties break by id so results are deterministic.
+        order = sorted(candidates.tolist(), key=lambda r: (-similarity[r], self.ids[r]))
+        return [(self.ids[r], float(similarity[r])) for r in order]
+
+    def _reserve(self, rows: int) -> None:
+        if rows <= len(self.matrix):
+            return
+        size = max(rows, 2 * len(self.matrix))
+        grown = np.zeros((size, self.matrix.shape[1]), dtype=np.float32)
+        grown[: len(self.matrix)] = self.matrix
+        self.matrix = grown
+        for key, column in self.columns.items():
+            self.columns[key] = np.concatenate(
+                [column, np.full(size - len(column), MISSING, dtype=np.int32)]
+            )
+
+    def _column(self, key: str) -> npt.NDArray[np.int32]:
+        if key not in self.columns:
+            self.columns[key] = np.full(len(self.matrix), MISSING, dtype=np.int32)
+            self.codes[key] = {}
+        return self.columns[key]
+
+
+class VectorCache:
+    """Users' vector copies, least recently used dropped first past `max_bytes`; 0 is off.
+
+    Not thread-safe: the caller (VectorIndex) serialises every call under its lock.
+    """
+
+    def __init__(self, max_bytes: int, load: Callable[[str], Iterable[Row]]) -> None:
+        self.max_bytes = max_bytes
+        self._load = load
+        self._users: OrderedDict[str, UserVectors] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def search(
+        self, user_id: str, vector: Vectors, k: int, where: Mapping[str, Value]
+    ) -> list[tuple[str, float]]:
+        """Exact search within the user's vectors, loading them first if needed."""
+        vectors = self._users.get(user_id)
+        if vectors is None:
+            vectors = UserVectors(len(vector))
+            vectors.upsert(self._load(user_id))
+            self._users[user_id] = vectors
+        self._users.move_to_end(user_id)
+        hits = vectors.search(vector, k, where)
+        self._evict()
+        return hits
+
+    def upsert(
+        self, ids: Sequence[str], vectors: Vectors, metadatas: Sequence[Mapping[str, Value]]
+    ) -> None:
+        """Keep loaded copies in step with vectors just written to the index."""
+        for id_, vector, metadata in zip(ids, vectors, metadatas, strict=True):
+            held = self._users.get(str(metadata.get("user_id")))
+            if held is not None:
+                held.upsert([(id_, vector, metadata)])
+            # An id may have moved to another user: drop any other copy that holds it.
+            for user_id, other in list(self._users.items()):
+                if other is not held and id_ in other.rows:
+                    del self._users[user_id]
+        self._evict()
+
+    def forget(self, *, ids: Sequence[str] | None, user_id: str | None) -> None:
+        """Drop the copies a delete may have changed (they reload on next use)."""
+        if ids is None and user_id is None:
+            self._users.clear()
+            return
+        for held_by, vectors in list(self._users.items()):
+            if held_by == user_id or (ids is not None and any(i in vectors.rows for i in ids)):
+                del self._users[held_by]
+
+    def _evict(self) -> None:
+        total = sum(v.nbytes for v in self._users.values())
+        # The most recent user always stays, even alone over the limit: dropping it would
+        # reload it on every query.
+        while total > self.max_bytes and len(self._users) > 1:
+            _, dropped = self._users.popitem(last=False)
+            total -= dropped.nbytes

@@ -1,0 +1,196 @@
+"""Memory-side faults through a real running server: the vector store, the database, the
+embedding model. The chat always goes through; failing jobs retry with backoff and end in the
+dead letters with their error; /readyz names the degraded part."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import chromadb
+import httpx
+import openai
+import pytest
+from chromadb.config import Settings as ChromaSettings
+
+from config import Settings
+from memory.embeddings import MODEL_FILES
+from memory.engine import collection_name
+from scripts.scripted_upstream import ErrorReply, Received, Reply, ScriptedUpstream
+from tests.conftest import MODEL_DIR, RunningProxy, serve
+
+FAST_JOBS = {"job_max_attempts": 3, "job_backoff_seconds": 0.1}
+
+
+def chat(proxy: RunningProxy, content: str, session: str = "s1") -> Any:
+    """One chat completion through the official SDK; the raw response (status, headers)."""
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
+                           default_headers={"X-Memory-Session-Id": session})
+    return client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": content}])
+
+
+def rows(settings: Settings, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    with closing(sqlite3.connect(settings.db_path)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def wait_settled(settings: Settings, timeout: float = 20) -> dict[str, int]:
+    """Wait until no job is queued or running; return the job counts by status."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        counts = dict(rows(settings, "SELECT status, count(*) FROM jobs GROUP BY status"))
+        if not counts.get("queued") and not counts.get("running"):
+            return counts
+        time.sleep(0.05)
+    raise TimeoutError(f"jobs still pending: {counts}")
+
+
+def readiness(proxy: RunningProxy) -> tuple[int, dict[str, str]]:
+    response = httpx.get(f"{proxy.url}/readyz", timeout=30)
+    return response.status_code, response.json().get("parts", {})
+
+
+def assert_degraded_but_answered(raw: Any, stage: str) -> None:
+    assert raw.http_response.status_code == 200
+    assert raw.parse().choices[0].message.content.startswith("echo:")
+    assert stage in raw.headers["x-memory-error"], raw.headers
+
+
+def test_vector_collection_deleted_under_the_server(
+    start_proxy: Callable[..., RunningProxy]
+) -> None:
+    proxy = start_proxy(memory=True, **FAST_JOBS)
+    settings: Settings = proxy.state.settings
+    # Another client (an operator, a second process) deletes the collection.
+    other = chromadb.PersistentClient(
+        path=str(settings.vectors_path),
+        settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False),
+    )
+    other.delete_collection(collection_name(settings))
+
+    raw = chat(proxy, "What did we decide about the invoice schema migration?")
+    assert_degraded_but_answered(raw, "recall:")
+    status, parts = readiness(proxy)
+    assert status == 503 and parts["vectors"].startswith("error:") and parts["database"] == "ok"
+    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
+    # The turns are kept; their index jobs (the request's, the reply's) retried and are now
+    # dead letters with the error.
+    assert wait_settled(settings) == {"dead": 2}
+    for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
+        assert attempts == 3 and "does not exist" in error, error
+    turns = rows(settings, "SELECT role, content FROM turns ORDER BY id")
+    assert turns == [("user", "What did we decide about the invoice schema migration?"),
+                     ("assistant", "echo: What did we decide about the invoice schema migration?")]
+
+
+@pytest.mark.parametrize("broken", ["empty", "corrupt"])
+def test_embedding_model_missing_or_unloadable_starts_degraded(
+    make_settings: Callable[..., Settings], tmp_path: Path, broken: str
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if broken == "corrupt":  # every file there, but model.onnx is not a model
+        for name in MODEL_FILES:
+            (folder / name).write_bytes((MODEL_DIR / "onnx" / name).read_bytes()
+                                        if name != "model.onnx" else b"\x00 not onnx" * 100)
+    settings = make_settings(embedding_model_dir=folder, **FAST_JOBS)
+    proxy = serve(settings, with_memory=True)  # no shared model: the server loads its own
+    try:
+        status, parts = readiness(proxy)
+        assert status == 503 and parts["database"] == parts["vectors"] == "ok"
+        assert parts["embeddings"].startswith("error: EmbeddingModelMissing"), parts
+        if broken == "empty":
+            assert "MEMPROXY_EMBEDDING_MODEL_DIR" in parts["embeddings"]
+        raw = chat(proxy, "Remember that the staging cluster is called kestrel.")
+        assert_degraded_but_answered(raw, "recall: EmbeddingModelMissing")
+        raw = chat(proxy, "What is the staging cluster called, and where does it run?")
+        assert_degraded_but_answered(raw, "recall: EmbeddingModelMissing")
+        # The turns are kept; their index jobs end in the dead letters with the reason.
+        assert wait_settled(settings) == {"dead": 4}
+        for (error,) in rows(settings, "SELECT last_error FROM jobs"):
+            assert error.startswith("EmbeddingModelMissing") and str(folder) in error, error
+        assert [c for (c,) in rows(settings, "SELECT content FROM turns WHERE role = 'user'")] == [
+            "Remember that the staging cluster is called kestrel.",
+            "What is the staging cluster called, and where does it run?"]
+    finally:
+        proxy.stop()
+
+
+def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    failing = True
+    calls: list[tuple[float, str]] = []  # (when, first input) of every embeddings call
+
+    def embeddings(received: Received) -> Reply | None:
+        if received.path == "/v1/embeddings":
+            calls.append((time.monotonic(), received.json["input"][0]))
+            if failing:
+                return ErrorReply(503, "embedding service overloaded")
+        return None
+
+    upstream.respond_with(embeddings)
+    proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-op",
+                        **FAST_JOBS)
+    settings: Settings = proxy.state.settings
+    raw = chat(proxy, "Which region hosts the analytics warehouse these days?")
+    assert_degraded_but_answered(raw, "recall:")
+    assert wait_settled(settings) == {"dead": 2}
+    for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
+        assert attempts == 3 and "503" in error, error
+    status, parts = readiness(proxy)
+    assert status == 503 and parts["embeddings"].startswith("error:")
+    # The user turn's index job: one embeddings call per attempt, spaced by the doubling
+    # backoff (0.1 s, then 0.2 s).
+    attempts = [when for when, text in calls if text.startswith("user: Which region")]
+    assert len(attempts) == 3
+    assert attempts[1] - attempts[0] >= 0.1 and attempts[2] - attempts[1] >= 0.2
+
+    failing = False  # the service recovers: new turns are indexed, recall works again
+    raw = chat(proxy, "Which region hosts the analytics warehouse now?", session="s2")
+    assert raw.http_response.status_code == 200 and "x-memory-error" not in raw.headers
+    assert wait_settled(settings) == {"dead": 2, "done": 2}
+    assert readiness(proxy)[0] == 200
+
+
+def test_database_locked_longer_than_the_busy_timeout(
+    start_proxy: Callable[..., RunningProxy]
+) -> None:
+    proxy = start_proxy(memory=True, **FAST_JOBS)
+    settings: Settings = proxy.state.settings
+    chat(proxy, "The release train leaves every second Tuesday.")
+    wait_settled(settings)
+    # Another process holds the write lock for longer than the 5 s busy timeout.
+    locker = sqlite3.connect(settings.db_path, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")
+    released = threading.Timer(6.5, locker.rollback)
+    released.start()
+    try:
+        started = time.monotonic()
+        raw = chat(proxy, "When does the release train leave?", session="s2")
+        took = time.monotonic() - started
+        assert raw.http_response.status_code == 200
+        assert "x-memory-error" not in raw.headers  # recall reads the WAL: not blocked
+        assert took < 4, f"the chat waited {took:.1f}s for a locked database"
+        print(f"\nchat while the database was locked: {took:.2f}s")
+    finally:
+        released.join()
+        locker.close()
+    # Once the lock is gone the turns of the chat made during it are stored, once.
+    wait_settled(settings)
+    deadline = time.monotonic() + 10
+    while len(rows(settings, "SELECT 1 FROM turns WHERE session_id = 's2'")) < 2:
+        assert time.monotonic() < deadline, "the turns written during the lock were lost"
+        time.sleep(0.05)
+    assert rows(settings, "SELECT role, content FROM turns WHERE session_id = 's2' ORDER BY id") == [
+        ("user", "When does the release train leave?"),
+        ("assistant", "echo: When does the release train leave?")]
+    assert wait_settled(settings).keys() == {"done"}
+    with closing(sqlite3.connect(settings.db_path)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

@@ -1,0 +1,62 @@
+"""Lexical search keeps a query's rarest words when its common ones would match too much."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from memory.lexical import TermSelector
+from memory.store import FTS_COLUMNS, NewTurn, Store
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    store = await Store.open(tmp_path / "memory.db")
+    yield store
+    await store.close()
+
+
+async def add(store: Store, user: str, text: str) -> None:
+    result = await store.append_turns(user, "s", [NewTurn("user", text)])
+    await store.add_chunks(result.new_ids[0], [(0, "prose", text, 5)])
+
+
+async def test_the_commonest_words_go_once_their_rows_pass_the_budget(store: Store) -> None:
+    for i in range(30):
+        await add(store, "ada", f"weekly project sync number {i}")
+    for i in range(6):
+        await add(store, "ada", f"the kayak trip plan {i}")
+    await add(store, "bob", "kayak kayak")
+    selector = TermSelector(store.read, table="chunks_fts", columns=FTS_COLUMNS, budget=10)
+
+    # Counts span every user: kayak is in 6 of ada's chunks and 1 of bob's.
+    assert await selector.counts(["project", "kayak", "glacier"]) == {
+        "project": 30, "kayak": 7, "glacier": 0,
+    }
+    # The two rarest, glacier (0) and trip (6), always stay; kayak (7) would pass 10 rows.
+    assert await selector.select(["project", "kayak", "trip", "glacier"]) == ["trip", "glacier"]
+    roomy = TermSelector(store.read, table="chunks_fts", columns=FTS_COLUMNS, budget=100)
+    assert await roomy.select(["project", "kayak", "trip", "glacier"]) == [
+        "project", "kayak", "trip", "glacier",
+    ]
+
+
+async def test_counts_are_reused_until_they_expire(store: Store) -> None:
+    await add(store, "ada", "kayak")
+    selector = TermSelector(store.read, table="chunks_fts", columns=FTS_COLUMNS)
+    assert await selector.counts(["kayak"]) == {"kayak": 1}
+    await add(store, "ada", "kayak again")
+    assert await selector.counts(["kayak"]) == {"kayak": 1}  # cached
+    selector._counts.clear()  # what expiry does after COUNT_TTL_SECONDS
+    assert await selector.counts(["kayak"]) == {"kayak": 2}
+
+
+async def test_search_finds_a_rare_word_among_common_ones(store: Store) -> None:
+    for i in range(40):
+        await add(store, "ada", f"meeting notes about the meeting agenda {i}")
+    await add(store, "ada", "meeting about the glacier survey")
+    hits = await store.fts_search("ada", "meeting agenda notes glacier", k=3)
+    chunk = await store.get_chunks([hits[0][0]])
+    assert "glacier" in chunk[0].text

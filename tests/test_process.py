@@ -1,0 +1,315 @@
+"""memproxy as a real process (`python -m proxy serve`): kill -9 while it streams and indexes,
+then a restart on the same data directory; SIGTERM with streams in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scripts.scripted_upstream import Received, Reply, ScriptedUpstream, SSEReply, chat_chunks
+from tests.conftest import MODEL_DIR, ROOT
+
+START_TIMEOUT = 120.0  # a cold start imports chromadb and onnxruntime: slow on a loaded machine
+
+
+@dataclass
+class Process:
+    """A memproxy server process and where it keeps its data."""
+
+    popen: subprocess.Popen[bytes]
+    port: int
+    data_dir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@dataclass
+class Streamed:
+    """A streamed chat completion read in a thread: its SSE data lines and how it ended."""
+
+    lines: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def text(self) -> str:
+        pieces = []
+        for line in self.lines:
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    pieces.append(choice.get("delta", {}).get("content") or "")
+        return "".join(pieces)
+
+    def join(self, timeout: float) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the stream did not end"
+
+
+@pytest.fixture
+def spawn(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    """Start memproxy processes on a data dir in tmp_path; any still running is killed at the end."""
+    started: list[Process] = []
+
+    def start(data_dir: Path | None = None, **settings: str) -> Process:
+        data_dir = data_dir or tmp_path / "data"
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROXY_")} | {
+            "MEMPROXY_UPSTREAM_BASE_URL": upstream.base_url,
+            "MEMPROXY_DATA_DIR": str(data_dir),
+            "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR),
+            "MEMPROXY_EXTRACT_EVERY": "0",
+            "MEMPROXY_SUMMARY_EVERY": "0",
+            "MEMPROXY_LOG_LEVEL": "info",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            **{f"MEMPROXY_{key.upper()}": value for key, value in settings.items()},
+        }
+        log = tmp_path / f"memproxy-{len(started)}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        process = Process(popen, port, data_dir, log)
+        started.append(process)
+        _wait_ready(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait(10)
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_ready(process: Process) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            pytest.fail(f"memproxy exited with {process.popen.returncode}:\n{process.output()}")
+        try:
+            if httpx.get(f"{process.url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"memproxy was not ready after {START_TIMEOUT}s:\n{process.output()}")
+
+
+def stream_chat(process: Process, content: str, session: str) -> Streamed:
+    """Start a streamed chat completion in a thread; returns once its first chunk arrived."""
+    streamed = Streamed()
+
+    def run() -> None:
+        body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": content}]}
+        headers = {"X-Memory-Session-Id": session}
+        try:
+            with httpx.stream("POST", f"{process.url}/v1/chat/completions", json=body,
+                              headers=headers, timeout=30) as response:
+                for line in response.iter_lines():
+                    if line:
+                        streamed.lines.append(line)
+                        streamed.started.set()
+        except httpx.HTTPError as exc:
+            streamed.error = exc
+        finally:
+            streamed.started.set()
+
+    streamed.thread = threading.Thread(target=run, daemon=True)
+    streamed.thread.start()
+    assert streamed.started.wait(30) and streamed.lines, streamed.error
+    return streamed
+
+
+def scripted_by_message(replies: dict[str, Reply]) -> Callable[[Received], Reply | None]:
+    """Answer chat requests by their last user message (concurrent requests, fixed replies)."""
+
+    def respond(received: Received) -> Reply | None:
+        if received.path != "/v1/chat/completions" or not isinstance(received.json, dict):
+            return None
+        return replies.get(received.json["messages"][-1]["content"])
+
+    return respond
+
+
+def import_lines(sessions: int, turns: int) -> str:
+    """JSON Lines of `sessions` x `turns` distinct turn records."""
+    return "\n".join(json.dumps({
+        "type": "turn", "session_id": f"import-{s}", "role": ("user", "assistant")[t % 2],
+        "content": f"Imported note {s}-{t}: the {('blue', 'green', 'red')[t % 3]} service"
+                   f" number {s * 1000 + t} runs on host h{t % 17}.",
+    }) for s in range(sessions) for t in range(turns))
+
+
+def db(process: Process) -> sqlite3.Connection:
+    return closing(sqlite3.connect(process.data_dir / "memproxy.db"))  # type: ignore[return-value]
+
+
+def query(process: Process, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    with db(process) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def wait_drained(process: Process, timeout: float = 60) -> None:
+    """Wait until no job is queued or running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not query(process, "SELECT 1 FROM jobs WHERE status IN ('queued', 'running')"):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"jobs still pending: {query(process, 'SELECT id, kind, status, last_error FROM jobs WHERE status != ?', ('done',))}")
+
+
+def assert_consistent(process: Process) -> None:
+    """Both SQLite files pass integrity_check; no turn is stored twice; every turn is indexed."""
+    for path in (process.data_dir / "memproxy.db", *process.data_dir.rglob("chroma.sqlite3")):
+        with closing(sqlite3.connect(path)) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)], path
+    twice = query(process, "SELECT user_id, session_id, parent_id, content_hash, count(*)"
+                           " FROM turns GROUP BY 1, 2, 3, 4 HAVING count(*) > 1")
+    assert twice == []
+    unindexed = query(process, "SELECT id FROM turns WHERE id NOT IN (SELECT turn_id FROM chunks)")
+    assert unindexed == []
+    assert query(process, "SELECT status, count(*) FROM jobs GROUP BY status") == [
+        ("done", query(process, "SELECT count(*) FROM jobs")[0][0])]
+    stats = httpx.get(f"{process.url}/v1/memory/stats", timeout=30).json()
+    chunks = query(process, "SELECT count(*) FROM chunks")[0][0]
+    assert stats["index"]["vectors_total"] == chunks  # every chunk has its vector, once
+
+
+def stop(process: Process, timeout: float = 30) -> float:
+    """SIGTERM the process; return how long it took to exit (it must exit 0)."""
+    sent = time.monotonic()
+    process.popen.send_signal(signal.SIGTERM)
+    code = process.popen.wait(timeout)
+    assert code == 0, process.output()
+    return time.monotonic() - sent
+
+
+def test_kill_9_while_streaming_and_indexing_loses_and_duplicates_nothing(
+    spawn: Callable[..., Process], upstream: ScriptedUpstream
+) -> None:
+    first = spawn()
+    lines = import_lines(sessions=4, turns=25)
+    imported = httpx.post(f"{first.url}/v1/memory/import", content=lines, timeout=60).json()
+    assert imported["added"]["turns"] == 100
+    question = "Please list the deploy steps for the billing service."
+    upstream.respond_with(scripted_by_message({
+        question: SSEReply(chat_chunks("Step one, step two, step three.", split=6), delay=2.0),
+    }))
+    streamed = stream_chat(first, question, "live")
+    # Kill while an index job runs: the durable queue must hand it out again after restart.
+    deadline = time.monotonic() + 30
+    while not query(first, "SELECT 1 FROM jobs WHERE status = 'running'"):
+        assert time.monotonic() < deadline, "no index job ever ran"
+        time.sleep(0.005)
+    first.popen.send_signal(signal.SIGKILL)
+    assert first.popen.wait(10) == -signal.SIGKILL
+    streamed.join(10)
+    # Cut mid-body: no [DONE], the connection closed (or reset) under the client.
+    assert isinstance(streamed.error, httpx.RemoteProtocolError | httpx.ReadError), streamed.error
+    assert "data: [DONE]" not in streamed.lines
+    left = dict(query(first, "SELECT status, count(*) FROM jobs GROUP BY status"))
+    assert left.get("running", 0) + left.get("queued", 0) > 0, left  # killed mid-indexing
+    asked = query(first, "SELECT count(*) FROM turns WHERE content = ?", (question,))
+    assert asked == [(1,)]  # the accepted user turn was stored before the reply began
+
+    second = spawn(first.data_dir)
+    # The client retries what it never got to the end of; the import is retried too.
+    upstream.respond_with(None)
+    retried = httpx.post(f"{second.url}/v1/chat/completions", timeout=30, headers={
+        "X-Memory-Session-Id": "live"}, json={
+        "model": "gpt-4o", "messages": [{"role": "user", "content": question}]})
+    assert retried.status_code == 200
+    again = httpx.post(f"{second.url}/v1/memory/import", content=lines, timeout=60).json()
+    assert again["added"]["turns"] == 0 and again["skipped"]["turns"] == 100
+    wait_drained(second)
+    assert query(second, "SELECT role, content, incomplete FROM turns WHERE session_id = 'live'"
+                         " ORDER BY id") == [
+        ("user", question, 0), ("assistant", f"echo: {question}", 0)]
+    assert query(second, "SELECT count(*) FROM turns WHERE session_id LIKE 'import-%'") == [(100,)]
+    assert_consistent(second)
+    stop(second)
+
+
+def test_sigterm_finishes_short_streams_cuts_long_ones_and_exits_0(
+    spawn: Callable[..., Process], upstream: ScriptedUpstream
+) -> None:
+    # Under a second on purpose: uvicorn reads a grace of 0 as "wait forever".
+    grace = 0.9
+    server = spawn(shutdown_grace_seconds=str(grace))
+    # Queued work at the moment of the signal: index jobs for 100 imported turns.
+    lines = import_lines(sessions=4, turns=25)
+    httpx.post(f"{server.url}/v1/memory/import", content=lines, timeout=60).raise_for_status()
+    short_q, long_q = "Say something short.", "Tell me a very long story."
+    short_text = "A short answer, soon done."
+    long_text = " ".join(f"word{i}" for i in range(40))
+    upstream.respond_with(scripted_by_message({
+        short_q: SSEReply(chat_chunks(short_text, split=4), delay=0.05),
+        long_q: SSEReply(chat_chunks(long_text, split=40), delay=0.5),  # 20 s: beyond the grace
+    }))
+    long = stream_chat(server, long_q, "long")
+    short = stream_chat(server, short_q, "short")
+
+    sent = time.monotonic()
+    server.popen.send_signal(signal.SIGTERM)
+    short.join(10)
+    assert short.error is None and short.lines[-1] == "data: [DONE]"
+    assert short.text() == short_text
+    time.sleep(0.3)
+    with pytest.raises(httpx.ConnectError):  # no new connections once shutting down
+        httpx.get(f"{server.url}/healthz", timeout=5)
+    assert server.popen.wait(grace * 2 + 15) == 0, server.output()
+    took = time.monotonic() - sent
+    long.join(5)
+    assert "data: [DONE]" not in long.lines  # cut at the grace period
+    partial = long.text()
+    assert partial and len(partial) < len(long_text) and long_text.startswith(partial)
+
+    stored = query(server, "SELECT session_id, role, content, incomplete FROM turns"
+                           " WHERE session_id IN ('short', 'long') ORDER BY session_id, id")
+    assert stored == [
+        ("long", "user", long_q, 0), ("long", "assistant", partial, 1),
+        ("short", "user", short_q, 0), ("short", "assistant", short_text, 0),
+    ]
+    # Nothing was left "running"; every turn is indexed or waits in a queued index job.
+    statuses = dict(query(server, "SELECT status, count(*) FROM jobs GROUP BY status"))
+    assert set(statuses) <= {"done", "queued"}, statuses
+    queued_turns = {turn for (payload,) in query(
+        server, "SELECT payload FROM jobs WHERE status = 'queued' AND kind = 'index'")
+        for turn in json.loads(payload)["turn_ids"]}
+    unindexed = {turn for (turn,) in query(
+        server, "SELECT id FROM turns WHERE id NOT IN (SELECT turn_id FROM chunks)")}
+    assert unindexed <= queued_turns
+    # Streams get the grace, then running jobs get it again before they are requeued.
+    assert took < grace * 2 + 5, f"exit took {took:.1f}s with a {grace}s grace"
+    print(f"\nSIGTERM to exit 0: {took:.2f}s (grace {grace}s, one stream cut,"
+          f" {statuses.get('queued', 0)} jobs left queued)")
