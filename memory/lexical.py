@@ -13,9 +13,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-# Rows the kept words may match in total; the rarest MIN_TERMS words are kept regardless.
+# Rows the kept words may match in total; the rarest word is kept regardless.
 MATCH_ROW_BUDGET = 2000
-MIN_TERMS = 2
+MIN_TERMS = 1
 # How long a word's count is reused, and how many counts are kept.
 COUNT_TTL_SECONDS = 300.0
 MAX_COUNTS = 50_000
@@ -42,7 +42,8 @@ class TermSelector:
         counts = await self.counts(terms)
         kept: set[str] = set()
         rows = 0
-        for term in sorted(terms, key=lambda t: counts[t]):
+        # A word no row holds cannot match: it neither counts as the rarest nor stays.
+        for term in sorted((t for t in terms if counts[t]), key=lambda t: counts[t]):
             if len(kept) >= MIN_TERMS and rows + counts[term] > self._budget:
                 break
             kept.add(term)
@@ -50,7 +51,8 @@ class TermSelector:
         return [t for t in terms if t in kept]
 
     async def counts(self, terms: Sequence[str]) -> dict[str, int]:
-        """How many rows match each term (all owners), cached for COUNT_TTL_SECONDS."""
+        """How many rows match each term (all owners); non-zero counts are kept for
+        COUNT_TTL_SECONDS."""
         now = time.monotonic()
         fresh = {t: c for t in terms if (c := self._counts.get(t)) and now - c[1] < COUNT_TTL_SECONDS}
         missing = [t for t in terms if t not in fresh]
@@ -64,6 +66,7 @@ class TermSelector:
             if len(self._counts) + len(missing) > MAX_COUNTS:
                 self._counts.clear()
             for term, n in zip(missing, row, strict=True):
-                self._counts[term] = (int(n), now)
                 fresh[term] = (int(n), now)
+                if n:  # a word nobody has said yet may be said any moment: count it again
+                    self._counts[term] = (int(n), now)
         return {t: fresh[t][0] for t in terms}

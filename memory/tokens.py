@@ -63,8 +63,22 @@ def encoding_for_model(model: str) -> tiktoken.Encoding:
 
 def count_tokens(text: str, model: str) -> int:
     """Count the tokens of `text` as `model` would see them."""
+    if len(text) <= CACHED_TEXT_CHARS:
+        return _count_cached(text, encoding_for_model(model).name)
+    return _count(text, encoding_for_model(model).name)
+
+
+# Recall counts the same remembered lines again and again (a user's best memories come back
+# request after request), so counts of lines up to this size are kept.
+CACHED_TEXT_CHARS = 2048  # with maxsize below: at most ~32 MB of text held
+
+
+def _count(text: str, encoding: str) -> int:
     # disallowed_special=() counts "<|endoftext|>" typed by a user as text instead of raising.
-    return len(encoding_for_model(model).encode(text, disallowed_special=()))
+    return len(tiktoken.get_encoding(encoding).encode(text, disallowed_special=()))
+
+
+_count_cached = functools.lru_cache(maxsize=16384)(_count)
 
 
 def _bare_model_name(model: str) -> str:

@@ -466,10 +466,10 @@ def targets(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
          + (f" {dict(failures)}" if failures else "")),
         (not memory_errors, f"X-Memory-Error responses: {sum(memory_errors.values())} (target 0)"
          + (f" {dict(memory_errors)}" if memory_errors else "")),
-        (audit_["turns_missing"] == audit_["turns_extra"] == 0
-         and audit_["turns_stored"] == audit_["turns_expected"],
-         f"turns stored {audit_['turns_stored']} vs sent {audit_['turns_expected']}: missing "
-         f"{audit_['turns_missing']}, extra {audit_['turns_extra']} (target: each exactly once)"),
+        (audit_["turns_missing"] == audit_["turns_extra"] == 0,
+         f"turns stored {audit_['turns_stored']} vs sent {audit_['turns_expected']}"
+         f"{failed_turns(audit_)}: missing {audit_['turns_missing']}, extra {audit_['turns_extra']}"
+         " (target: each exactly once)"),
         (result.drained and audit_["jobs_done"] == audit_["jobs_enqueued"],
          f"jobs completed {audit_['jobs_done']} vs enqueued {audit_['jobs_enqueued']}, dead "
          f"{audit_['jobs_dead']}; writes and queue drained in {result.drain_seconds:.1f} s "
@@ -478,6 +478,12 @@ def targets(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
         (growth < RSS_GROWTH_LIMIT_MB,
          f"proxy RSS growth after warm-up: {growth:+.1f} MB (target < {RSS_GROWTH_LIMIT_MB:.0f})"),
     ]
+
+
+def failed_turns(audit_: dict[str, int]) -> str:
+    """The stored turns of failed requests, which the clients never saw answered."""
+    kept = audit_["turns_stored"] - audit_["turns_expected"] + audit_["turns_missing"] - audit_["turns_extra"]
+    return f" + {kept} of failed requests" if kept else ""
 
 
 def report(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
@@ -560,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chunk-delay", default="0.005:0.02", metavar="S:S",
                         help="the upstream's delay between chunks")
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--set", action="append", default=[], metavar="MEMPROXY_X=VALUE",
+                        help="a setting for memproxy (repeatable), e.g. MEMPROXY_VECTOR_CACHE_MB=0")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 120 requests, c=8, 10 users, short delays")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
@@ -592,6 +600,7 @@ def run(args: argparse.Namespace) -> Soak:
             MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
             MEMPROXY_EXTRACT_EVERY="0", MEMPROXY_SUMMARY_EVERY="0",
             MEMPROXY_SHUTDOWN_GRACE_SECONDS="5", LITELLM_LOCAL_MODEL_COST_MAP="True",
+            **dict(setting.partition("=")[::2] for setting in args.set),
         )
         upstream_argv = [
             sys.executable, "-m", "scripts.scripted_upstream", "--port", str(up), "--seed", str(args.seed),

@@ -35,11 +35,14 @@ async def test_the_commonest_words_go_once_their_rows_pass_the_budget(store: Sto
     assert await selector.counts(["project", "kayak", "glacier"]) == {
         "project": 30, "kayak": 7, "glacier": 0,
     }
-    # The two rarest, glacier (0) and trip (6), always stay; kayak (7) would pass 10 rows.
-    assert await selector.select(["project", "kayak", "trip", "glacier"]) == ["trip", "glacier"]
+    # glacier matches nothing and goes; trip (6) fits in 10 rows, kayak (7) would pass them.
+    assert await selector.select(["project", "kayak", "trip", "glacier"]) == ["trip"]
+    # The rarest word stays even alone over the budget.
+    tight = TermSelector(store.read, table="chunks_fts", columns=FTS_COLUMNS, budget=3)
+    assert await tight.select(["project", "kayak", "trip"]) == ["trip"]
     roomy = TermSelector(store.read, table="chunks_fts", columns=FTS_COLUMNS, budget=100)
     assert await roomy.select(["project", "kayak", "trip", "glacier"]) == [
-        "project", "kayak", "trip", "glacier",
+        "project", "kayak", "trip",
     ]
 
 
@@ -51,6 +54,10 @@ async def test_counts_are_reused_until_they_expire(store: Store) -> None:
     assert await selector.counts(["kayak"]) == {"kayak": 1}  # cached
     selector._counts.clear()  # what expiry does after COUNT_TTL_SECONDS
     assert await selector.counts(["kayak"]) == {"kayak": 2}
+    # A word nobody has said is counted again each time, so it is found as soon as said.
+    assert await selector.counts(["glacier"]) == {"glacier": 0}
+    await add(store, "ada", "glacier")
+    assert await selector.counts(["glacier"]) == {"glacier": 1}
 
 
 async def test_search_finds_a_rare_word_among_common_ones(store: Store) -> None:
