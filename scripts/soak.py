@@ -20,6 +20,7 @@ streams, total time for JSON. Proxy RSS and CPU come from /proc/<pid>.
     .venv/bin/python -m scripts.soak                       # 20,000 requests, c=64, 200 users
     .venv/bin/python -m scripts.soak --quick               # smoke run, well under a minute
     .venv/bin/python -m scripts.soak --json soak.json
+    .venv/bin/python -m scripts.soak --set MEMPROXY_VECTOR_CACHE_MB=0   # any memproxy setting
 
 Exit status 1 when a target fails.
 """
@@ -515,8 +516,9 @@ def report(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
           f"({at_end.get('done', 0) / phase.seconds:.1f}/s while loaded), then "
           f"{(jobs - at_end.get('done', 0)) / max(result.drain_seconds, 1e-9):.1f}/s draining")
     served = result.phases["warmup"].sent + phase.sent
+    waiting = "" if result.written_at_end_of_load >= served else " (the rest waited in memproxy's write queue)"
     print(f"requests written to the database at the end of the load: {result.written_at_end_of_load}"
-          f" of {served} served (the rest waited in memproxy's write queue)")
+          f" of {served} served{waiting}")
     print(f"metrics rows: {result.audit['metrics_rows']}, incomplete turns: "
           f"{result.audit['turns_incomplete']}")
     print(f"load average (1/5/15 min): start {result.load['start']}, end of load "

@@ -102,6 +102,22 @@ def test_upstream_dropping_the_connection_is_502(client: httpx.Client, upstream:
     assert_envelope(client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES}), 502)
 
 
+def test_a_pooled_connection_the_upstream_closed_is_sent_again_once(
+    client: httpx.Client, upstream: ScriptedUpstream
+) -> None:
+    """What an upstream that closed an idle keep-alive connection looks like: the request
+    written to the pooled connection gets no answer. It goes again on a new connection."""
+    body = {"model": "m", "messages": MESSAGES}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200  # pools a connection
+    upstream.enqueue(Drop())
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert len(upstream.history) == 3
+    # Twice in a row is an upstream that drops requests, not a stale connection: 502.
+    upstream.enqueue(Drop(), Drop())
+    assert_envelope(client.post("/v1/chat/completions", json=body), 502)
+    assert len(upstream.history) == 5
+
+
 def test_upstream_timeout_is_504(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> None:
     proxy = start_proxy(upstream_timeout=0.3)
     upstream.enqueue(Hang(20))
