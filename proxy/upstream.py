@@ -41,6 +41,7 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length",
 })
+NOT_RELAYED = HOP_BY_HOP | {"date"}
 # Credentials the client sent to memproxy itself when proxy keys are on.
 PROXY_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 MAX_ERROR_BODY = 1 << 20
@@ -301,8 +302,9 @@ def forward_headers(
 
 
 def relay_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The upstream's response headers that go back to the client."""
-    return {name: value for name, value in headers if name.lower() not in HOP_BY_HOP}
+    """The upstream's response headers that go back to the client (not `Date`: uvicorn
+    writes its own, and a response must not carry two)."""
+    return {name: value for name, value in headers if name.lower() not in NOT_RELAYED}
 
 
 def url_for(target: Target, path: str, query: str = "") -> str:

@@ -175,3 +175,13 @@ def test_session_header_on_every_chat_response(
     again = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert named.headers[header] == "s-42"
     assert plain.headers[header] == again.headers[header] != "s-42"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_carry_one_date_header(client: httpx.Client, stream: bool) -> None:
+    """The upstream's Date is not relayed next to the one memproxy's server writes."""
+    for path, body in (("/v1/chat/completions", {"model": "m", "messages": MESSAGES, "stream": stream}),
+                       ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"})):
+        response = client.post(path, json=body)
+        assert response.status_code == 200
+        assert len(response.headers.get_list("date")) == 1, path
