@@ -308,12 +308,11 @@ class MemoryEngine:
         if (redacted := self.store.redact(present)) != present:
             present += "\n" + redacted
 
-
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
-            started = time.perf_counter()
+            embedding = time.perf_counter()
             vector = (await self.embedder.embed([query]))[0] if self.weights.dense else None
-            embed_ms = _ms(started) if vector is not None else 0.0
+            embed_ms = _ms(embedding) if vector is not None else 0.0
             dense, learned = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
                 self.learned_recall.gather(
