@@ -14,6 +14,7 @@ import pytest
 
 from memory import migrations
 from memory.store import Store
+from tests.fixtures import make_memproxy_0002_db
 
 EXPECTED_TABLES = {
     "migrations",
@@ -144,8 +145,16 @@ def test_a_0001_database_is_upgraded_to_facts_and_keeps_its_turns(conn: sqlite3.
         conn.execute("UPDATE facts SET category = 'gossip'")
 
 
-# A database written by the previous schema (tests/fixtures/make_memproxy_0002_db.py).
-FIXTURE = Path(__file__).parent / "fixtures" / "memproxy-0002.db"
+
+
+@pytest.fixture(scope="module")
+def fixture_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database written by the previous schema (tests/fixtures/make_memproxy_0002_db.py)."""
+    path = tmp_path_factory.mktemp("fixture") / "memproxy-0002.db"
+    make_memproxy_0002_db.write(path)
+    return path
+
+
 OLD_TABLES = {  # table: the columns it had at 0002
     "sessions": "*", "turns": "*", "jobs": "*", "request_metrics": "*", "facts": "*",
     "summaries": "*", "profiles": "*", "consent": "*",
@@ -159,9 +168,11 @@ def old_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
                 for table, columns in OLD_TABLES.items()}
 
 
-async def test_a_0002_database_from_disk_is_upgraded_without_loss(tmp_path: Path) -> None:
+async def test_a_0002_database_from_disk_is_upgraded_without_loss(
+    tmp_path: Path, fixture_db: Path
+) -> None:
     path = tmp_path / "memproxy.db"
-    shutil.copyfile(FIXTURE, path)
+    shutil.copyfile(fixture_db, path)
     with closing(sqlite3.connect(path)) as conn:
         assert migrations.applied(conn) == ALL[:2]
     before = old_rows(path)
@@ -191,13 +202,13 @@ async def test_a_0002_database_from_disk_is_upgraded_without_loss(tmp_path: Path
 
 
 def test_a_server_starts_on_a_0002_database_and_serves_all_of_it(
-    start_proxy: Callable[..., Any], tmp_path: Path
+    start_proxy: Callable[..., Any], tmp_path: Path, fixture_db: Path
 ) -> None:
     from tests.memory_helpers import QUIET, export_records, wait_idle
 
     data = tmp_path / "old"
     data.mkdir()
-    shutil.copyfile(FIXTURE, data / "memproxy.db")
+    shutil.copyfile(fixture_db, data / "memproxy.db")
     proxy = start_proxy(memory=True, data_dir=data, weight_dense=0.0, **QUIET)
     wait_idle(proxy)
     records = export_records(proxy, **{"X-Memory-User-Id": "ada"})
