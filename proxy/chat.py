@@ -159,7 +159,8 @@ async def _forward(
     finally:
         await upstream.aclose()
     completion = _completion(content) if upstream.status_code < 300 else None
-    step.remember_reply(reply_text(completion) if completion else None, incomplete=False)
+    text = reply_text(completion) if completion and step.writing else None
+    step.remember_reply(text, incomplete=False)
     return Response(content, upstream.status_code, out_headers)
 
 
