@@ -184,6 +184,11 @@ class Settings:
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
+    query_embed_words: int = _setting(
+        32, "Longest query, in words, that recall embeds; a longer one keeps its first quarter "
+        "and last three quarters (the lexical search still uses every word). 0: no limit.",
+        min=0,
+    )
     vector_cache_mb: int = _setting(
         512, "Memory for the copies of users' vectors that recall searches exactly (least "
         "recently used dropped first; the latest user always stays); 0 queries Chroma with a "

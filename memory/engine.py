@@ -26,7 +26,7 @@ from memory.lifecycle import prune_all, purge_expired
 from memory.manage import Management
 from memory.messages import TURN_ROLES, last_user_text, turn_text
 from memory.profiles import ProfileStore
-from memory.query import build_query, identifiers, is_trivial
+from memory.query import build_query, for_embedding, identifiers, is_trivial
 from memory.ranking import (
     CONTEXT_SEEDS,
     Candidate,
@@ -307,7 +307,7 @@ class MemoryEngine:
         if not query or is_trivial(last_user_text(request.messages)):
             return Recalled(skipped="trivial", recall_ms=_ms(started))
         session = request.session_id if request.scope == "session" else None
-        k = self.settings.recall_candidates
+        k, words = self.settings.recall_candidates, self.settings.query_embed_words
         present = "\n".join(turn_text(m) for m in request.messages)
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.store.redact(present)) != present:
@@ -316,7 +316,10 @@ class MemoryEngine:
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
             embedding = time.perf_counter()
-            vector = (await self.embedder.embed([query]))[0] if self.weights.dense else None
+            vector = (
+                (await self.embedder.embed([for_embedding(query, words)]))[0]
+                if self.weights.dense else None
+            )
             embed_ms = _ms(embedding) if vector is not None else 0.0
             dense, learned = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),

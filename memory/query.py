@@ -53,6 +53,21 @@ def build_query(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join([*filter(None, context), text])
 
 
+def for_embedding(query: str, max_words: int) -> str:
+    """The query as recall embeds it: at most `max_words` words (0: all of them).
+
+    Embedding time grows with length (about 0.3 ms of CPU a token), and a long message is
+    usually pasted material around a question, so a longer query keeps its first quarter
+    (a question asked before the material) and its last three quarters (a question asked
+    after it, and the message itself when build_query put context first).
+    """
+    words = query.split()
+    if not max_words or len(words) <= max_words:
+        return query
+    head = max_words // 4
+    return " ".join(words[:head] + words[len(words) - (max_words - head) :])
+
+
 def identifiers(text: str) -> set[str]:
     """Code identifiers mentioned in a text."""
     return {a or b for a, b in _IDENTIFIER.findall(text)}

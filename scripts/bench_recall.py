@@ -40,7 +40,7 @@ from config import Settings, load_settings
 from memory.embeddings import LocalEmbedder
 from memory.engine import INDEX_JOB, MemoryEngine, RecallRequest
 from memory.messages import turn_text
-from memory.query import build_query
+from memory.query import build_query, for_embedding
 from memory.store import NewTurn
 from memory.tokens import count_tokens
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
@@ -243,7 +243,7 @@ async def measure_recall(engine: MemoryEngine, queries: list[list[dict[str, str]
         marks.append((time.perf_counter(), time.process_time()))
         if n == 0:  # the first recall after opening also loads the user's vectors
             cold = (marks[1][0] - marks[0][0]) * 1000
-        vector = (await engine.embedder.embed([query]))[0]
+        vector = (await engine.embedder.embed([for_embedding(query, engine.settings.query_embed_words)]))[0]
         marks.append((time.perf_counter(), time.process_time()))
         dense = await asyncio.to_thread(engine.vectors.query, vector, k=k, where=where)
         marks.append((time.perf_counter(), time.process_time()))

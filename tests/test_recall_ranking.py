@@ -1,4 +1,5 @@
-"""Recall quality mechanics: speaker search, conversation neighbours, fusion, context, excerpts."""
+"""Recall quality mechanics: speaker search, conversation neighbours, fusion, context, excerpts,
+the embedded query."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from memory import migrations
+from memory.query import for_embedding
 from memory.ranking import Candidate, Weights, add_context, add_conversation, fuse
 from memory.render import CLOSE, OPEN, Entry, pack
 from memory.store import NewTurn, Store, owner_token, session_token
@@ -168,3 +170,17 @@ async def test_upgrading_indexes_the_speakers_of_existing_chunks(tmp_path: Path)
             ("Ana",), ("assistant",)
         ]
         conn.execute("INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
+
+
+def test_a_long_query_is_embedded_as_its_first_quarter_and_last_three_quarters() -> None:
+    pasted = " ".join(f"line{i}" for i in range(300))
+    query = f"Why does this fail?\n{pasted}\nIt started after the retry_policy change."
+    clipped = for_embedding(query, 32)
+    words = clipped.split()
+    assert len(words) == 32
+    assert words[:8] == "Why does this fail? line0 line1 line2 line3".split()
+    assert " ".join(words[-6:]) == "It started after the retry_policy change."
+    assert words[8] == "line282"  # the middle of the pasted material is what goes
+    short = "What did Alice decide about   the billing\nservice?"
+    assert for_embedding(short, 32) == short  # untouched, whitespace included
+    assert for_embedding(query, 0) == query
