@@ -174,7 +174,8 @@ class Settings:
         "text-embedding-3-small", "Model name used when embedding_backend is upstream."
     )
     embedding_threads: int = _setting(
-        1, "CPU threads the local embedding model may use.", min=1, max=64
+        2, "CPU threads one local embedding may use. Index jobs embed one at a time, so "
+        "indexing never takes more; a query's embedding runs beside them.", min=1, max=64
     )
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000

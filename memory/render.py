@@ -11,11 +11,14 @@ the question it answers.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 OPEN = "<memory>"
 CLOSE = "</memory>"
 PREAMBLE = (
@@ -125,7 +128,13 @@ def pack(entries: Sequence[Entry], budget: int, count: Callable[[str], int]) -> 
 
 
 def _day(entry: Entry) -> str:
-    return datetime.fromtimestamp(entry.created_at, UTC).strftime("%Y-%m-%d")
+    return _date(math.floor(entry.created_at / 86400))
+
+
+@lru_cache(maxsize=4096)
+def _date(day: int) -> str:
+    """`2024-05-08` for a day number since 1970 (packing asks for every candidate's, often)."""
+    return (EPOCH + timedelta(days=day)).strftime("%Y-%m-%d")
 
 
 def _said(entry: Entry) -> tuple[float, int]:
