@@ -335,14 +335,18 @@ class MemoryEngine:
             )
             return dense, learned, embed_ms
 
+        async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
+            if not self.weights.bm25:
+                return [], []
+            found = await self.store.fts_search(request.user_id, query, k=k, session_id=session)
+            return found, await self.store.get_chunks([chunk_id for chunk_id, _ in found])
+
         # A signal weighted 0 is not searched at all (that is how ablations run); the
-        # lexical search runs while the query is embedded.
-        (dense, learned, embed_ms), lexical = await asyncio.gather(
-            by_meaning(),
-            self.store.fts_search(request.user_id, query, k=k, session_id=session)
-            if self.weights.bm25 else _empty(),
+        # lexical search, and reading what it found, runs while the query is embedded.
+        (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
+            by_meaning(), by_words()
         )
-        candidates = await self._candidates(request.user_id, present, dense, lexical)
+        candidates = await self._candidates(request.user_id, present, dense, lexical, rows)
         ranked = fuse(
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),
@@ -377,18 +381,21 @@ class MemoryEngine:
 
     async def _candidates(
         self, user_id: str, present: str, dense: list[tuple[str, float]],
-        lexical: list[tuple[int, float]],
+        lexical: list[tuple[int, float]], read: list[ChunkRow],
     ) -> dict[str, Candidate]:
+        """One candidate per distinct text found; `read` holds rows already read."""
         scores: dict[int, list[float]] = {}
         for key, similarity in dense:
             scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
         for chunk_id, bm25 in lexical:
             scores.setdefault(chunk_id, [0.0, 0.0])[1] = bm25
+        have = {row.id for row in read}
+        unread = [chunk_id for chunk_id in scores if chunk_id not in have]
         # The same text can be stored more than once (an edited history's branches, a reply
         # logged before the client resent it with a name): one candidate per text, with the
         # best of each signal, shown under a name when any copy has one.
         by_text: dict[str, Candidate] = {}
-        for row in await self.store.get_chunks(list(scores)):
+        for row in [*read, *await self.store.get_chunks(unread)]:
             if row.user_id != user_id or row.text.strip() in present:
                 continue  # already in the prompt (or, defensively, not this user's)
             dense_score, bm25 = scores[row.id]
@@ -475,10 +482,6 @@ def collection_name(settings: Settings) -> str:
         return "chunks-minilm-l6"
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
-
-
-async def _empty() -> list[tuple[int, float]]:
-    return []
 
 
 def _ms(started: float) -> float:
