@@ -118,8 +118,8 @@ class MemoryEngine:
         )
         self._maintenance: asyncio.Task[None] | None = None
         # Index jobs embed one at a time, each on embedding_threads threads: measured on 2
-        # cores, as fast as two jobs of one thread each (27 vs 29 turns/s, the same CPU per
-        # turn), while a query's embedding still gets both cores when they are free.
+        # cores, nearly as fast as two jobs of one thread each (27 vs 29 turns/s, the same CPU
+        # per turn), while a query's embedding still gets both cores when they are free.
         self._indexing = asyncio.Lock()
         self.facts = FactStore(
             store, lifetimes_days=settings.fact_lifetimes_days(),

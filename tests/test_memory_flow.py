@@ -241,6 +241,23 @@ def test_upstream_embedding_backend(start_proxy: Callable[..., RunningProxy], up
     assert "zeta-archive" in system_text(asked)
 
 
+def test_a_long_query_is_embedded_clipped_and_searched_whole(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-operator")
+    chat(proxy, [{"role": "user", "content": "The kestrel-9 migration moved billing to Postgres."}])
+    wait_indexed(proxy)
+    pasted = " ".join(f"row{i}" for i in range(200))
+    question = f"Look at this log:\n{pasted} kestrel-9 {pasted}\nWhat went wrong here?"
+    chat(proxy, [{"role": "user", "content": question}], **{"X-Memory-Session-Id": "other"})
+    embedded = [r for r in upstream.history if r.path == "/v1/embeddings"][-1].json["input"]
+    query = embedded if isinstance(embedded, str) else embedded[0]
+    assert len(query.split()) == 32 and query.endswith("What went wrong here?")
+    assert "kestrel-9" not in query  # cut from the embedded query, yet the lexical search finds it:
+    asked = [r for r in upstream.history if r.path == "/v1/chat/completions"][-1]
+    assert "moved billing to Postgres" in system_text(asked)
+
+
 async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[..., Any], embedder: Any) -> None:
     from memory.engine import MemoryEngine
     from memory.store import RequestMetrics
