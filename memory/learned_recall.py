@@ -33,7 +33,6 @@ PERSONAL = frozenset({"my", "me", "mine", "myself"})
 _WORD = re.compile(r"[a-z']+")
 
 
-
 @dataclass(frozen=True)
 class LearnedItem:
     """A fact, summary or profile as recall offers it."""

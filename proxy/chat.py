@@ -111,9 +111,10 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
     # Sent back as the UTF-8 bytes it arrived in (headers go out as latin-1).
     call.headers["X-Memory-Session-Id"] = identity.session_id.encode().decode("latin-1")
     request.state.call = call
-    call.slot = state.limits.admit(
-        limit_key(key, request.headers, user_id), stream=body.get("stream") is True
-    )
+    if state.limits.enabled:  # hashing the key is wasted work when no limit is set
+        call.slot = state.limits.admit(
+            limit_key(key, request.headers, user_id), stream=body.get("stream") is True
+        )
     step = MemoryStep(state, call.identity, call.flags, call.request_id, body)
     recalled = await step.recall()
     if flags.dry_run:

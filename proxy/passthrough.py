@@ -45,9 +45,10 @@ async def passthrough(request: Request) -> Response | RelayResponse:
 async def _forward(request: Request, state: AppState) -> Response | RelayResponse:
     settings = state.settings
     key = authenticate(request.headers, settings.api_keys)
-    # Only a request without any key counts against its user (the body is not parsed here).
-    user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
-    state.limits.admit(limit_key(key, request.headers, user_id), stream=False)
+    if state.limits.enabled:
+        # Only a request without any key counts against its user (the body is not parsed here).
+        user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
+        state.limits.admit(limit_key(key, request.headers, user_id), stream=False)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
