@@ -45,7 +45,7 @@ import httpx
 import orjson
 
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
-from scripts.scripted_upstream import (
+from tests.support.scripted_upstream import (
     JSONReply,
     Received,
     Reply,

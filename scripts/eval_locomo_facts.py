@@ -49,7 +49,13 @@ from scripts.eval_locomo import (
     memproxy,
     wait_indexed,
 )
-from scripts.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream, chat_completion
+from tests.support.scripted_upstream import (
+    JSONReply,
+    Received,
+    Reply,
+    ScriptedUpstream,
+    chat_completion,
+)
 
 BUDGETS = (250, 500, 1000)
 EXTRACT = "You extract durable facts"

@@ -19,7 +19,7 @@ import uvicorn
 from config import Settings, load_settings
 from memory.embeddings import LocalEmbedder
 from proxy.app import create_app
-from scripts.scripted_upstream import ScriptedUpstream
+from tests.support.scripted_upstream import ScriptedUpstream
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -21,8 +21,8 @@ from chromadb.config import Settings as ChromaSettings
 from config import Settings
 from memory.embeddings import MODEL_FILES
 from memory.engine import collection_name
-from scripts.scripted_upstream import ErrorReply, Received, Reply, ScriptedUpstream
 from tests.conftest import MODEL_DIR, RunningProxy, serve
+from tests.support.scripted_upstream import ErrorReply, Received, Reply, ScriptedUpstream
 
 FAST_JOBS = {"job_max_attempts": 3, "job_backoff_seconds": 0.1}
 

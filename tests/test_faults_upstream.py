@@ -24,7 +24,8 @@ import orjson
 import pytest
 
 from proxy.upstream import RETRY_MAX_DELAY, retry_after
-from scripts.scripted_upstream import (
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import (
     Drop,
     ErrorReply,
     Hang,
@@ -34,7 +35,6 @@ from scripts.scripted_upstream import (
     chat_chunks,
     chat_completion,
 )
-from tests.conftest import RunningProxy
 
 MODES = ("json", "stream")
 REPLY = "one two three four five six"

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from config import load_settings
 from memory.embeddings import LocalEmbedder
 from proxy.chat_body import ROLES
-from scripts.scripted_upstream import (
+from tests.conftest import MODEL_DIR, RunningProxy, serve
+from tests.support.scripted_upstream import (
     JSONReply,
     Received,
     Reply,
@@ -35,7 +36,6 @@ from scripts.scripted_upstream import (
     chat_chunks,
     chat_completion,
 )
-from tests.conftest import MODEL_DIR, RunningProxy, serve
 
 BODY_LIMIT = 64 * 1024
 REPLY = "fuzzed reply"

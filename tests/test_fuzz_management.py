@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from config import load_settings
 from memory.embeddings import LocalEmbedder
 from proxy.management.openapi import DOCUMENT
-from scripts.scripted_upstream import ScriptedUpstream
 from tests.conftest import MODEL_DIR, RunningProxy, serve
+from tests.support.scripted_upstream import ScriptedUpstream
 
 
 @pytest.fixture(scope="module")

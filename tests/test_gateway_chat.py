@@ -10,14 +10,14 @@ import openai
 import orjson
 import pytest
 
-from scripts.scripted_upstream import (
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import (
     JSONReply,
     ScriptedUpstream,
     SSEReply,
     chat_chunks,
     chat_completion,
 )
-from tests.conftest import RunningProxy
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -156,7 +156,7 @@ def test_any_v1_path_method_query_and_body_pass_through(
 def test_binary_response_streams_back(
     proxy: RunningProxy, upstream: ScriptedUpstream, client: httpx.Client
 ) -> None:
-    from scripts.scripted_upstream import RawReply
+    from tests.support.scripted_upstream import RawReply
 
     audio = bytes(range(256)) * 4096
     upstream.enqueue(RawReply(audio, content_type="audio/mpeg", chunk_size=65536))

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from scripts.scripted_upstream import (
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import (
     Drop,
     ErrorReply,
     Hang,
@@ -20,7 +21,6 @@ from scripts.scripted_upstream import (
     SSEReply,
     chat_chunks,
 )
-from tests.conftest import RunningProxy
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

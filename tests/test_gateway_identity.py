@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from scripts.scripted_upstream import ScriptedUpstream
 from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import ScriptedUpstream
 
 BODY = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
 
@@ -156,7 +156,7 @@ def test_logs_are_json_lines_without_keys_or_content(
 def test_upstream_cookies_never_reach_another_request(
     proxy: RunningProxy, upstream: ScriptedUpstream, client: httpx.Client
 ) -> None:
-    from scripts.scripted_upstream import JSONReply, chat_completion
+    from tests.support.scripted_upstream import JSONReply, chat_completion
 
     upstream.enqueue(JSONReply(chat_completion("hi"), headers={"set-cookie": "__cf_bm=alice; Path=/"}))
     first = client.post("/v1/chat/completions", json=BODY, headers={"X-Memory-User-Id": "alice"})

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from config import ApiKey
 from memory.store import FTS_COLUMNS, match_expression
 from proxy.identity import resolve_user
-from scripts.scripted_upstream import ScriptedUpstream
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error, wait_idle
+from tests.support.scripted_upstream import ScriptedUpstream
 
 QUERY = "What is my favourite island, and what is my lucky charm?"
 MARK = re.compile(r"(?:isle|charm)zq\d{4}x")

@@ -15,7 +15,8 @@ import pytest
 
 from memory.block import FACTS_HEADING, PROFILE_HEADING
 from memory.profiles import profile_vector_id
-from scripts.scripted_upstream import (
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import (
     ErrorReply,
     JSONReply,
     Received,
@@ -23,7 +24,6 @@ from scripts.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
-from tests.conftest import RunningProxy
 from tests.test_memory_flow import wait_indexed
 
 EXTRACT = "You extract durable facts"

@@ -21,8 +21,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from config import ApiKey
 from proxy.errors import RateLimited
 from proxy.limits import KeyLimits, limit_key
-from scripts.scripted_upstream import ErrorReply, ScriptedUpstream, SSEReply, chat_chunks
 from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import ErrorReply, ScriptedUpstream, SSEReply, chat_chunks
 
 Starter = Callable[..., RunningProxy]
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import openai
 
 from config import Route
-from scripts.scripted_upstream import JSONReply, ScriptedUpstream
 from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import JSONReply, ScriptedUpstream
 
 ANTHROPIC_REPLY = {
     "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-test",
@@ -60,7 +60,7 @@ def test_litellm_openai_provider_streams(
 def test_litellm_upstream_errors_keep_their_status(
     start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
 ) -> None:
-    from scripts.scripted_upstream import ErrorReply
+    from tests.support.scripted_upstream import ErrorReply
 
     proxy = start_proxy(routes=(
         Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),

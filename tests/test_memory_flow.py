@@ -13,14 +13,14 @@ import pytest
 import tiktoken
 
 from memory.render import CLOSE, OPEN
-from scripts.scripted_upstream import (
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import (
     JSONReply,
     ScriptedUpstream,
     SSEReply,
     chat_chunks,
     chat_completion,
 )
-from tests.conftest import RunningProxy
 
 
 def db(proxy: RunningProxy) -> sqlite3.Connection:

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts.scripted_upstream import Received, Reply, ScriptedUpstream, SSEReply, chat_chunks
 from tests.conftest import MODEL_DIR, ROOT
+from tests.support.scripted_upstream import Received, Reply, ScriptedUpstream, SSEReply, chat_chunks
 
 START_TIMEOUT = 120.0  # a cold start imports chromadb and onnxruntime: slow on a loaded machine
 

@@ -23,9 +23,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from config import SettingsError, load_settings
 from memory.redact import Redactor, luhn_valid, placeholder
-from scripts.scripted_upstream import ScriptedUpstream
 from tests.conftest import RunningProxy
 from tests.memory_helpers import memory_api, wait_idle
+from tests.support.scripted_upstream import ScriptedUpstream
 
 Starter = Callable[..., RunningProxy]
 ALNUM = string.ascii_letters + string.digits

@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from scripts.scripted_upstream import (
+from tests.support.scripted_upstream import (
     Drop,
     ErrorReply,
     Hang,

@@ -1,0 +1,1 @@
+"""Test support: the scripted upstream and the helpers tests share."""
