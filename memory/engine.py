@@ -14,20 +14,22 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from config import Settings
-from memory.block import pack_block
-from memory.chunking import chunk_text
-from memory.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
-from memory.facts import SYNC_JOB, FactStore
-from memory.jobs import JobWorker
-from memory.learned_recall import Learned, LearnedItem, LearnedRecall
-from memory.learned_vectors import LearnedVectors
-from memory.learning import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
-from memory.lifecycle import prune_all, purge_expired
-from memory.manage import Management
-from memory.messages import TURN_ROLES, last_user_text, turn_text
-from memory.profiles import ProfileStore
-from memory.query import build_query, for_embedding, identifiers, is_trivial
-from memory.ranking import (
+from memory.admin.manage import Management
+from memory.index.chunking import chunk_text
+from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
+from memory.index.learned_vectors import LearnedVectors
+from memory.index.vectors import VectorIndex
+from memory.jobs.worker import JobWorker
+from memory.learning.facts import SYNC_JOB, FactStore
+from memory.learning.learner import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
+from memory.learning.lifecycle import prune_all, purge_expired
+from memory.learning.profiles import ProfileStore
+from memory.learning.summaries import SummaryStore
+from memory.log.messages import TURN_ROLES, last_user_text, turn_text
+from memory.recall.block import pack_block
+from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
+from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
+from memory.recall.ranking import (
     CONTEXT_SEEDS,
     Candidate,
     Weights,
@@ -35,12 +37,10 @@ from memory.ranking import (
     add_conversation,
     fuse,
 )
+from memory.recall.render import Entry
 from memory.redact import Redactor
-from memory.render import Entry
-from memory.store import ChunkRow, NewTurn, RequestMetrics, Store
-from memory.summaries import SummaryStore
+from memory.storage.store import ChunkRow, NewTurn, RequestMetrics, Store
 from memory.tokens import count_tokens, ensure_offline_tiktoken
-from memory.vectors import VectorIndex
 
 INDEX_JOB = "index"
 MAINTENANCE_INTERVAL = 3600.0

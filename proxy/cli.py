@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def backup_command(args: argparse.Namespace) -> int:
     """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/backup.py)."""
-    from memory.backup import BackupError, backup
+    from memory.admin.backup import BackupError, backup
 
     try:
         settings = load_settings(config_file=args.config)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rank_bm25 import BM25Okapi
 
-from memory.store import NewTurn, Store
+from memory.storage.store import NewTurn, Store
 
 WORDS = (
     "deploy pipeline cluster database migration cache retry timeout alert dashboard billing "

@@ -42,11 +42,11 @@ import httpx
 import numpy as np
 
 from config import Settings, load_settings
-from memory.embeddings import LocalEmbedder
 from memory.engine import INDEX_JOB, MemoryEngine, RecallRequest
-from memory.messages import turn_text
-from memory.query import build_query, for_embedding
-from memory.store import NewTurn
+from memory.index.embeddings import LocalEmbedder
+from memory.log.messages import turn_text
+from memory.recall.query import build_query, for_embedding
+from memory.storage.store import NewTurn
 from memory.tokens import count_tokens
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
 

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from config import Settings, load_settings
-from memory.embeddings import LocalEmbedder
+from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
 from tests.support.scripted_upstream import ScriptedUpstream
 

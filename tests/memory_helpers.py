@@ -14,7 +14,7 @@ import jsonschema
 
 from config import Settings
 from memory.engine import MemoryEngine
-from memory.store import NewTurn
+from memory.storage.store import NewTurn
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
 

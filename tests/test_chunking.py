@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import Chunk, chunk_text
+from memory.index.chunking import Chunk, chunk_text
 from memory.tokens import count_tokens
 
 

@@ -16,7 +16,7 @@ import pytest
 from chromadb.utils.embedding_functions.onnx_mini_lm_l6_v2 import ONNXMiniLM_L6_V2
 from tokenizers import Tokenizer
 
-from memory.embeddings import (
+from memory.index.embeddings import (
     DIMENSION,
     MODEL_FILES,
     EmbeddingModelMissing,

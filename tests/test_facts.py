@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from memory.engine import MemoryEngine
-from memory.facts import FactError, FactNotFound
-from memory.profiles import ConsentRequired, profile_vector_id
+from memory.learning.facts import FactError, FactNotFound
+from memory.learning.profiles import ConsentRequired, profile_vector_id
 
 
 @pytest.fixture

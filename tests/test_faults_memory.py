@@ -19,8 +19,8 @@ import pytest
 from chromadb.config import Settings as ChromaSettings
 
 from config import Settings
-from memory.embeddings import MODEL_FILES
 from memory.engine import collection_name
+from memory.index.embeddings import MODEL_FILES
 from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.scripted_upstream import ErrorReply, Received, Reply, ScriptedUpstream
 

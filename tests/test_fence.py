@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.block import FACTS_HEADING, PROFILE_HEADING, TURNS_HEADING, fact_line
-from memory.render import CLOSE, OPEN, PREAMBLE, Entry, excerpts, neutralise, wrap
+from memory.recall.block import FACTS_HEADING, PROFILE_HEADING, TURNS_HEADING, fact_line
+from memory.recall.render import CLOSE, OPEN, PREAMBLE, Entry, excerpts, neutralise, wrap
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, wait_idle
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -78,7 +78,7 @@ def test_a_rendered_block_has_one_fence_and_only_memory_shaped_lines(
 
 
 def fact_line_of(text: str) -> str:
-    from memory.learned_recall import LearnedItem
+    from memory.recall.learned_recall import LearnedItem
 
     item = LearnedItem(source="fact", key="f1", text=text, category="identity", session_id="",
                        created_at=0.0, turn_ids=[])

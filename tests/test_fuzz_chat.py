@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from config import load_settings
-from memory.embeddings import LocalEmbedder
+from memory.index.embeddings import LocalEmbedder
 from proxy.chat_body import ROLES
 from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.scripted_upstream import (

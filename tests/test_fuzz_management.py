@@ -23,7 +23,7 @@ from schemathesis import Case
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from config import load_settings
-from memory.embeddings import LocalEmbedder
+from memory.index.embeddings import LocalEmbedder
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.scripted_upstream import ScriptedUpstream

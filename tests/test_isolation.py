@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from config import ApiKey
-from memory.store import FTS_COLUMNS, match_expression
+from memory.storage.store import FTS_COLUMNS, match_expression
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error, wait_idle

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from memory.jobs import Handler, JobWorker
-from memory.store import Store
+from memory.jobs.worker import Handler, JobWorker
+from memory.storage.store import Store
 
 
 @pytest.fixture

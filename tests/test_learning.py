@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from memory.block import FACTS_HEADING, PROFILE_HEADING
-from memory.profiles import profile_vector_id
+from memory.learning.profiles import profile_vector_id
+from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
 from tests.conftest import RunningProxy
 from tests.support.scripted_upstream import (
     ErrorReply,

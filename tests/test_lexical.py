@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.lexical import TermSelector
-from memory.store import FTS_COLUMNS, NewTurn, Store
+from memory.recall.lexical import TermSelector
+from memory.storage.store import FTS_COLUMNS, NewTurn, Store
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import tiktoken
 
-from memory.block import FACTS_HEADING, PROFILE_HEADING
 from memory.engine import MemoryEngine, RecallRequest
-from memory.fact_rules import grounded_in, same_subject_new_value
-from memory.learned_recall import is_personal
-from memory.llm_output import MalformedOutput, parse_json, validate_facts
-from memory.store import NewTurn
+from memory.learning.fact_rules import grounded_in, same_subject_new_value
+from memory.learning.llm_output import MalformedOutput, parse_json, validate_facts
+from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
+from memory.recall.learned_recall import is_personal
+from memory.storage.store import NewTurn
 
 DAY = 86400.0
 

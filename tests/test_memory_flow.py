@@ -12,7 +12,7 @@ import openai
 import pytest
 import tiktoken
 
-from memory.render import CLOSE, OPEN
+from memory.recall.render import CLOSE, OPEN
 from tests.conftest import RunningProxy
 from tests.support.scripted_upstream import (
     JSONReply,
@@ -196,7 +196,7 @@ def test_recall_failure_degrades_but_the_chat_goes_through(
 async def test_queued_and_interrupted_jobs_survive_a_restart(
     make_settings: Callable[..., Any], start_proxy: Callable[..., RunningProxy]
 ) -> None:
-    from memory.store import NewTurn, Store
+    from memory.storage.store import NewTurn, Store
 
     settings = make_settings()
     store = await Store.open(settings.db_path)
@@ -260,7 +260,7 @@ def test_a_long_query_is_embedded_clipped_and_searched_whole(
 
 async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[..., Any], embedder: Any) -> None:
     from memory.engine import MemoryEngine
-    from memory.store import RequestMetrics
+    from memory.storage.store import RequestMetrics
 
     engine = await MemoryEngine.open(make_settings(metrics_retention_days=30), embedder=embedder)
     try:

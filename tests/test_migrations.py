@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from memory import migrations
-from memory.store import Store
+from memory.storage import migrations
+from memory.storage.store import Store
 from tests.fixtures import make_memproxy_0002_db
 
 EXPECTED_TABLES = {

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from memory import migrations
-from memory.query import for_embedding
-from memory.ranking import Candidate, Weights, add_context, add_conversation, fuse
-from memory.render import CLOSE, OPEN, Entry, pack
-from memory.store import NewTurn, Store, owner_token, session_token
+from memory.recall.query import for_embedding
+from memory.recall.ranking import Candidate, Weights, add_context, add_conversation, fuse
+from memory.recall.render import CLOSE, OPEN, Entry, pack
+from memory.storage import migrations
+from memory.storage.store import NewTurn, Store, owner_token, session_token
 from memory.tokens import count_tokens
 
 DAY = 86400.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from memory.store import NewTurn, Store
+from memory.storage.store import NewTurn, Store
 from scripts.soak import Failed, Ledger, User, audit, sse_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory import migrations
-from memory.store import NewTurn, RequestMetrics, Store, match_expression
+from memory.storage import migrations
+from memory.storage.store import NewTurn, RequestMetrics, Store, match_expression
 
 HISTORY = [
     NewTurn("system", "You are a helpful assistant."),

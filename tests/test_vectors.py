@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memory.vectors import VectorIndex, where_clause
+from memory.index.vectors import VectorIndex, where_clause
 
 DIM = 384
 Vectors = npt.NDArray[np.float32]

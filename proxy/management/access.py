@@ -20,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config import Settings
-from memory.clearing import ClearExpired, ClearNotFound
+from memory.admin.clearing import ClearExpired, ClearNotFound
+from memory.admin.record_checks import RecordError
+from memory.admin.sessions import CursorError
 from memory.engine import MemoryEngine
-from memory.facts import FactError, FactNotFound
-from memory.profiles import ConsentRequired
-from memory.record_checks import RecordError
-from memory.sessions import CursorError
+from memory.learning.facts import FactError, FactNotFound
+from memory.learning.profiles import ConsentRequired
 from proxy.errors import (
     AuthenticationFailed,
     Conflict,

@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS, Fact
+from memory.learning.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS, Fact
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
 from proxy.management.inputs import (

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.flags import MAX_BUDGET
-from memory.facts import CATEGORIES, MAX_PAGE
+from memory.learning.facts import CATEGORIES, MAX_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory.sessions import MAX_PAGE, turn_dict
+from memory.admin.sessions import MAX_PAGE, turn_dict
 from proxy.errors import InvalidRequest, NotFound
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import Caller, endpoint, page, respond

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memory.forget import forget_session
-from memory.store import Store, Turn
+from memory.admin.forget import forget_session
+from memory.storage.store import Store, Turn
 
 MAX_PAGE = 500
 TITLE_CHARS = 120

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memory.messages import last_user_index
+from memory.log.messages import last_user_index
 
 
 def inject(messages: Sequence[Mapping[str, Any]], block: str, placement: str) -> list[Any]:

@@ -16,9 +16,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from memory.facts import FactStore
-from memory.profiles import ProfileStore
-from memory.summaries import SummaryStore
+from memory.learning.facts import FactStore
+from memory.learning.profiles import ProfileStore
+from memory.learning.summaries import SummaryStore
 
 FORMAT = "memproxy-export"
 VERSION = 1

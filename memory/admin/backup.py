@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from memory.engine import INDEX_JOB
-from memory.fact_model import SYNC_JOB
-from memory.store import Store
+from memory.learning.fact_model import SYNC_JOB
+from memory.storage.store import Store
 
 BATCH = 64  # items per rebuild job: one embedding batch each
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from memory.facts import Fact, facts_by_id
-from memory.profiles import ProfileStore, profile_vector_id
-from memory.store import Store
-from memory.summaries import summaries_by_id
-from memory.vectors import Metadata, VectorIndex
+from memory.index.vectors import Metadata, VectorIndex
+from memory.learning.facts import Fact, facts_by_id
+from memory.learning.profiles import ProfileStore, profile_vector_id
+from memory.learning.summaries import summaries_by_id
+from memory.storage.store import Store
 
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memory.store import Transaction
+from memory.storage.store import Transaction
 
 CATEGORIES = ("identity", "preference", "project", "relationship", "context", "todo", "decision")
 SOURCES = ("extracted", "manual", "import")

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memory.facts import FactError, queue_sync
-from memory.store import Store, match_expression, owner_token, session_token
+from memory.learning.facts import FactError, queue_sync
+from memory.storage.store import Store, match_expression, owner_token, session_token
 
 SUMMARY_KEYS = ("facts", "preferences", "decisions", "todos", "entities")
 _COLUMNS = (

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memory.facts import Fact, FactStore
-from memory.profiles import ProfileStore, profile_vector_id
-from memory.ranking import Candidate, Weights, fuse
-from memory.summaries import SummaryStore
-from memory.vectors import VectorIndex
+from memory.index.vectors import VectorIndex
+from memory.learning.facts import Fact, FactStore
+from memory.learning.profiles import ProfileStore, profile_vector_id
+from memory.learning.summaries import SummaryStore
+from memory.recall.ranking import Candidate, Weights, fuse
 
 MIN_SIMILARITY = 0.3
 PERSONAL = frozenset({"my", "me", "mine", "myself"})

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memory.facts import FactError, queue_sync
-from memory.store import Store, owner_token
+from memory.learning.facts import FactError, queue_sync
+from memory.storage.store import Store, owner_token
 
 MAX_PROFILE_CHARS = 8000
 

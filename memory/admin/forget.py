@@ -12,9 +12,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from memory.facts import queue_sync
-from memory.store import Store, Transaction
-from memory.vectors import VectorIndex
+from memory.index.vectors import VectorIndex
+from memory.learning.facts import queue_sync
+from memory.storage.store import Store, Transaction
 
 DROP_CHUNK_VECTORS_JOB = "drop_chunk_vectors"
 _BATCH = 1000

@@ -19,7 +19,7 @@ from chromadb.api.client import Client
 from chromadb.api.models.Collection import Collection
 from chromadb.config import Settings
 
-from memory.vector_cache import Row, VectorCache
+from memory.index.vector_cache import Row, VectorCache
 
 Metadata = Mapping[str, str | int | float | bool]
 PAGE = 5000  # vectors per read when loading a user's copy

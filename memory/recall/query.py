@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memory.messages import last_user_index, message_text
+from memory.log.messages import last_user_index, message_text
 
 # Acknowledgements that need no memory. Heuristic: after lower-casing and stripping
 # punctuation and emoji, the message is empty, one of these, or a run of them.

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from memory.fact_model import (
+from memory.learning.fact_model import (
     ACTIVE_SQL,
     CATEGORIES,
     DAY,
@@ -39,7 +39,7 @@ from memory.fact_model import (
     parse_cursor,
     queue_sync,
 )
-from memory.store import Store, Transaction, match_expression, owner_token
+from memory.storage.store import Store, Transaction, match_expression, owner_token
 
 __all__ = [
     "ACTIVE_SQL", "CATEGORIES", "DAY", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",

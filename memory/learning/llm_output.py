@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from memory.facts import CATEGORIES
+from memory.learning.facts import CATEGORIES
 
 MAX_FACT_CHARS = 500
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)

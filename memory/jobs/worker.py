@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from memory.store import Job, Store
+from memory.storage.store import Job, Store
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.facts import queue_sync
-from memory.profiles import ProfileStore
+from memory.learning.facts import queue_sync
+from memory.learning.profiles import ProfileStore
 from memory.redact import redact_record
-from memory.store import NewTurn, Store, Transaction, owner_token, session_token
+from memory.storage.store import NewTurn, Store, Transaction, owner_token, session_token
 from memory.tokens import count_tokens
 
 TURN_BATCH = 200

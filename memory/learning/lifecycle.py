@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from memory.facts import ACTIVE_SQL, DAY, Fact, FactStore
+from memory.learning.facts import ACTIVE_SQL, DAY, Fact, FactStore
 
 CATEGORY_WEIGHT = {
     "context": 3.0, "todo": 2.0, "decision": 1.0, "preference": 1.0, "project": 1.0,

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from memory.learned_recall import Learned, LearnedItem
-from memory.render import MAX_SKIPPED, Entry, neutralise, pack, render_entry, wrap
+from memory.recall.learned_recall import Learned, LearnedItem
+from memory.recall.render import MAX_SKIPPED, Entry, neutralise, pack, render_entry, wrap
 
 FACTS_SHARE = 0.4
 PROFILE_SHARE = 0.15

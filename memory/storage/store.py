@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from memory import migrations
-from memory.lexical import TermSelector
+from memory.recall.lexical import TermSelector
 from memory.redact import keep
+from memory.storage import migrations
 
 _BUSY_TIMEOUT_MS = 5000
 _LOCKED_ATTEMPTS = 6  # each waits the busy timeout: 30 s in all for a write lock

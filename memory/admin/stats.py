@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memory.facts import FactStore
-from memory.profiles import ProfileStore
-from memory.store import Store
-from memory.vectors import VectorIndex
+from memory.index.vectors import VectorIndex
+from memory.learning.facts import FactStore
+from memory.learning.profiles import ProfileStore
+from memory.storage.store import Store
 
 MAX_METRICS_ROWS = 10_000
 DEAD_LETTERS_SHOWN = 20

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from memory.facts import CATEGORIES, MAX_TEXT_CHARS, SOURCES
-from memory.messages import TURN_ROLES, turn_text
-from memory.profiles import MAX_PROFILE_CHARS
-from memory.records import FORMAT, VERSION
-from memory.summaries import SUMMARY_KEYS
+from memory.admin.records import FORMAT, VERSION
+from memory.learning.facts import CATEGORIES, MAX_TEXT_CHARS, SOURCES
+from memory.learning.profiles import MAX_PROFILE_CHARS
+from memory.learning.summaries import SUMMARY_KEYS
+from memory.log.messages import TURN_ROLES, turn_text
 
 MAX_ID_CHARS = 256
 TYPES = ("meta", "turn", "fact", "summary", "profile", "conversation")

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memory.facts import FactStore
-from memory.forget import forget_user
-from memory.importer import Importer, ImportReport
-from memory.record_checks import check_record
-from memory.records import RecordSource
-from memory.store import Store
+from memory.admin.forget import forget_user
+from memory.admin.importer import Importer, ImportReport
+from memory.admin.record_checks import check_record
+from memory.admin.records import RecordSource
+from memory.learning.facts import FactStore
+from memory.storage.store import Store
 
 SETTLE_JOB = "settle_clear"
 _INSERT_BATCH = 500

@@ -6,18 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from config import Settings
-from memory.clearing import SETTLE_JOB, Clears
-from memory.facts import FactStore
-from memory.forget import DROP_CHUNK_VECTORS_JOB, ChunkVectorDropper
-from memory.importer import Importer
-from memory.jobs import Handler
-from memory.profiles import ProfileStore
-from memory.records import RecordSource
-from memory.sessions import SessionStore
-from memory.stats import MemoryStats
-from memory.store import Store
-from memory.summaries import SummaryStore
-from memory.vectors import VectorIndex
+from memory.admin.clearing import SETTLE_JOB, Clears
+from memory.admin.forget import DROP_CHUNK_VECTORS_JOB, ChunkVectorDropper
+from memory.admin.importer import Importer
+from memory.admin.records import RecordSource
+from memory.admin.sessions import SessionStore
+from memory.admin.stats import MemoryStats
+from memory.index.vectors import VectorIndex
+from memory.jobs.worker import Handler
+from memory.learning.facts import FactStore
+from memory.learning.profiles import ProfileStore
+from memory.learning.summaries import SummaryStore
+from memory.storage.store import Store
 
 
 class Management:

@@ -21,23 +21,23 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from config import Settings
-from memory.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide, grounded_in
-from memory.facts import Fact, FactStore
-from memory.jobs import JobFailed
-from memory.learned_vectors import fact_metadata
-from memory.lifecycle import evict_down_to
-from memory.llm_output import (
+from memory.index.learned_vectors import fact_metadata
+from memory.index.vectors import VectorIndex
+from memory.jobs.worker import JobFailed
+from memory.learning.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide, grounded_in
+from memory.learning.facts import Fact, FactStore
+from memory.learning.lifecycle import evict_down_to
+from memory.learning.llm_output import (
     ExtractedFact,
     MalformedOutput,
     parse_json,
     validate_facts,
     validate_summary,
 )
-from memory.prompts import extraction_messages, repair_messages, summary_messages
-from memory.store import Store, Turn
-from memory.summaries import SummaryStore
+from memory.learning.prompts import extraction_messages, repair_messages, summary_messages
+from memory.learning.summaries import SummaryStore
+from memory.storage.store import Store, Turn
 from memory.tokens import encoding_for_model
-from memory.vectors import VectorIndex
 
 EXTRACT_JOB = "extract_facts"
 SUMMARY_JOB = "summarize"

@@ -1,0 +1,1 @@
+"""Management: sessions, stats, backup, export and import, clear-all, forgetting."""

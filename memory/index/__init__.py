@@ -1,0 +1,1 @@
+"""Indexing: chunking, embeddings, and the vector index with its per-user copies."""

@@ -1,0 +1,1 @@
+"""The durable job queue and the worker that runs it."""

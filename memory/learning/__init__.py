@@ -1,0 +1,1 @@
+"""Learned memory: facts, summaries and the profile, and the jobs that learn them."""

@@ -1,0 +1,1 @@
+"""The conversation log: chat messages as turns, stored exactly once."""

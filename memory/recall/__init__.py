@@ -1,0 +1,1 @@
+"""Recall: query building, lexical term choice, ranking, and the memory block."""
