@@ -19,6 +19,7 @@ from memory.index.chunking import chunk_text
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
 from memory.index.vectors import VectorIndex
+from memory.jobs.queue import JobQueue
 from memory.jobs.worker import JobWorker
 from memory.learning.facts import SYNC_JOB, FactStore
 from memory.learning.learner import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
@@ -26,8 +27,10 @@ from memory.learning.lifecycle import prune_all, purge_expired
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
+from memory.log.turn_log import INDEX_JOB, TurnLog
 from memory.recall.block import pack_block
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
+from memory.recall.lexical import ChunkSearch
 from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
 from memory.recall.ranking import (
     CONTEXT_SEEDS,
@@ -39,10 +42,12 @@ from memory.recall.ranking import (
 )
 from memory.recall.render import Entry
 from memory.redact import Redactor
-from memory.storage.store import ChunkRow, NewTurn, RequestMetrics, Store
+from memory.storage import metrics
+from memory.storage.database import Database
+from memory.storage.metrics import RequestMetrics
+from memory.storage.turns import ChunkRow, NewTurn
 from memory.tokens import count_tokens, ensure_offline_tiktoken
 
-INDEX_JOB = "index"
 MAINTENANCE_INTERVAL = 3600.0
 DONE_JOB_RETENTION = 7 * 86400.0
 CHUNK_COUNT_MODEL = "gpt-4"
@@ -105,10 +110,15 @@ class MemoryEngine:
     """Storage, vectors, embeddings and the job worker, behind recall and remember."""
 
     def __init__(
-        self, settings: Settings, store: Store, vectors: VectorIndex, embedder: Embedder
+        self, settings: Settings, db: Database, vectors: VectorIndex, embedder: Embedder
     ) -> None:
         self.settings = settings
-        self.store = store
+        self.db = db
+        # Every turn, fact, summary and imported record is redacted before it is stored.
+        self.redact = Redactor(settings.redact)
+        self.log = TurnLog(db, redact=self.redact)
+        self.queue = JobQueue(db)
+        self.lexical = ChunkSearch(db)
         self.vectors = vectors
         self.embedder = embedder
         self.weights = Weights(
@@ -122,14 +132,14 @@ class MemoryEngine:
         # per turn), while a query's embedding still gets both cores when they are free.
         self._indexing = asyncio.Lock()
         self.facts = FactStore(
-            store, lifetimes_days=settings.fact_lifetimes_days(),
-            max_pinned=settings.fact_max_pinned, notify=self._notify,
+            db, lifetimes_days=settings.fact_lifetimes_days(),
+            max_pinned=settings.fact_max_pinned, redact=self.redact, notify=self._notify,
         )
-        self.summaries = SummaryStore(store, notify=self._notify)
-        self.profiles = ProfileStore(store, notify=self._notify)
-        self.learned_vectors = LearnedVectors(store, self.profiles, vectors, embedder.embed)
+        self.summaries = SummaryStore(db, redact=self.redact, notify=self._notify)
+        self.profiles = ProfileStore(db, notify=self._notify)
+        self.learned_vectors = LearnedVectors(db, self.profiles, vectors, embedder.embed)
         self.manage = Management(
-            settings, store, vectors, self.facts, self.summaries, self.profiles,
+            settings, self.log, vectors, self.facts, self.summaries, self.profiles,
             index_job=INDEX_JOB, notify=self._notify,
         )
         self.learned_recall = LearnedRecall(
@@ -137,10 +147,10 @@ class MemoryEngine:
             k=settings.recall_candidates,
         )
         self.learner = Learner(
-            settings, store, self.facts, self.summaries, vectors, embedder.embed, self._notify
+            settings, self.log, self.facts, self.summaries, vectors, embedder.embed, self._notify
         )
         self.worker = JobWorker(
-            store, {
+            self.queue, {
                 INDEX_JOB: self._index_job, SYNC_JOB: self.learned_vectors.sync,
                 EXTRACT_JOB: self.learner.extract, SUMMARY_JOB: self.learner.summarize,
                 **self.manage.handlers,
@@ -164,7 +174,7 @@ class MemoryEngine:
         # products recall needs (one query against a user's vectors) gain nothing from them.
         # Measured at 10k turns: 45 -> 24 ms of CPU per recall with one BLAS thread.
         threadpool_limits(1, user_api="blas")
-        store = await Store.open(settings.db_path, redact=Redactor(settings.redact))
+        db = await Database.open(settings.db_path)
         try:
             vectors = await asyncio.to_thread(
                 VectorIndex.open, settings.vectors_path, collection_name(settings),
@@ -173,9 +183,9 @@ class MemoryEngine:
             if embedder is None:
                 embedder = _local_embedder(settings)
         except BaseException:
-            await store.close()
+            await db.close()
             raise
-        engine = cls(settings, store, vectors, embedder)
+        engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
@@ -189,12 +199,12 @@ class MemoryEngine:
                 await self._maintenance
         await self.worker.stop(timeout)
         await asyncio.to_thread(self.vectors.close)
-        await self.store.close()
+        await self.db.close()
 
     async def health(self) -> dict[str, str]:
         """Each dependency's state: "ok" or the error it raised."""
         probes = {
-            "database": self.store.check(),
+            "database": self.db.check(),
             "vectors": asyncio.to_thread(self.vectors.count),
             "embeddings": self.embedder.embed(["ready?"]),
         }
@@ -214,9 +224,11 @@ class MemoryEngine:
         retention = self.settings.metrics_retention_days * 86400.0
         expired_cutoff = now - self.settings.fact_expired_retention_days * 86400.0
         keep = min(self.settings.fact_prune_at, self.settings.fact_cap)
+        async with self.db.autocommit() as tx:
+            pruned_metrics = await metrics.prune(tx, now - retention)
         return {
-            "request_metrics": await self.store.prune_request_metrics(now - retention),
-            "done_jobs": await self.store.prune_done_jobs(now - DONE_JOB_RETENTION),
+            "request_metrics": pruned_metrics,
+            "done_jobs": await self.queue.prune_done_jobs(now - DONE_JOB_RETENTION),
             "expired_facts": await purge_expired(self.facts, expired_cutoff),
             "evicted_facts": await prune_all(self.facts, keep, now),
         }
@@ -247,7 +259,7 @@ class MemoryEngine:
         ]
         if not turns:
             return None
-        result = await self.store.append_turns(
+        result = await self.log.append_turns(
             user_id, session_id, turns, job_kind=INDEX_JOB,
             max_attempts=self.settings.job_max_attempts,
         )
@@ -264,7 +276,7 @@ class MemoryEngine:
             role="assistant", content=text, created_at=time.time(), model=model,
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
-        result = await self.store.append_turns(
+        result = await self.log.append_turns(
             user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,
             max_attempts=self.settings.job_max_attempts,
         )
@@ -275,10 +287,11 @@ class MemoryEngine:
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""
-        await self.store.record_request_metrics(row)
+        async with self.db.autocommit() as tx:
+            await metrics.insert(tx, row)
 
     async def _index_job(self, payload: dict[str, Any]) -> None:
-        turns = await self.store.get_turns(payload["turn_ids"])
+        turns = await self.log.get_turns(payload["turn_ids"])
         ids: list[str] = []
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []
@@ -287,7 +300,7 @@ class MemoryEngine:
                 turn.content, max_tokens=self.settings.chunk_max_tokens,
                 count=lambda t: count_tokens(t, CHUNK_COUNT_MODEL),
             )
-            chunk_ids = await self.store.add_chunks(
+            chunk_ids = await self.log.add_chunks(
                 turn.id, [(c.ordinal, c.kind, c.text, c.tokens) for c in chunks]
             )
             speaker = turn.name or turn.role
@@ -315,7 +328,7 @@ class MemoryEngine:
         k, words = self.settings.recall_candidates, self.settings.query_embed_words
         present = "\n".join(turn_text(m) for m in request.messages)
         # Stored turns are redacted: compare them with the redacted messages too.
-        if (redacted := self.store.redact(present)) != present:
+        if (redacted := self.redact(present)) != present:
             present += "\n" + redacted
 
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
@@ -338,8 +351,8 @@ class MemoryEngine:
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
                 return [], []
-            found = await self.store.fts_search(request.user_id, query, k=k, session_id=session)
-            return found, await self.store.get_chunks([chunk_id for chunk_id, _ in found])
+            found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
+            return found, await self.log.get_chunks([chunk_id for chunk_id, _ in found])
 
         # A signal weighted 0 is not searched at all (that is how ablations run); the
         # lexical search, and reading what it found, runs while the query is embedded.
@@ -395,7 +408,7 @@ class MemoryEngine:
         # logged before the client resent it with a name): one candidate per text, with the
         # best of each signal, shown under a name when any copy has one.
         by_text: dict[str, Candidate] = {}
-        for row in [*read, *await self.store.get_chunks(unread)]:
+        for row in [*read, *await self.log.get_chunks(unread)]:
             if row.user_id != user_id or row.text.strip() in present:
                 continue  # already in the prompt (or, defensively, not this user's)
             dense_score, bm25 = scores[row.id]
@@ -414,13 +427,13 @@ class MemoryEngine:
     ) -> list[Candidate]:
         """The ranking with the turns around the best items lifted (ranking.add_context)."""
         seeds = ranked[:CONTEXT_SEEDS]
-        pairs = await self.store.neighbour_chunks([_chunk_id(c) for c in seeds])
+        pairs = await self.log.neighbour_chunks([_chunk_id(c) for c in seeds])
         known = {c.key for c in ranked}
         by_text = {_same_text(c.text): c.key for c in ranked}
         alias: dict[str, str] = {}
         added: dict[str, Candidate] = {}
         unknown = list(dict.fromkeys(n for _, n in pairs if f"c{n}" not in known))
-        for row in await self.store.get_chunks(unknown):
+        for row in await self.log.get_chunks(unknown):
             if row.user_id != user_id or row.text.strip() in present:
                 continue
             same = by_text.setdefault(_same_text(row.text), f"c{row.id}")

@@ -1,11 +1,10 @@
-"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/backup.py), and
+"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py), and
 `memories`, `sessions` and `stats` against a running server (proxy/cli_memory.py)."""
 
 from __future__ import annotations
 
 import argparse
 import signal
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,13 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def backup_command(args: argparse.Namespace) -> int:
-    """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/backup.py)."""
+    """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/admin/backup.py)."""
     from memory.admin.backup import BackupError, backup
 
     try:
         settings = load_settings(config_file=args.config)
         done = backup(settings.db_path, args.dest)
-    except (SettingsError, BackupError, sqlite3.Error, OSError) as exc:
+    except (SettingsError, BackupError, OSError) as exc:
         print(f"memproxy: backup failed: {exc}", file=sys.stderr)
         return 1
     print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"

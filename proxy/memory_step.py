@@ -14,7 +14,7 @@ from typing import Any
 
 from config import Flags
 from memory.engine import Recalled, RecallRequest
-from memory.storage.store import RequestMetrics
+from memory.storage.metrics import RequestMetrics
 from proxy.identity import Identity, presented_key
 from proxy.logs import get_logger
 from proxy.state import AppState

@@ -20,7 +20,10 @@ from pathlib import Path
 
 from rank_bm25 import BM25Okapi
 
-from memory.storage.store import NewTurn, Store
+from memory.log.turn_log import TurnLog
+from memory.recall.lexical import ChunkSearch
+from memory.storage.database import Database
+from memory.storage.turns import NewTurn
 
 WORDS = (
     "deploy pipeline cluster database migration cache retry timeout alert dashboard billing "
@@ -46,34 +49,36 @@ def sentence(rng: random.Random, length: int) -> str:
     )
 
 
-async def build(path: Path, texts: list[str]) -> Store:
-    """A store holding `texts` as indexed chunks of one user."""
-    store = await Store.open(path)
+async def build(path: Path, texts: list[str]) -> Database:
+    """A database holding `texts` as indexed chunks of one user."""
+    db = await Database.open(path)
+    log = TurnLog(db)
     after = None
     for i, text in enumerate(texts):
-        result = await store.append_turns(
+        result = await log.append_turns(
             "bench-user", f"s{i // 20}", [NewTurn("user", text)],
             after=after if i % 20 else None, job_kind=None,
         )
         after = result.last_id
         assert result.last_id is not None
-        await store.add_chunks(result.last_id, [(0, "prose", text, len(text.split()))])
-    return store
+        await log.add_chunks(result.last_id, [(0, "prose", text, len(text.split()))])
+    return db
 
 
 async def measure(size: int, queries: list[str], rng: random.Random) -> dict[str, float]:
     """Median and p95 query time of both engines at one corpus size."""
     texts = [sentence(rng, rng.randint(8, 60)) for _ in range(size)]
     with tempfile.TemporaryDirectory() as tmp:
-        store = await build(Path(tmp) / "bench.db", texts)
+        db = await build(Path(tmp) / "bench.db", texts)
         try:
+            search = ChunkSearch(db)
             fts = []
             for query in queries:
                 started = time.perf_counter()
-                await store.fts_search("bench-user", query, k=60)
+                await search.search("bench-user", query, k=60)
                 fts.append((time.perf_counter() - started) * 1000)
         finally:
-            await store.close()
+            await db.close()
     started = time.perf_counter()
     bm25 = BM25Okapi([_TOKEN.findall(t.lower()) for t in texts])
     build_ms = (time.perf_counter() - started) * 1000

@@ -46,7 +46,7 @@ from memory.engine import INDEX_JOB, MemoryEngine, RecallRequest
 from memory.index.embeddings import LocalEmbedder
 from memory.log.messages import turn_text
 from memory.recall.query import build_query, for_embedding
-from memory.storage.store import NewTurn
+from memory.storage.turns import NewTurn
 from memory.tokens import count_tokens
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
 
@@ -206,7 +206,7 @@ async def grow(engine: MemoryEngine, corpus: Corpus, progress: dict[str, Any], u
     for n, (_, user, number) in enumerate(sorted(plan)):
         turns = corpus.session(user, number)
         mark = time.perf_counter()
-        await engine.store.append_turns(user, f"s{number}", turns, job_kind=INDEX_JOB)
+        await engine.log.append_turns(user, f"s{number}", turns, job_kind=INDEX_JOB)
         append_s += time.perf_counter() - mark
         if n % 25 == 0:
             engine.worker.notify()
@@ -252,9 +252,9 @@ async def measure_recall(engine: MemoryEngine, queries: list[list[dict[str, str]
         marks.append((time.perf_counter(), time.process_time()))
         dense = await asyncio.to_thread(engine.vectors.query, vector, k=k, where=where)
         marks.append((time.perf_counter(), time.process_time()))
-        lexical = await engine.store.fts_search(USER, query, k=k)
+        lexical = await engine.lexical.search(USER, query, k=k)
         marks.append((time.perf_counter(), time.process_time()))
-        await engine.store.get_chunks(list({int(key[1:]) for key, _ in dense} | {i for i, _ in lexical}))
+        await engine.log.get_chunks(list({int(key[1:]) for key, _ in dense} | {i for i, _ in lexical}))
         marks.append((time.perf_counter(), time.process_time()))
         present = "\n".join(turn_text(m) for m in messages)  # facts, summaries, profile
         await engine.learned_recall.gather(USER, "bench-query", query, vector, session_only=False, present=present)
@@ -369,7 +369,7 @@ async def run(args: argparse.Namespace, settings: Settings, data_dir: Path) -> d
         print(f"  built in {built['seconds']:.0f} s; measuring recall ...", file=sys.stderr)
         engine = await MemoryEngine.open(settings, embedder=embedder)  # queries: the real model
         try:
-            total = await engine.store.count_turns()
+            total = await engine.log.count_turns()
             recall = await measure_recall(engine, queries, 20)
         finally:
             await engine.close()

@@ -14,7 +14,7 @@ import jsonschema
 
 from config import Settings
 from memory.engine import MemoryEngine
-from memory.storage.store import NewTurn
+from memory.storage.turns import NewTurn
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
 
@@ -74,19 +74,19 @@ async def seed(settings: Settings, embedder: Any, user: str = "ada") -> None:
     consent and a profile, written through the engine's own stores."""
     engine = await MemoryEngine.open(settings, embedder=embedder)
     try:
-        store = engine.store
-        first = await store.append_turns(user, "trip", [
+        log = engine.log
+        first = await log.append_turns(user, "trip", [
             NewTurn("user", "We fly to Lisbon on the 3rd of May.", created_at=1_700_000_000.0),
             NewTurn("assistant", "Noted: Lisbon, May 3rd.", created_at=1_700_000_010.0,
                     model="gpt-4o", tokens=7),
             NewTurn("user", "Book a hotel near Alfama \u2028 with a view.", created_at=1_700_000_020.0),
         ])
-        turns = await store.session_turns(user, "trip")
+        turns = await log.session_turns(user, "trip")
         # An edited second message: a branch from the first turn.
-        await store.append_turns(user, "trip", [
+        await log.append_turns(user, "trip", [
             NewTurn("assistant", "Lisbon it is.", name="planner", created_at=1_700_000_030.0),
         ], after=turns[0].id)
-        await store.append_turns(user, "work", [
+        await log.append_turns(user, "work", [
             NewTurn("user", "The billing service runs Postgres 16.", created_at=1_700_100_000.0),
             NewTurn("assistant", "Postgres 16, got it.", created_at=1_700_100_005.0,
                     incomplete=True),

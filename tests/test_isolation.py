@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from config import ApiKey
-from memory.storage.store import FTS_COLUMNS, match_expression
+from memory.storage.fts import CHUNK_COLUMNS, match_expression
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error, wait_idle
@@ -245,7 +245,7 @@ def check_fts_layer(proxy: RunningProxy, users: list[User]) -> int:
     with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
         for user in users:
             owners = conn.execute(chunks, (match_expression(user.resolved, QUERY,
-                                                            columns=FTS_COLUMNS),)).fetchall()
+                                                            columns=CHUNK_COLUMNS),)).fetchall()
             assert len(owners) == 4 and {o for (o,) in owners} == {user.resolved}, user.uid
             owners = conn.execute(facts, (match_expression(user.resolved, QUERY),)).fetchall()
             assert owners == ([] if user.via_body else [(user.uid,)]), user.uid

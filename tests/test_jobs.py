@@ -12,24 +12,24 @@ from typing import Any
 import pytest
 
 from memory.jobs.worker import Handler, JobWorker
-from memory.storage.store import Store
+from tests.support.storage import Storage
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await Store.open(tmp_path / "memory.db")
+async def store(tmp_path: Path) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db")
     yield store
     await store.close()
 
 
 @pytest.fixture
-async def make_worker(store: Store) -> AsyncIterator[Callable[..., JobWorker]]:
+async def make_worker(store: Storage) -> AsyncIterator[Callable[..., JobWorker]]:
     """Build started-later workers with fast timings; every one is stopped at teardown."""
     workers: list[JobWorker] = []
 
     def make(handlers: Mapping[str, Handler], **options: Any) -> JobWorker:
         options = {"poll_interval": 0.05, "backoff_base": 0.02, **options}
-        worker = JobWorker(options.pop("store", store), handlers, **options)
+        worker = JobWorker(options.pop("store", store).queue, handlers, **options)
         workers.append(worker)
         return worker
 
@@ -53,64 +53,64 @@ class Recorder:
 
 
 async def test_a_job_runs_once_and_is_done(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     handler = Recorder()
     worker = make_worker({"index": handler})
     await worker.start()
 
-    await store.enqueue("index", {"turn_ids": [1, 2]})
+    await store.queue.enqueue("index", {"turn_ids": [1, 2]})
     worker.notify()
     await worker.run_until_idle(timeout=5)
 
     assert [payload for _, payload in handler.calls] == [{"turn_ids": [1, 2]}]
-    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
 
 
 async def test_a_failing_job_backs_off_then_is_buried_with_its_error(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     handler = Recorder(failures=99, error=ConnectionError("upstream refused"))
     worker = make_worker({"extract": handler}, backoff_base=0.05)
     await worker.start()
 
-    job_id = await store.enqueue("extract", {"n": 1}, max_attempts=3)
+    job_id = await store.queue.enqueue("extract", {"n": 1}, max_attempts=3)
     await worker.run_until_idle(timeout=5)
 
     assert len(handler.calls) == 3
     first_gap = handler.calls[1][0] - handler.calls[0][0]
     second_gap = handler.calls[2][0] - handler.calls[1][0]
     assert first_gap >= 0.05 and second_gap >= 0.1  # base * 2 ** (attempt - 1)
-    (dead,) = await store.dead_jobs(10)
+    (dead,) = await store.queue.dead_jobs(10)
     assert (dead.id, dead.kind, dead.attempts) == (job_id, "extract", 3)
     assert dead.last_error == "ConnectionError: upstream refused"
-    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 1}
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 1}
 
 
 async def test_a_job_that_fails_once_succeeds_on_retry(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     handler = Recorder(failures=1)
     worker = make_worker({"index": handler})
     await worker.start()
 
-    await store.enqueue("index", {})
+    await store.queue.enqueue("index", {})
     await worker.run_until_idle(timeout=5)
 
     assert len(handler.calls) == 2
-    assert (await store.job_counts())["done"] == 1
+    assert (await store.queue.job_counts())["done"] == 1
 
 
 async def test_an_unknown_kind_is_buried_at_once(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     worker = make_worker({"index": Recorder()})
     await worker.start()
 
-    await store.enqueue("summarise", {}, max_attempts=5)
+    await store.queue.enqueue("summarise", {}, max_attempts=5)
     await worker.run_until_idle(timeout=5)
 
-    (dead,) = await store.dead_jobs(10)
+    (dead,) = await store.queue.dead_jobs(10)
     assert dead.attempts == 1
     assert dead.last_error == "no handler is registered for job kind 'summarise'"
 
@@ -119,12 +119,12 @@ async def test_a_job_running_at_a_crash_is_retried_after_restart(
     tmp_path: Path, make_worker: Callable[..., JobWorker]
 ) -> None:
     path = tmp_path / "crash.db"
-    crashed = await Store.open(path)
-    job_id = await crashed.enqueue("index", {"turn_ids": [7]})
-    assert [job.id for job in await crashed.claim(None, 1, now=time.time())] == [job_id]
+    crashed = await Storage.open(path)
+    job_id = await crashed.queue.enqueue("index", {"turn_ids": [7]})
+    assert [job.id for job in await crashed.queue.claim(None, 1, now=time.time())] == [job_id]
     await crashed.close()  # the process dies mid-job: nothing settles it
 
-    restarted = await Store.open(path)
+    restarted = await Storage.open(path)
     try:
         handler = Recorder()
         worker = make_worker({"index": handler}, store=restarted)
@@ -132,14 +132,14 @@ async def test_a_job_running_at_a_crash_is_retried_after_restart(
         await worker.run_until_idle(timeout=5)
 
         assert [payload for _, payload in handler.calls] == [{"turn_ids": [7]}]
-        assert (await restarted.job_counts())["done"] == 1
+        assert (await restarted.queue.job_counts())["done"] == 1
         await worker.stop(timeout=1)
     finally:
         await restarted.close()
 
 
 async def test_stop_requeues_a_job_whose_handler_is_too_slow(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
@@ -153,13 +153,13 @@ async def test_stop_requeues_a_job_whose_handler_is_too_slow(
 
     worker = make_worker({"index": slow})
     await worker.start()
-    await store.enqueue("index", {"n": 1})
+    await store.queue.enqueue("index", {"n": 1})
     await asyncio.wait_for(started.wait(), timeout=5)
 
     await worker.stop(timeout=0.05)
 
     assert cancelled.is_set()
-    assert await store.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 0}
+    assert await store.queue.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 0}
     handler = Recorder()
     successor = make_worker({"index": handler})
     await successor.start()
@@ -168,7 +168,7 @@ async def test_stop_requeues_a_job_whose_handler_is_too_slow(
 
 
 async def test_a_cancelled_error_from_inside_a_handler_is_a_failure(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     async def leaks_cancellation(payload: dict[str, Any]) -> None:
         inner = asyncio.get_running_loop().create_future()
@@ -177,15 +177,15 @@ async def test_a_cancelled_error_from_inside_a_handler_is_a_failure(
 
     worker = make_worker({"index": leaks_cancellation})
     await worker.start()
-    await store.enqueue("index", {}, max_attempts=1)
+    await store.queue.enqueue("index", {}, max_attempts=1)
     await worker.run_until_idle(timeout=5)
 
-    (dead,) = await store.dead_jobs(5)
+    (dead,) = await store.queue.dead_jobs(5)
     assert dead.last_error is not None and dead.last_error.startswith("CancelledError")
 
 
 async def test_stop_lets_a_handler_that_finishes_in_time_complete(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     started = asyncio.Event()
 
@@ -195,16 +195,16 @@ async def test_stop_lets_a_handler_that_finishes_in_time_complete(
 
     worker = make_worker({"index": brief})
     await worker.start()
-    await store.enqueue("index", {})
+    await store.queue.enqueue("index", {})
     await asyncio.wait_for(started.wait(), timeout=5)
 
     await worker.stop(timeout=5)
 
-    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
 
 
 async def test_handlers_run_concurrently_up_to_the_limit(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     active, peak = 0, 0
 
@@ -217,16 +217,16 @@ async def test_handlers_run_concurrently_up_to_the_limit(
 
     worker = make_worker({"index": handler}, concurrency=3)
     for n in range(9):
-        await store.enqueue("index", {"n": n})
+        await store.queue.enqueue("index", {"n": n})
     await worker.start()
     await worker.run_until_idle(timeout=5)
 
     assert peak == 3  # never more than the limit, and the limit was reached
-    assert (await store.job_counts())["done"] == 9
+    assert (await store.queue.job_counts())["done"] == 9
 
 
 async def test_notify_wakes_the_worker_without_waiting_for_the_poll(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     ran = asyncio.Event()
 
@@ -237,42 +237,42 @@ async def test_notify_wakes_the_worker_without_waiting_for_the_poll(
     await worker.start()
     await asyncio.sleep(0.01)  # let the loop go to sleep on an empty queue
 
-    await store.enqueue("index", {})
+    await store.queue.enqueue("index", {})
     worker.notify()
 
     await asyncio.wait_for(ran.wait(), timeout=2)
 
 
 async def test_run_until_idle_times_out_while_a_job_is_still_running(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     async def stuck(payload: dict[str, Any]) -> None:
         await asyncio.sleep(60)
 
     worker = make_worker({"index": stuck})
     await worker.start()
-    await store.enqueue("index", {})
+    await store.queue.enqueue("index", {})
 
     with pytest.raises(TimeoutError):
         await worker.run_until_idle(timeout=0.2)
 
 
 async def test_run_until_idle_ignores_jobs_due_after_the_timeout(
-    store: Store, make_worker: Callable[..., JobWorker]
+    store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
     handler = Recorder()
     worker = make_worker({"index": handler})
     await worker.start()
-    await store.enqueue("index", {}, run_after=time.time() + 3600)
+    await store.queue.enqueue("index", {}, run_after=time.time() + 3600)
 
     await worker.run_until_idle(timeout=1)
 
     assert handler.calls == []
-    assert (await store.job_counts())["queued"] == 1
+    assert (await store.queue.job_counts())["queued"] == 1
 
 
-async def test_backoff_doubles_and_is_capped(store: Store) -> None:
-    worker = JobWorker(store, {}, backoff_base=1.0, backoff_max=10.0)
+async def test_backoff_doubles_and_is_capped(store: Storage) -> None:
+    worker = JobWorker(store.queue, {}, backoff_base=1.0, backoff_max=10.0)
 
     assert 1.0 <= worker.backoff(1) <= 1.1
     assert 2.0 <= worker.backoff(2) <= 2.2

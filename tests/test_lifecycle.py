@@ -14,7 +14,7 @@ from memory.learning.fact_rules import grounded_in, same_subject_new_value
 from memory.learning.llm_output import MalformedOutput, parse_json, validate_facts
 from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
 from memory.recall.learned_recall import is_personal
-from memory.storage.store import NewTurn
+from memory.storage.turns import NewTurn
 
 DAY = 86400.0
 
@@ -124,7 +124,7 @@ async def test_session_scope_uses_only_that_sessions_learned_items(engine: Memor
                            source="extracted", source_session="s1")
     await engine.facts.add("ada", "User runs the payroll reports monthly", "project",
                            source="extracted", source_session="s2")
-    await engine.store.append_turns("ada", "s1", [NewTurn("user", "hello there")])
+    await engine.log.append_turns("ada", "s1", [NewTurn("user", "hello there")])
     await engine.worker.run_until_idle(timeout=20)
     result = await engine.recall(RecallRequest(
         "ada", "s1", [{"role": "user", "content": "When does the payroll run happen?"}],

@@ -196,19 +196,20 @@ def test_recall_failure_degrades_but_the_chat_goes_through(
 async def test_queued_and_interrupted_jobs_survive_a_restart(
     make_settings: Callable[..., Any], start_proxy: Callable[..., RunningProxy]
 ) -> None:
-    from memory.storage.store import NewTurn, Store
+    from memory.storage.turns import NewTurn
+    from tests.support.storage import Storage
 
     settings = make_settings()
-    store = await Store.open(settings.db_path)
-    first = await store.append_turns("ada", "before-restart", [
+    store = await Storage.open(settings.db_path)
+    first = await store.log.append_turns("ada", "before-restart", [
         NewTurn("user", "The on-call rotation moved to Thursdays."),
     ])
-    second = await store.append_turns("ada", "before-restart", [
+    second = await store.log.append_turns("ada", "before-restart", [
         NewTurn("user", "Grafana dashboards live in the ops-observability repo."),
     ], after=first.last_id)
     assert first.job_id and second.job_id
     # A crash while the second job ran: it is still marked running.
-    await store.claim(None, limit=1, now=time.time() + 1)
+    await store.queue.claim(None, limit=1, now=time.time() + 1)
     await store.close()
     with sqlite3.connect(settings.db_path) as conn:
         states = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
@@ -260,7 +261,7 @@ def test_a_long_query_is_embedded_clipped_and_searched_whole(
 
 async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[..., Any], embedder: Any) -> None:
     from memory.engine import MemoryEngine
-    from memory.storage.store import RequestMetrics
+    from memory.storage.metrics import RequestMetrics
 
     engine = await MemoryEngine.open(make_settings(metrics_retention_days=30), embedder=embedder)
     try:

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from memory.storage import migrations
-from memory.storage.store import Store
 from tests.fixtures import make_memproxy_0002_db
+from tests.support.storage import Storage
 
 EXPECTED_TABLES = {
     "migrations",
@@ -121,8 +121,8 @@ def test_an_unfinished_statement_is_an_error() -> None:
 async def test_store_open_migrates_once_and_sets_wal(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "memory.db"
     for _ in range(2):
-        store = await Store.open(path)
-        await store.check()
+        store = await Storage.open(path)
+        await store.db.check()
         await store.close()
     with closing(sqlite3.connect(path)) as conn:
         assert migrations.applied(conn) == ALL
@@ -178,12 +178,12 @@ async def test_a_0002_database_from_disk_is_upgraded_without_loss(
     before = old_rows(path)
     assert all(before.values()), "the fixture has rows in every table"
 
-    store = await Store.open(path)  # the start-up path: migrates
+    store = await Storage.open(path)  # the start-up path: migrates
     try:
-        lisbon = [chunk for chunk, _ in await store.fts_search("ada", "Lisbon hotels", k=10)]
-        planner = [chunk for chunk, _ in await store.fts_search("ada", "planner", k=10)]
-        munich = [chunk for chunk, _ in await store.fts_search("bob'; --", "München", k=10)]
-        nothing = await store.fts_search("ada", "München", k=10)
+        lisbon = [chunk for chunk, _ in await store.lexical.search("ada", "Lisbon hotels", k=10)]
+        planner = [chunk for chunk, _ in await store.lexical.search("ada", "planner", k=10)]
+        munich = [chunk for chunk, _ in await store.lexical.search("bob'; --", "München", k=10)]
+        nothing = await store.lexical.search("ada", "München", k=10)
     finally:
         await store.close()
 

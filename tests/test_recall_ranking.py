@@ -14,66 +14,68 @@ from memory.recall.query import for_embedding
 from memory.recall.ranking import Candidate, Weights, add_context, add_conversation, fuse
 from memory.recall.render import CLOSE, OPEN, Entry, pack
 from memory.storage import migrations
-from memory.storage.store import NewTurn, Store, owner_token, session_token
+from memory.storage.fts import owner_token, session_token
+from memory.storage.turns import NewTurn
 from memory.tokens import count_tokens
+from tests.support.storage import Storage
 
 DAY = 86400.0
 T0 = 1_700_000_000.0  # 2023-11-14
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await Store.open(tmp_path / "memory.db")
+async def store(tmp_path: Path) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db")
     yield store
     await store.close()
 
 
-async def indexed(store: Store, user: str, session: str, turns: list[NewTurn]) -> list[int]:
+async def indexed(store: Storage, user: str, session: str, turns: list[NewTurn]) -> list[int]:
     """Log turns and index each as one chunk; return the chunk ids."""
-    result = await store.append_turns(user, session, turns)
-    stored = await store.session_turns(user, session)
+    result = await store.log.append_turns(user, session, turns)
+    stored = await store.log.session_turns(user, session)
     ids = []
     for turn in stored[-len(turns):]:
-        ids += await store.add_chunks(turn.id, [(0, "prose", turn.content, 5)])
+        ids += await store.log.add_chunks(turn.id, [(0, "prose", turn.content, 5)])
     assert result.new_ids
     return ids
 
 
-async def test_a_name_matches_what_that_person_said(store: Store) -> None:
+async def test_a_name_matches_what_that_person_said(store: Storage) -> None:
     ana_said, bo_said = await indexed(store, "u", "s", [
         NewTurn("user", "I adopted a greyhound last spring.", name="Ana"),
         NewTurn("assistant", "Ana, that greyhound sounds lovely!", name="Bo"),
     ])
-    hits = [chunk for chunk, _ in await store.fts_search("u", "What pet did Ana adopt?", k=5)]
+    hits = [chunk for chunk, _ in await store.lexical.search("u", "What pet did Ana adopt?", k=5)]
     assert hits[0] == ana_said and bo_said in hits
     # Roles stand in for missing names, and a role word alone finds nothing else.
     (plain,) = await indexed(store, "u", "t", [NewTurn("user", "Remember the rollout date.")])
-    assert [c for c, _ in await store.fts_search("u", "user", k=5)] == [plain]
+    assert [c for c, _ in await store.lexical.search("u", "user", k=5)] == [plain]
 
 
-async def test_neighbours_cross_turns_and_branches(store: Store) -> None:
+async def test_neighbours_cross_turns_and_branches(store: Storage) -> None:
     question, answer, follow_up = await indexed(store, "u", "s", [
         NewTurn("user", "How long have you been painting?"),
         NewTurn("assistant", "Seven years now."),
         NewTurn("user", "Impressive."),
     ])
     # The same question answered again on an edited branch: both answers follow it.
-    edited = await store.append_turns("u", "s", [
+    edited = await store.log.append_turns("u", "s", [
         NewTurn("user", "How long have you been painting?"),
         NewTurn("assistant", "Since I was seven."),
     ])
-    (other,) = await store.add_chunks(edited.new_ids[0], [(0, "prose", "Since I was seven.", 4)])
-    pairs = set(await store.neighbour_chunks([question, answer, follow_up]))
+    (other,) = await store.log.add_chunks(edited.new_ids[0], [(0, "prose", "Since I was seven.", 4)])
+    pairs = set(await store.log.neighbour_chunks([question, answer, follow_up]))
     assert pairs == {
         (question, answer), (question, other), (answer, question), (answer, follow_up),
         (follow_up, answer),
     }
     # Within a long turn, chunks neighbour each other before the next turn does.
-    long_turn = await store.append_turns("u", "long", [NewTurn("user", "part one. part two.")])
-    one, two = await store.add_chunks(
+    long_turn = await store.log.append_turns("u", "long", [NewTurn("user", "part one. part two.")])
+    one, two = await store.log.add_chunks(
         long_turn.new_ids[0], [(0, "prose", "part one.", 2), (1, "prose", "part two.", 2)]
     )
-    assert set(await store.neighbour_chunks([one])) == {(one, two)}
+    assert set(await store.log.neighbour_chunks([one])) == {(one, two)}
 
 
 def candidate(key: str, dense: float = 0.0, bm25: float = 0.0) -> Candidate:
@@ -159,10 +161,10 @@ async def test_upgrading_indexes_the_speakers_of_existing_chunks(tmp_path: Path)
                 (turn_id, turn_id, text, owner_token("u"), session_token("u", "s")),
             )
         conn.execute("INSERT INTO chunks_fts (chunks_fts) VALUES ('rebuild')")
-    store = await Store.open(path)
+    store = await Storage.open(path)
     try:
-        assert [c for c, _ in await store.fts_search("u", "what does Ana do", k=5)] == [1]
-        assert [c for c, _ in await store.fts_search("u", "assistant habit", k=5)] == [2]
+        assert [c for c, _ in await store.lexical.search("u", "what does Ana do", k=5)] == [1]
+        assert [c for c, _ in await store.lexical.search("u", "assistant habit", k=5)] == [2]
     finally:
         await store.close()
     with closing(sqlite3.connect(path, isolation_level=None)) as conn:

@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from memory.storage.store import NewTurn, Store
+from memory.storage.turns import NewTurn
 from scripts.soak import Failed, Ledger, User, audit, sse_text
+from tests.support.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +38,11 @@ def test_a_quick_soak_loses_nothing(tmp_path: Path) -> None:
 
 async def test_the_audit_finds_missing_and_extra_turns(tmp_path: Path) -> None:
     db = tmp_path / "memproxy.db"
-    store = await Store.open(db)
+    store = await Storage.open(db)
     user = User("u1", session_id="s1")
     try:
-        await store.append_turns("u1", "s1", [NewTurn("user", "hi"), NewTurn("assistant", "echo: hi")])
-        await store.append_turns("u1", "s1", [NewTurn("user", "again")])  # a turn nobody sent
+        await store.log.append_turns("u1", "s1", [NewTurn("user", "hi"), NewTurn("assistant", "echo: hi")])
+        await store.log.append_turns("u1", "s1", [NewTurn("user", "again")])  # a turn nobody sent
     finally:
         await store.close()
     ledger = Ledger()

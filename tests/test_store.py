@@ -16,8 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.storage import migrations
-from memory.storage.store import NewTurn, RequestMetrics, Store, match_expression
+from memory.storage import metrics, migrations
+from memory.storage.fts import match_expression
+from memory.storage.metrics import RequestMetrics
+from memory.storage.turns import NewTurn
+from tests.support.storage import Storage
 
 HISTORY = [
     NewTurn("system", "You are a helpful assistant."),
@@ -28,25 +31,25 @@ HISTORY = [
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await Store.open(tmp_path / "memory.db")
+async def store(tmp_path: Path) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db")
     yield store
     await store.close()
 
 
-def query_db(store: Store, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+def query_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     """Look at the file directly, as an operator with the sqlite3 shell would."""
     with closing(sqlite3.connect(store.path)) as conn:
         return conn.execute(sql, params).fetchall()
 
 
-def write_db(store: Store, sql: str, params: Sequence[Any] = ()) -> None:
+def write_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> None:
     with closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(sql, params)
 
 
-def fts_is_consistent(store: Store) -> bool:
+def fts_is_consistent(store: Storage) -> bool:
     try:
         write_db(store, "INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
     except sqlite3.DatabaseError:
@@ -54,10 +57,10 @@ def fts_is_consistent(store: Store) -> bool:
     return True
 
 
-async def add_turn_with_text(store: Store, user: str, session: str, *texts: str) -> list[int]:
-    result = await store.append_turns(user, session, [NewTurn("user", " ".join(texts))])
+async def add_turn_with_text(store: Storage, user: str, session: str, *texts: str) -> list[int]:
+    result = await store.log.append_turns(user, session, [NewTurn("user", " ".join(texts))])
     assert result.last_id is not None
-    return await store.add_chunks(
+    return await store.log.add_chunks(
         result.last_id, [(i, "prose", text, 5) for i, text in enumerate(texts)]
     )
 
@@ -65,106 +68,106 @@ async def add_turn_with_text(store: Store, user: str, session: str, *texts: str)
 # -- exactly-once logging ------------------------------------------------------------------
 
 
-async def test_resending_the_same_history_stores_each_turn_once(store: Store) -> None:
-    results = [await store.append_turns("alice", "s1", HISTORY) for _ in range(5)]
+async def test_resending_the_same_history_stores_each_turn_once(store: Storage) -> None:
+    results = [await store.log.append_turns("alice", "s1", HISTORY) for _ in range(5)]
 
     assert len(results[0].new_ids) == 4
     assert all(r.new_ids == [] for r in results[1:])
     assert {r.last_id for r in results} == {results[0].new_ids[-1]}
-    assert await store.count_turns("alice") == 4
+    assert await store.log.count_turns("alice") == 4
     assert query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
 
 
-async def test_turns_form_a_path(store: Store) -> None:
-    result = await store.append_turns("alice", "s1", HISTORY)
+async def test_turns_form_a_path(store: Storage) -> None:
+    result = await store.log.append_turns("alice", "s1", HISTORY)
 
-    turns = await store.session_turns("alice", "s1")
+    turns = await store.log.session_turns("alice", "s1")
     assert [t.id for t in turns] == result.new_ids
     assert [t.position for t in turns] == [0, 1, 2, 3]
     assert [t.parent_id for t in turns] == [None, *result.new_ids[:-1]]
     assert turns[1].content == "My cat is called Miso."
 
 
-async def test_a_growing_history_appends_only_the_new_tail(store: Store) -> None:
-    first = await store.append_turns("alice", "s1", HISTORY[:2])
-    second = await store.append_turns("alice", "s1", HISTORY)
+async def test_a_growing_history_appends_only_the_new_tail(store: Storage) -> None:
+    first = await store.log.append_turns("alice", "s1", HISTORY[:2])
+    second = await store.log.append_turns("alice", "s1", HISTORY)
 
     assert len(second.new_ids) == 2
-    added = await store.get_turns(second.new_ids)
+    added = await store.log.get_turns(second.new_ids)
     assert [t.role for t in added] == ["assistant", "user"]
     assert added[0].parent_id == first.last_id
     assert query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
 
 
-async def test_whitespace_and_line_endings_do_not_make_a_new_turn(store: Store) -> None:
-    await store.append_turns("alice", "s1", [NewTurn("user", "line one\nline two")])
-    again = await store.append_turns("alice", "s1", [NewTurn("user", "  line one\r\nline two\n")])
+async def test_whitespace_and_line_endings_do_not_make_a_new_turn(store: Storage) -> None:
+    await store.log.append_turns("alice", "s1", [NewTurn("user", "line one\nline two")])
+    again = await store.log.append_turns("alice", "s1", [NewTurn("user", "  line one\r\nline two\n")])
     assert again.new_ids == []
 
 
-async def test_an_edited_message_branches_without_losing_anything(store: Store) -> None:
-    original = await store.append_turns("alice", "s1", HISTORY)
+async def test_an_edited_message_branches_without_losing_anything(store: Storage) -> None:
+    original = await store.log.append_turns("alice", "s1", HISTORY)
     edited = [*HISTORY[:3], NewTurn("user", "What toys does she like?")]
 
-    branch = await store.append_turns("alice", "s1", edited)
+    branch = await store.log.append_turns("alice", "s1", edited)
 
     assert len(branch.new_ids) == 1
-    (new_turn,) = await store.get_turns(branch.new_ids)
+    (new_turn,) = await store.log.get_turns(branch.new_ids)
     assert new_turn.parent_id == original.new_ids[2]
     assert new_turn.position == 3
     assert branch.last_id == new_turn.id
-    assert await store.count_turns() == 5
-    assert len(await store.session_turns("alice", "s1")) == 5
+    assert await store.log.count_turns() == 5
+    assert len(await store.log.session_turns("alice", "s1")) == 5
 
 
 async def test_the_reply_appended_after_last_id_is_not_duplicated_by_the_next_resend(
-    store: Store,
+    store: Storage,
 ) -> None:
-    request = await store.append_turns("alice", "s1", HISTORY)
+    request = await store.log.append_turns("alice", "s1", HISTORY)
     reply = NewTurn("assistant", "Cat food, mostly.", model="gpt-4o", incomplete=True)
-    stored = await store.append_turns("alice", "s1", [reply], after=request.last_id)
+    stored = await store.log.append_turns("alice", "s1", [reply], after=request.last_id)
 
-    resend = await store.append_turns("alice", "s1", [*HISTORY, reply, NewTurn("user", "Thanks")])
+    resend = await store.log.append_turns("alice", "s1", [*HISTORY, reply, NewTurn("user", "Thanks")])
 
     assert len(resend.new_ids) == 1
-    (turn,) = await store.get_turns(stored.new_ids)
+    (turn,) = await store.log.get_turns(stored.new_ids)
     assert (turn.model, turn.incomplete, turn.position) == ("gpt-4o", True, 4)
 
 
-async def test_after_must_be_a_turn_of_the_same_session(store: Store) -> None:
-    other = await store.append_turns("bob", "s1", HISTORY[:1])
+async def test_after_must_be_a_turn_of_the_same_session(store: Storage) -> None:
+    other = await store.log.append_turns("bob", "s1", HISTORY[:1])
     with pytest.raises(LookupError):
-        await store.append_turns("alice", "s1", HISTORY[1:], after=other.last_id)
+        await store.log.append_turns("alice", "s1", HISTORY[1:], after=other.last_id)
     with pytest.raises(LookupError):
-        await store.append_turns("alice", "s1", HISTORY[1:], after=999)
-    assert await store.count_turns("alice") == 0
+        await store.log.append_turns("alice", "s1", HISTORY[1:], after=999)
+    assert await store.log.count_turns("alice") == 0
 
 
 async def test_the_same_text_in_other_users_and_sessions_is_stored_separately(
-    store: Store,
+    store: Storage,
 ) -> None:
     for user, session in [("alice", "s1"), ("alice", "s2"), ("bob", "s1")]:
-        assert len((await store.append_turns(user, session, HISTORY)).new_ids) == 4
-    assert await store.count_turns() == 12
-    assert await store.count_turns("alice") == 8
+        assert len((await store.log.append_turns(user, session, HISTORY)).new_ids) == 4
+    assert await store.log.count_turns() == 12
+    assert await store.log.count_turns("alice") == 8
 
 
-async def test_twenty_concurrent_resends_store_each_turn_once(store: Store) -> None:
-    results = await asyncio.gather(*(store.append_turns("alice", "s1", HISTORY) for _ in range(20)))
+async def test_twenty_concurrent_resends_store_each_turn_once(store: Storage) -> None:
+    results = await asyncio.gather(*(store.log.append_turns("alice", "s1", HISTORY) for _ in range(20)))
 
-    assert await store.count_turns() == 4
+    assert await store.log.count_turns() == 4
     assert len({i for r in results for i in r.new_ids}) == 4
     assert {r.last_id for r in results} == {max(i for r in results for i in r.new_ids)}
-    assert (await store.job_counts())["queued"] == 1
+    assert (await store.queue.job_counts())["queued"] == 1
 
 
 async def test_concurrent_resends_through_two_stores_on_one_file(tmp_path: Path) -> None:
     # Two processes behind a load balancer share the file; BEGIN IMMEDIATE serializes them.
-    stores = [await Store.open(tmp_path / "memory.db") for _ in range(2)]
+    stores = [await Storage.open(tmp_path / "memory.db") for _ in range(2)]
     try:
-        calls = [stores[i % 2].append_turns("alice", "s1", HISTORY) for i in range(20)]
+        calls = [stores[i % 2].log.append_turns("alice", "s1", HISTORY) for i in range(20)]
         results = await asyncio.gather(*calls)
-        assert await stores[0].count_turns() == 4
+        assert await stores[0].log.count_turns() == 4
         assert sum(len(r.new_ids) for r in results) == 4
     finally:
         for store in stores:
@@ -172,64 +175,64 @@ async def test_concurrent_resends_through_two_stores_on_one_file(tmp_path: Path)
 
 
 async def test_an_index_job_is_enqueued_with_the_turns_only_when_something_is_new(
-    store: Store,
+    store: Storage,
 ) -> None:
-    first = await store.append_turns("alice", "s1", HISTORY)
-    await store.append_turns("alice", "s1", HISTORY)
-    await store.append_turns("alice", "s1", [NewTurn("user", "hi")], job_kind=None)
+    first = await store.log.append_turns("alice", "s1", HISTORY)
+    await store.log.append_turns("alice", "s1", HISTORY)
+    await store.log.append_turns("alice", "s1", [NewTurn("user", "hi")], job_kind=None)
 
-    jobs = await store.claim(None, 10, now=time.time())
+    jobs = await store.queue.claim(None, 10, now=time.time())
     assert [(j.id, j.kind, j.payload) for j in jobs] == [
         (first.job_id, "index", {"turn_ids": first.new_ids})
     ]
 
 
-async def test_a_failed_append_writes_nothing(store: Store) -> None:
+async def test_a_failed_append_writes_nothing(store: Storage) -> None:
     broken = [*HISTORY, NewTurn(cast(str, None), "role is NOT NULL")]
     with pytest.raises(sqlite3.IntegrityError):
-        await store.append_turns("alice", "s1", broken)
+        await store.log.append_turns("alice", "s1", broken)
 
-    assert await store.count_turns() == 0
-    assert await store.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 0}
+    assert await store.log.count_turns() == 0
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 0}
     assert query_db(store, "SELECT COUNT(*) FROM sessions") == [(0,)]
-    assert len((await store.append_turns("alice", "s1", HISTORY)).new_ids) == 4
+    assert len((await store.log.append_turns("alice", "s1", HISTORY)).new_ids) == 4
 
 
 # -- chunks and full-text search -------------------------------------------------------------
 
 
-async def test_re_adding_chunks_is_idempotent(store: Store) -> None:
-    turn = (await store.append_turns("alice", "s1", HISTORY[:2])).last_id
+async def test_re_adding_chunks_is_idempotent(store: Storage) -> None:
+    turn = (await store.log.append_turns("alice", "s1", HISTORY[:2])).last_id
     assert turn is not None
     chunks = [(0, "prose", "Miso the cat", 3), (1, "code", "print('miso')", 4)]
 
-    first = await store.add_chunks(turn, chunks)
-    second = await store.add_chunks(turn, chunks)
+    first = await store.log.add_chunks(turn, chunks)
+    second = await store.log.add_chunks(turn, chunks)
 
     assert first == second
     assert query_db(store, "SELECT COUNT(*) FROM chunks") == [(2,)]
-    assert len(await store.fts_search("alice", "miso", k=10)) == 2
+    assert len(await store.lexical.search("alice", "miso", k=10)) == 2
     assert fts_is_consistent(store)
 
 
-async def test_re_adding_a_changed_chunk_updates_the_index(store: Store) -> None:
+async def test_re_adding_a_changed_chunk_updates_the_index(store: Storage) -> None:
     (chunk_id,) = await add_turn_with_text(store, "alice", "s1", "the old zebra text")
-    turn = (await store.get_chunks([chunk_id]))[0].turn_id
+    turn = (await store.log.get_chunks([chunk_id]))[0].turn_id
 
-    assert await store.add_chunks(turn, [(0, "prose", "the new giraffe text", 5)]) == [chunk_id]
+    assert await store.log.add_chunks(turn, [(0, "prose", "the new giraffe text", 5)]) == [chunk_id]
 
-    assert await store.fts_search("alice", "zebra", k=5) == []
-    assert [c for c, _ in await store.fts_search("alice", "giraffe", k=5)] == [chunk_id]
+    assert await store.lexical.search("alice", "zebra", k=5) == []
+    assert [c for c, _ in await store.lexical.search("alice", "giraffe", k=5)] == [chunk_id]
     assert fts_is_consistent(store)
 
 
-async def test_get_chunks_joins_the_turn_and_keeps_the_order_asked(store: Store) -> None:
+async def test_get_chunks_joins_the_turn_and_keeps_the_order_asked(store: Storage) -> None:
     turn = NewTurn("user", "a b", name="Al", created_at=1_700_000_000.0)
-    turn_id = (await store.append_turns("alice", "s1", [turn])).last_id
+    turn_id = (await store.log.append_turns("alice", "s1", [turn])).last_id
     assert turn_id is not None
-    ids = await store.add_chunks(turn_id, [(0, "prose", "first", 1), (1, "code", "second", 1)])
+    ids = await store.log.add_chunks(turn_id, [(0, "prose", "first", 1), (1, "code", "second", 1)])
 
-    rows = await store.get_chunks([ids[1], 12345, ids[0]])
+    rows = await store.log.get_chunks([ids[1], 12345, ids[0]])
 
     assert [r.text for r in rows] == ["second", "first"]
     assert (rows[0].kind, rows[0].role, rows[0].name, rows[0].created_at) == (
@@ -238,55 +241,55 @@ async def test_get_chunks_joins_the_turn_and_keeps_the_order_asked(store: Store)
     assert (rows[0].user_id, rows[0].session_id, rows[0].ordinal) == ("alice", "s1", 1)
 
 
-async def test_deleting_a_turn_removes_its_chunks_from_the_index(store: Store) -> None:
+async def test_deleting_a_turn_removes_its_chunks_from_the_index(store: Storage) -> None:
     (chunk_id,) = await add_turn_with_text(store, "alice", "s1", "a unique platypus")
-    turn = (await store.get_chunks([chunk_id]))[0].turn_id
+    turn = (await store.log.get_chunks([chunk_id]))[0].turn_id
 
     write_db(store, "DELETE FROM turns WHERE id = ?", (turn,))
 
-    assert await store.fts_search("alice", "platypus", k=5) == []
+    assert await store.lexical.search("alice", "platypus", k=5) == []
     assert fts_is_consistent(store)
 
 
-async def test_search_ranks_better_matches_first(store: Store) -> None:
+async def test_search_ranks_better_matches_first(store: Storage) -> None:
     weak = await add_turn_with_text(store, "alice", "s1", "we talked about the garden today")
     strong = await add_turn_with_text(store, "alice", "s1", "tomato garden: tomato seedlings")
     await add_turn_with_text(store, "alice", "s1", "nothing relevant here at all")
 
-    hits = await store.fts_search("alice", "tomato garden", k=10)
+    hits = await store.lexical.search("alice", "tomato garden", k=10)
 
     assert [c for c, _ in hits] == strong + weak
     assert all(score > 0 for _, score in hits)
     assert hits[0][1] > hits[1][1]
-    assert len(await store.fts_search("alice", "tomato garden", k=1)) == 1
+    assert len(await store.lexical.search("alice", "tomato garden", k=1)) == 1
 
 
-async def test_search_stems_words(store: Store) -> None:
+async def test_search_stems_words(store: Storage) -> None:
     ids = await add_turn_with_text(store, "alice", "s1", "she runs every morning")
-    assert [c for c, _ in await store.fts_search("alice", "running", k=5)] == ids
-    assert [c for c, _ in await store.fts_search("alice", "RUN", k=5)] == ids
+    assert [c for c, _ in await store.lexical.search("alice", "running", k=5)] == ids
+    assert [c for c, _ in await store.lexical.search("alice", "RUN", k=5)] == ids
 
 
-async def test_search_never_returns_another_users_chunks(store: Store) -> None:
+async def test_search_never_returns_another_users_chunks(store: Storage) -> None:
     mine = await add_turn_with_text(store, "alice", "s1", "my secret recipe")
     await add_turn_with_text(store, "bob", "s1", "bob secret recipe secret recipe")
     bobs_scope = match_expression("bob", "x")
     assert bobs_scope is not None
 
-    assert [c for c, _ in await store.fts_search("alice", "secret recipe", k=10)] == mine
+    assert [c for c, _ in await store.lexical.search("alice", "secret recipe", k=10)] == mine
     # Typing Bob's scope token into the query must not widen Alice's scope.
-    assert await store.fts_search("alice", bobs_scope, k=10) == []
-    assert await store.fts_search("carol", "secret recipe", k=10) == []
+    assert await store.lexical.search("alice", bobs_scope, k=10) == []
+    assert await store.lexical.search("carol", "secret recipe", k=10) == []
 
 
-async def test_search_can_be_limited_to_one_session(store: Store) -> None:
+async def test_search_can_be_limited_to_one_session(store: Storage) -> None:
     here = await add_turn_with_text(store, "alice", "s1", "parrot talk")
     there = await add_turn_with_text(store, "alice", "s2", "parrot talk")
     await add_turn_with_text(store, "bob", "s1", "parrot talk")
 
-    assert [c for c, _ in await store.fts_search("alice", "parrot", k=9, session_id="s1")] == here
-    assert [c for c, _ in await store.fts_search("alice", "parrot", k=9, session_id="s2")] == there
-    assert len(await store.fts_search("alice", "parrot", k=9)) == 2
+    assert [c for c, _ in await store.lexical.search("alice", "parrot", k=9, session_id="s1")] == here
+    assert [c for c, _ in await store.lexical.search("alice", "parrot", k=9, session_id="s2")] == there
+    assert len(await store.lexical.search("alice", "parrot", k=9)) == 2
 
 
 HOSTILE_QUERIES = [
@@ -299,11 +302,11 @@ HOSTILE_QUERIES = [
 
 
 @pytest.mark.parametrize("query", HOSTILE_QUERIES)
-async def test_hostile_query_text_never_raises(store: Store, query: str) -> None:
+async def test_hostile_query_text_never_raises(store: Storage, query: str) -> None:
     await add_turn_with_text(store, "alice", "s1", "secret naïve café 日本語のテキスト a_b")
-    hits = await store.fts_search("alice", query, k=5)
+    hits = await store.lexical.search("alice", query, k=5)
     assert isinstance(hits, list)
-    assert await store.fts_search("alice", query, k=5, session_id='s1"') == []
+    assert await store.lexical.search("alice", query, k=5, session_id='s1"') == []
 
 
 def test_any_text_makes_a_valid_match_expression() -> None:
@@ -322,105 +325,107 @@ def test_any_text_makes_a_valid_match_expression() -> None:
         check()
 
 
-async def test_stopwords_only_or_empty_queries_return_nothing(store: Store) -> None:
+async def test_stopwords_only_or_empty_queries_return_nothing(store: Storage) -> None:
     await add_turn_with_text(store, "alice", "s1", "the a an of")
-    assert await store.fts_search("alice", "the a an of", k=5) == []
-    assert await store.fts_search("alice", "   ", k=5) == []
+    assert await store.lexical.search("alice", "the a an of", k=5) == []
+    assert await store.lexical.search("alice", "   ", k=5) == []
     assert match_expression("alice", "the") is None
 
 
-async def test_unicode_text_is_searchable(store: Store) -> None:
+async def test_unicode_text_is_searchable(store: Storage) -> None:
     ids = await add_turn_with_text(store, "alice", "s1", "Le café était très naïve")
-    assert [c for c, _ in await store.fts_search("alice", "CAFÉ", k=5)] == ids
+    assert [c for c, _ in await store.lexical.search("alice", "CAFÉ", k=5)] == ids
 
 
 # -- the job queue ---------------------------------------------------------------------------
 
 
-async def test_claim_takes_ready_jobs_oldest_first_and_counts_the_attempt(store: Store) -> None:
+async def test_claim_takes_ready_jobs_oldest_first_and_counts_the_attempt(store: Storage) -> None:
     now = time.time()
-    later = await store.enqueue("index", {"n": 1}, run_after=now + 60)
-    first = await store.enqueue("index", {"n": 2}, run_after=now - 2)
-    second = await store.enqueue("index", {"n": 3}, run_after=now - 1)
-    other = await store.enqueue("extract", {"n": 4}, run_after=now - 3)
+    later = await store.queue.enqueue("index", {"n": 1}, run_after=now + 60)
+    first = await store.queue.enqueue("index", {"n": 2}, run_after=now - 2)
+    second = await store.queue.enqueue("index", {"n": 3}, run_after=now - 1)
+    other = await store.queue.enqueue("extract", {"n": 4}, run_after=now - 3)
 
-    jobs = await store.claim(["index"], 5, now=now)
+    jobs = await store.queue.claim(["index"], 5, now=now)
 
     assert [j.id for j in jobs] == [first, second]
     assert [(j.attempts, j.max_attempts) for j in jobs] == [(1, 5), (1, 5)]
-    assert await store.claim(["index"], 5, now=now) == []
-    assert [j.id for j in await store.claim(None, 5, now=now + 61)] == [other, later]
-    assert (await store.job_counts())["running"] == 4
+    assert await store.queue.claim(["index"], 5, now=now) == []
+    assert [j.id for j in await store.queue.claim(None, 5, now=now + 61)] == [other, later]
+    assert (await store.queue.job_counts())["running"] == 4
 
 
-async def test_concurrent_claims_never_hand_out_a_job_twice(store: Store) -> None:
+async def test_concurrent_claims_never_hand_out_a_job_twice(store: Storage) -> None:
     for n in range(20):
-        await store.enqueue("index", {"n": n})
-    batches = await asyncio.gather(*(store.claim(None, 3, now=time.time()) for _ in range(10)))
+        await store.queue.enqueue("index", {"n": n})
+    batches = await asyncio.gather(*(store.queue.claim(None, 3, now=time.time()) for _ in range(10)))
     ids = [job.id for batch in batches for job in batch]
     assert len(ids) == len(set(ids)) == 20
 
 
-async def test_jobs_move_through_retry_bury_and_done(store: Store) -> None:
-    a, b = await store.enqueue("index", {}), await store.enqueue("index", {}, max_attempts=1)
-    await store.claim(None, 2, now=time.time())
+async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
+    a, b = await store.queue.enqueue("index", {}), await store.queue.enqueue("index", {}, max_attempts=1)
+    await store.queue.claim(None, 2, now=time.time())
 
-    await store.retry_later(a, "TimeoutError: slow", run_after=time.time() + 3600)
-    await store.bury(b, "ValueError: bad payload")
+    await store.queue.retry_later(a, "TimeoutError: slow", run_after=time.time() + 3600)
+    await store.queue.bury(b, "ValueError: bad payload")
 
-    assert await store.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
-    (dead,) = await store.dead_jobs(10)
+    assert await store.queue.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
+    (dead,) = await store.queue.dead_jobs(10)
     assert (dead.id, dead.last_error, dead.attempts) == (b, "ValueError: bad payload", 1)
-    assert await store.next_job_due() == pytest.approx(time.time() + 3600, abs=5)
-    (job,) = await store.claim(None, 5, now=time.time() + 3601)
+    assert await store.queue.next_job_due() == pytest.approx(time.time() + 3600, abs=5)
+    (job,) = await store.queue.claim(None, 5, now=time.time() + 3601)
     assert job.attempts == 2
-    await store.complete(job.id)
-    await store.retry_later(job.id, "too late", run_after=0)  # must not revive a done job
-    assert (await store.job_counts())["done"] == 1
-    assert await store.prune_done_jobs(older_than=time.time() + 1) == 1
+    await store.queue.complete(job.id)
+    await store.queue.retry_later(job.id, "too late", run_after=0)  # must not revive a done job
+    assert (await store.queue.job_counts())["done"] == 1
+    assert await store.queue.prune_done_jobs(older_than=time.time() + 1) == 1
 
 
-async def test_requeue_running_recovers_jobs_and_buries_repeat_crashers(store: Store) -> None:
-    normal = await store.enqueue("index", {})
-    crasher = await store.enqueue("index", {}, max_attempts=1)
-    await store.claim(None, 5, now=time.time())
+async def test_requeue_running_recovers_jobs_and_buries_repeat_crashers(store: Storage) -> None:
+    normal = await store.queue.enqueue("index", {})
+    crasher = await store.queue.enqueue("index", {}, max_attempts=1)
+    await store.queue.claim(None, 5, now=time.time())
 
-    assert await store.requeue_running() == 1
+    assert await store.queue.requeue_running() == 1
 
-    assert await store.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
-    (dead,) = await store.dead_jobs(5)
+    assert await store.queue.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
+    (dead,) = await store.queue.dead_jobs(5)
     assert dead.id == crasher and "stopped during its last attempt" in (dead.last_error or "")
-    assert [j.id for j in await store.claim(None, 5, now=time.time())] == [normal]
+    assert [j.id for j in await store.queue.claim(None, 5, now=time.time())] == [normal]
 
 
 # -- metrics and plumbing --------------------------------------------------------------------
 
 
-async def test_request_metrics_are_recorded_and_pruned(store: Store) -> None:
-    await store.record_request_metrics(
-        RequestMetrics(user_id="alice", created_at=100.0, items={"turn": 2}, truncated=True)
-    )
-    await store.record_request_metrics(RequestMetrics(user_id="alice", error="EmbedError: x"))
+async def test_request_metrics_are_recorded_and_pruned(store: Storage) -> None:
+    async with store.db.autocommit() as tx:
+        await metrics.insert(
+            tx, RequestMetrics(user_id="alice", created_at=100.0, items={"turn": 2}, truncated=True)
+        )
+        await metrics.insert(tx, RequestMetrics(user_id="alice", error="EmbedError: x"))
 
     assert query_db(store, "SELECT items_json, truncated FROM request_metrics WHERE id = 1") == [
         ('{"turn": 2}', 1)
     ]
-    assert await store.prune_request_metrics(older_than=time.time() - 3600) == 1
+    async with store.db.write() as tx:
+        assert await metrics.prune(tx, older_than=time.time() - 3600) == 1
     assert query_db(store, "SELECT error FROM request_metrics") == [("EmbedError: x",)]
 
 
 async def test_check_passes_and_close_is_idempotent(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "memory.db", readers=1)
-    await store.check()
+    store = await Storage.open(tmp_path / "memory.db", readers=1)
+    await store.db.check()
     await store.close()
     await store.close()
     with pytest.raises(ValueError):
-        await store.check()
+        await store.db.check()
 
 
-async def test_readers_are_read_only(store: Store) -> None:
+async def test_readers_are_read_only(store: Storage) -> None:
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        await store._read("DELETE FROM jobs")
+        await store.db.fetch("DELETE FROM jobs")
 
 
 # -- timings (printed, not asserted) --------------------------------------------------------
@@ -433,19 +438,19 @@ def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
 
 @pytest.mark.slow
 async def test_timing_resending_a_20_message_history(
-    store: Store, capsys: pytest.CaptureFixture[str]
+    store: Storage, capsys: pytest.CaptureFixture[str]
 ) -> None:
     history = [
         NewTurn("user" if i % 2 == 0 else "assistant", f"message {i} " + "lorem ipsum " * 40)
         for i in range(20)
     ]
     started = time.perf_counter()
-    await store.append_turns("alice", "s1", history)
+    await store.log.append_turns("alice", "s1", history)
     first_ms = (time.perf_counter() - started) * 1000
     samples = []
     for _ in range(200):
         started = time.perf_counter()
-        await store.append_turns("alice", "s1", history)
+        await store.log.append_turns("alice", "s1", history)
         samples.append((time.perf_counter() - started) * 1000)
     samples.sort()
     report(capsys, f"append_turns 20 messages: first {first_ms:.2f} ms; resend median "
@@ -454,7 +459,7 @@ async def test_timing_resending_a_20_message_history(
 
 @pytest.mark.slow
 async def test_timing_fts_search_over_100k_chunks(
-    store: Store, capsys: pytest.CaptureFixture[str]
+    store: Storage, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rng = random.Random(7)
     vocabulary = [f"w{n}" for n in range(20_000)]
@@ -463,10 +468,10 @@ async def test_timing_fts_search_over_100k_chunks(
 
     async def load(user: str, turns: int, chunks_per_turn: int) -> None:
         history = [NewTurn("user", f"{user} turn {t}") for t in range(turns)]
-        for turn_id in (await store.append_turns(user, "s", history)).new_ids:
+        for turn_id in (await store.log.append_turns(user, "s", history)).new_ids:
             starts = (rng.randrange(len(pool) - 40) for _ in range(chunks_per_turn))
             chunks = [(i, "prose", " ".join(pool[s : s + 40]), 40) for i, s in enumerate(starts)]
-            await store.add_chunks(turn_id, chunks)
+            await store.log.add_chunks(turn_id, chunks)
 
     started = time.perf_counter()
     await load("heavy", 100, 500)  # one user with 50k chunks
@@ -479,7 +484,7 @@ async def test_timing_fts_search_over_100k_chunks(
         for query in queries:
             user = "heavy" if heavy else f"light{rng.randrange(199)}"
             started = time.perf_counter()
-            await store.fts_search(user, query, k=20)
+            await store.lexical.search(user, query, k=20)
             samples.append((time.perf_counter() - started) * 1000)
         samples.sort()
         report(capsys, f"fts_search k=20, 4-word queries, 99,750 chunks / 200 users (load "
@@ -487,16 +492,16 @@ async def test_timing_fts_search_over_100k_chunks(
                        f"p95 {samples[94]:.2f} ms")  # fmt: skip
 
 
-async def test_a_sliding_window_client_continues_the_stored_path(store: Store) -> None:
+async def test_a_sliding_window_client_continues_the_stored_path(store: Storage) -> None:
     history = [NewTurn("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(12)]
-    await store.append_turns("u", "s", history[:6])
+    await store.log.append_turns("u", "s", history[:6])
     # The client now sends only its last four messages plus a new one, then a shifted window.
-    second = await store.append_turns("u", "s", [*history[2:6], history[6]])
-    third = await store.append_turns("u", "s", history[4:9])
+    second = await store.log.append_turns("u", "s", [*history[2:6], history[6]])
+    third = await store.log.append_turns("u", "s", history[4:9])
     assert len(second.new_ids) == 1 and len(third.new_ids) == 2
-    turns = await store.session_turns("u", "s")
+    turns = await store.log.session_turns("u", "s")
     assert [t.content for t in turns] == [f"message {i}" for i in range(9)]
     assert [t.position for t in turns] == list(range(9))
     # One matching message alone is not a window: it starts a new branch at the root.
-    lone = await store.append_turns("u", "s", [history[3]])
+    lone = await store.log.append_turns("u", "s", [history[3]])
     assert len(lone.new_ids) == 1

@@ -1,8 +1,8 @@
 """`memproxy backup`: a consistent copy of the memory, taken while the server runs.
 
-The database is copied with SQLite's online backup API in a single step, so the copy is
-the database exactly as one read transaction saw it; in WAL mode the server keeps writing
-meanwhile and is never blocked.
+The database is copied with SQLite's online backup API in a single step (storage/snapshot.py),
+so the copy is the database exactly as one read transaction saw it; in WAL mode the server
+keeps writing meanwhile and is never blocked.
 
 The vector index is not copied. Chroma writes its HNSW segment files outside any SQLite
 transaction, so a copy of its directory taken while the server indexes can be torn, and it
@@ -18,17 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sqlite3
 import time
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory.engine import INDEX_JOB
 from memory.learning.fact_model import SYNC_JOB
-from memory.storage.store import Store
+from memory.log.turn_log import INDEX_JOB
+from memory.storage import facts, jobs, profiles, summaries, turns
+from memory.storage.database import Database, DatabaseError
+from memory.storage.snapshot import copy_database, integrity_problems, sidecars
 
 BATCH = 64  # items per rebuild job: one embedding batch each
 
@@ -51,9 +51,16 @@ class BackupResult:
 def backup(source: Path, dest_dir: Path) -> BackupResult:
     """Copy the database at `source` into the data directory `dest_dir` (new or empty).
 
-    Runs its own event loop (the copy is opened with the store's own code): call it from
-    synchronous code, or in a worker thread.
+    Runs its own event loop (the copy is opened with the storage layer's own code): call it
+    from synchronous code, or in a worker thread.
     """
+    try:
+        return _backup(source, dest_dir)
+    except DatabaseError as exc:  # a corrupt or unreadable source, a full disk
+        raise BackupError(str(exc)) from exc
+
+
+def _backup(source: Path, dest_dir: Path) -> BackupResult:
     started = time.perf_counter()
     if not source.is_file():
         raise BackupError(f"no memproxy database at {source}")
@@ -64,10 +71,12 @@ def backup(source: Path, dest_dir: Path) -> BackupResult:
     partial = target.with_name(target.name + ".partial")
     _remove(partial)
     try:
-        _copy(source, partial)
-        _check(partial)
-        turns, jobs = asyncio.run(_queue_rebuild(partial))
-        leftovers = [p for p in _sidecars(partial) if p.exists()]
+        copy_database(source, partial)
+        problems = integrity_problems(partial)
+        if problems:
+            raise BackupError(f"the copy failed its integrity check: {'; '.join(problems[:5])}")
+        turn_count, job_count = asyncio.run(_queue_rebuild(partial))
+        leftovers = [p for p in sidecars(partial) if p.exists()]
         if leftovers:
             raise BackupError(f"the copy was not closed cleanly: {leftovers[0]} remains")
         _fsync(partial)
@@ -75,64 +84,35 @@ def backup(source: Path, dest_dir: Path) -> BackupResult:
     except BaseException:
         _remove(partial)
         raise
-    return BackupResult(target, target.stat().st_size, turns, jobs,
+    return BackupResult(target, target.stat().st_size, turn_count, job_count,
                         time.perf_counter() - started)
-
-
-def _copy(source: Path, partial: Path) -> None:
-    # pages=-1: all pages in one step, under one read transaction, hence one moment. Copied
-    # in steps, a write by the server between two steps would restart the copy.
-    with closing(sqlite3.connect(source, timeout=30)) as src, \
-            closing(sqlite3.connect(partial)) as dst:
-        src.backup(dst, pages=-1)
-
-
-def _check(path: Path) -> None:
-    with closing(sqlite3.connect(path)) as conn:
-        result = [row[0] for row in conn.execute("PRAGMA integrity_check")]
-    if result != ["ok"]:
-        raise BackupError(f"the copy failed its integrity check: {'; '.join(result[:5])}")
 
 
 async def _queue_rebuild(path: Path) -> tuple[int, int]:
     """Queue the jobs that rebuild the vectors of everything in the copy; (turns, jobs)."""
-    store = await Store.open(path)
+    db = await Database.open(path)
     try:
-        turns = (await store.read("SELECT COUNT(*) FROM turns"))[0][0]
-        chunked = await _column(store, "SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id")
-        facts = await _column(store, "SELECT id FROM facts WHERE valid_to IS NULL ORDER BY id")
-        summaries = await _column(
-            store, "SELECT id FROM summaries WHERE superseded_by IS NULL ORDER BY id"
-        )
-        profiles = await _column(store, "SELECT user_id FROM profiles ORDER BY user_id")
+        turn_count = await turns.count(db)
         payloads: list[tuple[str, dict[str, Any]]] = [
-            *((INDEX_JOB, {"turn_ids": ids}) for ids in _batches(chunked)),
-            *((SYNC_JOB, {"facts": ids}) for ids in _batches(facts)),
-            *((SYNC_JOB, {"summaries": ids}) for ids in _batches(summaries)),
-            *((SYNC_JOB, {"profiles": ids}) for ids in _batches(profiles)),
+            *((INDEX_JOB, {"turn_ids": ids}) for ids in _batches(await turns.chunked_turn_ids(db))),
+            *((SYNC_JOB, {"facts": ids}) for ids in _batches(await facts.current_ids(db))),
+            *((SYNC_JOB, {"summaries": ids}) for ids in _batches(await summaries.current_ids(db))),
+            *((SYNC_JOB, {"profiles": ids}) for ids in _batches(await profiles.user_ids(db))),
         ]
-        async with store.write() as tx:
+        async with db.write() as tx:
             for kind, payload in payloads:
-                await tx.enqueue(kind, payload)
+                await jobs.enqueue(tx, kind, payload)
     finally:
-        await store.close()
-    return int(turns), len(payloads)
-
-
-async def _column(store: Store, sql: str) -> list[Any]:
-    return [row[0] for row in await store.read(sql)]
+        await db.close()
+    return turn_count, len(payloads)
 
 
 def _batches(items: Sequence[Any]) -> list[list[Any]]:
     return [list(items[i : i + BATCH]) for i in range(0, len(items), BATCH)]
 
 
-def _sidecars(path: Path) -> list[Path]:
-    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
-
-
 def _remove(path: Path) -> None:
-    for each in (path, *_sidecars(path)):
+    for each in (path, *sidecars(path)):
         with contextlib.suppress(FileNotFoundError):
             each.unlink()
 

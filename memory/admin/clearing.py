@@ -1,9 +1,9 @@
 """Clear all of a user's memory, with an undo window that survives restarts.
 
-`clear` runs one transaction: it copies the user's memory as records (memory/records.py)
-into `clear_records`, deletes it everywhere (memory/forget.py), records the clear with its
-expiry, and queues a durable `settle_clear` job for the moment the window ends. The undo
-token is returned once; only its hash is stored.
+`clear` runs one transaction: it copies the user's memory as records (admin/records.py)
+into `clear_records` (storage/clears.py), deletes it everywhere (admin/forget.py), records
+the clear with its expiry, and queues a durable `settle_clear` job for the moment the window
+ends. The undo token is returned once; only its hash is stored.
 
     pending --undo before expiry--> undone --records imported again--> restored
     pending --window ends---------> purged (the kept records are deleted for good)
@@ -29,10 +29,10 @@ from memory.admin.importer import Importer, ImportReport
 from memory.admin.record_checks import check_record
 from memory.admin.records import RecordSource
 from memory.learning.facts import FactStore
-from memory.storage.store import Store
+from memory.storage import clears, jobs
+from memory.storage.database import Database
 
 SETTLE_JOB = "settle_clear"
-_INSERT_BATCH = 500
 
 
 class ClearNotFound(LookupError):
@@ -64,10 +64,10 @@ class Clears:
     """Clear-all, undo, and the job that settles each clear when its window ends."""
 
     def __init__(
-        self, store: Store, source: RecordSource, importer: Importer, facts: FactStore, *,
+        self, db: Database, source: RecordSource, importer: Importer, facts: FactStore, *,
         window: float, notify: Callable[[], None],
     ) -> None:
-        self.store = store
+        self.db = db
         self.source = source
         self.importer = importer
         self.facts = facts
@@ -81,63 +81,45 @@ class Clears:
         clear_id = _hash(token)
         now = time.time()
         expires = now + self.window
-        async with self.store.write() as tx:
+        async with self.db.write() as tx:
             # Readers see exactly what this transaction deletes: no other write can commit
             # while it holds the writer.
             active_facts = await self.facts.count(user_id)
             records = [json.dumps(r) async for r in self.source.records(user_id, meta=False)]
             removed = {"facts": active_facts, **await forget_user(tx, user_id)}
-            await tx.change(
-                "INSERT INTO clears (id, user_id, status, removed, created_at, expires_at)"
-                " VALUES (?, ?, 'pending', ?, ?, ?)",
-                (clear_id, user_id, json.dumps(removed), now, expires),
+            await clears.insert(
+                tx, clear_id, user_id, removed=removed, records=records, created_at=now,
+                expires_at=expires,
             )
-            for start in range(0, len(records), _INSERT_BATCH):
-                await tx.change(
-                    "INSERT INTO clear_records (clear_id, seq, record)"
-                    " SELECT ?, ? + key, value FROM json_each(?)",
-                    (clear_id, start, json.dumps(records[start:start + _INSERT_BATCH])),
-                )
-            await tx.enqueue(SETTLE_JOB, {"clear_id": clear_id}, run_after=expires)
+            await jobs.enqueue(tx, SETTLE_JOB, {"clear_id": clear_id}, run_after=expires)
         self.notify()
         return ClearReceipt(token, now, expires, removed)
 
     async def undo(self, user_id: str, token: str) -> ImportReport:
         """Bring back what the clear removed; ClearNotFound or ClearExpired otherwise."""
         clear_id = _hash(token)
-        async with self.store.write() as tx:
-            rows = await tx.execute(
-                "SELECT user_id, status, expires_at FROM clears WHERE id = ?", (clear_id,)
-            )
-            if not rows or rows[0][0] != user_id:
+        async with self.db.write() as tx:
+            found = await clears.get(tx, clear_id)
+            if found is None or found[0] != user_id:
                 raise ClearNotFound("no clear with this undo token")
-            status, expires_at = rows[0][1], float(rows[0][2])
+            _, status, expires_at = found
             if status == "purged" or (status == "pending" and time.time() >= expires_at):
                 raise ClearExpired("the undo window has ended; the memory is gone for good")
             if status == "pending":
-                await tx.change("UPDATE clears SET status = 'undone' WHERE id = ?", (clear_id,))
+                await clears.mark_undone(tx, clear_id)
         return await self._restore(clear_id, user_id)
 
     async def pending(self, user_id: str) -> list[dict[str, Any]]:
         """The user's clears still inside their undo window."""
-        rows = await self.store.read(
-            "SELECT created_at, expires_at, removed FROM clears WHERE user_id = ?"
-            " AND status = 'pending' AND expires_at > ? ORDER BY created_at",
-            (user_id, time.time()),
-        )
-        return [
-            {"created_at": r[0], "expires_at": r[1], "removed": json.loads(r[2])} for r in rows
-        ]
+        return await clears.pending(self.db, user_id, time.time())
 
     async def settle(self, payload: dict[str, Any]) -> None:
         """The job at the end of the window: purge a pending clear, finish an undone one."""
         clear_id = str(payload["clear_id"])
-        rows = await self.store.read(
-            "SELECT user_id, status, expires_at FROM clears WHERE id = ?", (clear_id,)
-        )
-        if not rows:
+        found = await clears.get(self.db, clear_id)
+        if found is None:
             return
-        user_id, status, expires_at = rows[0][0], rows[0][1], float(rows[0][2])
+        user_id, status, expires_at = found
         if status == "undone":
             await self._restore(clear_id, user_id)
         elif status == "pending":
@@ -145,14 +127,8 @@ class Clears:
             await self._purge(clear_id)
 
     async def _purge(self, clear_id: str) -> None:
-        async with self.store.write() as tx:
-            purged = await tx.change(
-                "UPDATE clears SET status = 'purged', settled_at = ? WHERE id = ?"
-                " AND status = 'pending' AND expires_at <= ?",
-                (time.time(), clear_id, time.time()),
-            )
-            if purged:
-                await tx.change("DELETE FROM clear_records WHERE clear_id = ?", (clear_id,))
+        async with self.db.write() as tx:
+            await clears.purge(tx, clear_id, time.time())
 
     async def _restore(self, clear_id: str, user_id: str) -> ImportReport:
         # Undo and the settle job may both ask; the first one's task serves both.
@@ -164,16 +140,10 @@ class Clears:
         return await asyncio.shield(task)
 
     async def _import(self, clear_id: str, user_id: str) -> ImportReport:
-        rows = await self.store.read(
-            "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq", (clear_id,)
-        )
-        report = await self.importer.run(user_id, [check_record(json.loads(r[0])) for r in rows])
-        async with self.store.write() as tx:
-            await tx.change(
-                "UPDATE clears SET status = 'restored', settled_at = ? WHERE id = ?",
-                (time.time(), clear_id),
-            )
-            await tx.change("DELETE FROM clear_records WHERE clear_id = ?", (clear_id,))
+        kept = await clears.records(self.db, clear_id)
+        report = await self.importer.run(user_id, [check_record(json.loads(r)) for r in kept])
+        async with self.db.write() as tx:
+            await clears.mark_restored(tx, clear_id, time.time())
         return report
 
 

@@ -8,13 +8,13 @@ and recall never uses a vector whose row is gone, so nothing forgotten is ever r
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from memory.index.vectors import VectorIndex
 from memory.learning.facts import queue_sync
-from memory.storage.store import Store, Transaction
+from memory.storage import facts, jobs, profiles, sessions, summaries, turns
+from memory.storage.database import Database, Transaction
 
 DROP_CHUNK_VECTORS_JOB = "drop_chunk_vectors"
 _BATCH = 1000
@@ -22,19 +22,16 @@ _BATCH = 1000
 
 async def forget_user(tx: Transaction, user_id: str) -> dict[str, int]:
     """Delete every turn, chunk, session, fact, summary and the profile of a user."""
-    chunk_ids = await _ids(tx, "DELETE FROM chunks WHERE user_id = ? RETURNING id", (user_id,))
-    # One statement for all turns: parent links are checked at its end, when none is left.
-    turns = await tx.change("DELETE FROM turns WHERE user_id = ?", (user_id,))
-    sessions = await tx.change("DELETE FROM sessions WHERE user_id = ?", (user_id,))
-    fact_ids = await _ids(tx, "DELETE FROM facts WHERE user_id = ? RETURNING id", (user_id,))
-    summary_ids = await _ids(
-        tx, "DELETE FROM summaries WHERE user_id = ? RETURNING id", (user_id,)
-    )
-    profile = await tx.change("DELETE FROM profiles WHERE user_id = ?", (user_id,))
+    chunk_ids = await turns.delete_chunks(tx, user_id)
+    turn_count = await turns.delete(tx, user_id)
+    session_count = await sessions.delete(tx, user_id)
+    fact_ids = await facts.delete(tx, user_id)
+    summary_ids = await summaries.delete(tx, user_id)
+    profile = await profiles.delete(tx, user_id)
     await queue_sync(tx, facts=fact_ids, summaries=summary_ids, profiles=[user_id])
     await drop_chunk_vectors_later(tx, chunk_ids)
     return {
-        "turns": turns, "sessions": sessions, "chunks": len(chunk_ids),
+        "turns": turn_count, "sessions": session_count, "chunks": len(chunk_ids),
         "fact_versions": len(fact_ids), "summaries": len(summary_ids), "profile": profile,
     }
 
@@ -45,33 +42,20 @@ async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict
     A fact counts as learned only from the session when every version of it names the
     session as its source and cites no turn outside it. None when the session is unknown.
     """
-    scope = (user_id, session_id)
-    turn_ids = set(await _ids(
-        tx, "SELECT id FROM turns WHERE user_id = ? AND session_id = ?", scope
-    ))
-    known = await tx.execute(
-        "SELECT 1 FROM sessions WHERE user_id = ? AND session_id = ?", scope
-    )
-    if not turn_ids and not known:
+    turn_ids = set(await turns.ids_of_session(tx, user_id, session_id))
+    if not turn_ids and await sessions.get(tx, user_id, session_id) is None:
         return None
     fact_ids = await _facts_only_from(tx, user_id, session_id, turn_ids)
-    chunk_ids = await _ids(
-        tx, "DELETE FROM chunks WHERE user_id = ? AND session_id = ? RETURNING id", scope
-    )
-    turns = await tx.change("DELETE FROM turns WHERE user_id = ? AND session_id = ?", scope)
-    await tx.change("DELETE FROM sessions WHERE user_id = ? AND session_id = ?", scope)
-    summary_ids = await _ids(
-        tx, "DELETE FROM summaries WHERE user_id = ? AND session_id = ? RETURNING id", scope
-    )
+    chunk_ids = await turns.delete_chunks(tx, user_id, session_id)
+    turn_count = await turns.delete(tx, user_id, session_id)
+    await sessions.delete(tx, user_id, session_id)
+    summary_ids = await summaries.delete(tx, user_id, session_id=session_id)
     if fact_ids:
-        await tx.change(
-            "DELETE FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
-            (user_id, json.dumps(fact_ids)),
-        )
+        await facts.delete(tx, user_id, fact_ids)
     await queue_sync(tx, facts=fact_ids, summaries=summary_ids)
     await drop_chunk_vectors_later(tx, chunk_ids)
     return {
-        "turns": turns, "chunks": len(chunk_ids), "summaries": len(summary_ids),
+        "turns": turn_count, "chunks": len(chunk_ids), "summaries": len(summary_ids),
         "fact_versions": len(fact_ids),
     }
 
@@ -79,14 +63,16 @@ async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict
 async def drop_chunk_vectors_later(tx: Transaction, chunk_ids: Sequence[int]) -> None:
     """Queue the removal of these chunks' vectors, committed with the transaction."""
     for start in range(0, len(chunk_ids), _BATCH * 10):
-        await tx.enqueue(DROP_CHUNK_VECTORS_JOB, {"chunks": list(chunk_ids[start:start + _BATCH * 10])})
+        await jobs.enqueue(
+            tx, DROP_CHUNK_VECTORS_JOB, {"chunks": list(chunk_ids[start:start + _BATCH * 10])}
+        )
 
 
 class ChunkVectorDropper:
     """The `drop_chunk_vectors` job: delete vectors of chunks that no longer exist."""
 
-    def __init__(self, store: Store, vectors: VectorIndex) -> None:
-        self.store = store
+    def __init__(self, db: Database, vectors: VectorIndex) -> None:
+        self.db = db
         self.vectors = vectors
 
     async def run(self, payload: dict[str, Any]) -> None:
@@ -95,11 +81,7 @@ class ChunkVectorDropper:
         for start in range(0, len(ids), _BATCH):
             batch = ids[start:start + _BATCH]
             # SQLite may give a deleted chunk's id to a new chunk: that one keeps its vector.
-            rows = await self.store.read(
-                "SELECT id FROM chunks WHERE id IN (SELECT value FROM json_each(?))",
-                (json.dumps(batch),),
-            )
-            alive = {int(row[0]) for row in rows}
+            alive = await turns.existing_chunks(self.db, batch)
             gone = [f"c{i}" for i in batch if i not in alive]
             if gone:
                 await asyncio.to_thread(self.vectors.delete, ids=gone)
@@ -108,19 +90,12 @@ class ChunkVectorDropper:
 async def _facts_only_from(
     tx: Transaction, user_id: str, session_id: str, turn_ids: set[int]
 ) -> list[int]:
-    rows = await tx.execute(
-        "SELECT id, chain_id, source_session, source_turn_ids FROM facts WHERE user_id = ?"
-        " AND chain_id IN (SELECT chain_id FROM facts WHERE user_id = ? AND source_session = ?)",
-        (user_id, user_id, session_id),
-    )
     chains: dict[int, list[int]] = {}
     tainted: set[int] = set()
-    for fact_id, chain_id, source_session, cited in rows:
-        chains.setdefault(int(chain_id), []).append(int(fact_id))
-        if source_session != session_id or not set(json.loads(cited)) <= turn_ids:
-            tainted.add(int(chain_id))
+    for fact_id, chain_id, source_session, cited in await facts.session_chains(
+        tx, user_id, session_id
+    ):
+        chains.setdefault(chain_id, []).append(fact_id)
+        if source_session != session_id or not set(cited) <= turn_ids:
+            tainted.add(chain_id)
     return sorted(i for chain, ids in chains.items() if chain not in tainted for i in ids)
-
-
-async def _ids(tx: Transaction, sql: str, params: Sequence[Any]) -> list[int]:
-    return [int(row[0]) for row in await tx.execute(sql, params)]

@@ -1,6 +1,6 @@
-"""Importing records (memory/records.py, or OpenAI-format conversations) into one user.
+"""Importing records (memory/admin/records.py, or OpenAI-format conversations) into one user.
 
-Idempotent: turns are logged through `Store.append_turns`, which stores each message of a
+Idempotent: turns are logged through `TurnLog.append_turns`, which stores each message of a
 conversation path once; a fact chain is skipped when its first version is already there
 (same text, category and first-seen time), a summary when its session already has one with
 the same text and time. Importing the same file twice adds nothing the second time.
@@ -20,8 +20,13 @@ from typing import Any
 
 from memory.learning.facts import queue_sync
 from memory.learning.profiles import ProfileStore
+from memory.log.turn_log import TurnLog
 from memory.redact import redact_record
-from memory.storage.store import NewTurn, Store, Transaction, owner_token, session_token
+from memory.storage import facts, summaries, turns
+from memory.storage.database import Transaction
+from memory.storage.facts import NewFact
+from memory.storage.summaries import NewSummary
+from memory.storage.turns import NewTurn
 from memory.tokens import count_tokens
 
 TURN_BATCH = 200
@@ -57,10 +62,10 @@ class Importer:
     """Writes checked records into one user's memory."""
 
     def __init__(
-        self, store: Store, profiles: ProfileStore, *, index_job: str, max_attempts: int,
+        self, log: TurnLog, profiles: ProfileStore, *, index_job: str, max_attempts: int,
         max_pinned: int, notify: Callable[[], None],
     ) -> None:
-        self.store = store
+        self.log = log
         self.max_pinned = max_pinned
         self.profiles = profiles
         self.index_job = index_job
@@ -74,11 +79,11 @@ class Importer:
         """Import checked records (see record_checks.check_record) for `user_id`."""
         report = ImportReport()
         turn_map = await _TurnWriter(self, user_id, report, session_of).write(records)
-        redact = self.store.redact
+        redact = self.log.redact
         facts = [redact_record(r, redact) for r in records if r["type"] == "fact"]
         summaries = [redact_record(r, redact) for r in records if r["type"] == "summary"]
         if facts or summaries:
-            async with self.store.write() as tx:
+            async with self.log.db.write() as tx:
                 await _write_facts(tx, user_id, facts, turn_map, report, self.max_pinned)
                 await _write_summaries(tx, user_id, summaries, turn_map, report)
         for record in records:
@@ -170,36 +175,23 @@ class _TurnWriter:
         if chain is None:
             return
         after = chain.after
-        store = self.importer.store
+        log = self.importer.log
         for start in range(0, len(chain.turns), TURN_BATCH):
-            turns = chain.turns[start:start + TURN_BATCH]
-            result = await store.append_turns(
-                self.user_id, chain.session_id, turns, after=after,
+            batch = chain.turns[start:start + TURN_BATCH]
+            result = await log.append_turns(
+                self.user_id, chain.session_id, batch, after=after,
                 job_kind=self.importer.index_job, max_attempts=self.importer.max_attempts,
             )
             self.report.added["turns"] += len(result.new_ids)
-            self.report.skipped["turns"] += len(turns) - len(result.new_ids)
+            self.report.skipped["turns"] += len(batch) - len(result.new_ids)
             assert result.last_id is not None
-            stored = await _path_ids(store, result.last_id, len(turns))
+            stored = await turns.path_ids(log.db, self.user_id, result.last_id, len(batch))
             self.ids.update(zip(chain.keys[start:start + TURN_BATCH], stored, strict=True))
             after = result.last_id
 
     def _new_key(self) -> Key:
         self.synthetic += 1
         return ("made-up", self.synthetic)
-
-
-async def _path_ids(store: Store, last_id: int, count: int) -> list[int]:
-    """The ids of the `count` turns ending at `last_id` on its path, oldest first."""
-    rows = await store.read(
-        "WITH RECURSIVE path(id, parent_id, depth) AS ("
-        " SELECT id, parent_id, 1 FROM turns WHERE id = ?"
-        " UNION ALL SELECT t.id, t.parent_id, p.depth + 1 FROM turns AS t"
-        " JOIN path AS p ON t.id = p.parent_id WHERE p.depth < ?)"
-        " SELECT id FROM path ORDER BY depth DESC",
-        (last_id, count),
-    )
-    return [int(row[0]) for row in rows]
 
 
 def _content_session(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -231,18 +223,11 @@ async def _write_facts(
 
 async def _fact_chain_exists(tx: Transaction, user_id: str, first: Mapping[str, Any]) -> bool:
     if first["first_seen"] is not None:
-        rows = await tx.execute(
-            "SELECT 1 FROM facts WHERE user_id = ? AND previous_id IS NULL AND text = ?"
-            " AND category = ? AND first_seen = ? LIMIT 1",
-            (user_id, first["text"], first["category"], first["first_seen"]),
+        return await facts.first_version_exists(
+            tx, user_id, first["text"], first["category"], first["first_seen"]
         )
-    else:  # a hand-written fact: the same active fact counts as already there
-        rows = await tx.execute(
-            "SELECT 1 FROM facts WHERE user_id = ? AND text = ? AND category = ?"
-            " AND valid_to IS NULL LIMIT 1",
-            (user_id, first["text"], first["category"]),
-        )
-    return bool(rows)
+    # A hand-written fact: the same active fact counts as already there.
+    return await facts.current_exists(tx, user_id, first["text"], first["category"])
 
 
 async def _insert_fact_chain(
@@ -256,30 +241,23 @@ async def _insert_fact_chain(
         first_seen = record["first_seen"] or now
         created = record["created_at"] or now
         previous = new_of.get(record["previous_id"]) if record["previous_id"] is not None else None
-        rows = await tx.execute(
-            "INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
-            " mentions, source, source_session, source_turn_ids, pinned, first_seen, last_seen,"
-            " expires_at, version, previous_id, valid_from, valid_to, created_at, updated_at,"
-            " owner) VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " RETURNING id",
-            (user_id, record["text"], record["category"], record["confidence"],
-             record["importance"], record["mentions"], record["source"], record["source_session"],
-             json.dumps(sorted({turn_map[t] for t in record["source_turn_ids"] if t in turn_map})),
-             first_seen, record["last_seen"] or first_seen, record["expires_at"],
-             record["version"], previous, record["valid_from"] or created, record["valid_to"],
-             created, record["updated_at"] or created, owner_token(user_id)),
-        )  # fmt: skip
-        inserted.append(int(rows[0][0]))
+        inserted.append(await facts.insert(tx, NewFact(
+            user_id, record["text"], record["category"], record["confidence"],
+            record["importance"], record["source"], mentions=record["mentions"],
+            source_session=record["source_session"],
+            source_turn_ids=[turn_map[t] for t in record["source_turn_ids"] if t in turn_map],
+            first_seen=first_seen, last_seen=record["last_seen"] or first_seen,
+            expires_at=record["expires_at"], version=record["version"], previous_id=previous,
+            valid_from=record["valid_from"] or created, valid_to=record["valid_to"],
+            created_at=created, updated_at=record["updated_at"] or created,
+            chain_id=inserted[0] if inserted else None,
+        )))
         if record["id"] is not None:
             new_of[record["id"]] = inserted[-1]
-    await tx.change(
-        "UPDATE facts SET chain_id = ? WHERE id IN (SELECT value FROM json_each(?))",
-        (inserted[0], json.dumps(inserted)),
-    )
     for record, fact_id in zip(chain, inserted, strict=True):
         successor = new_of.get(record["superseded_by"]) if record["superseded_by"] else None
         if successor is not None:
-            await tx.change("UPDATE facts SET superseded_by = ? WHERE id = ?", (successor, fact_id))
+            await facts.set_superseded_by(tx, fact_id, successor)
         if record["pinned"] and record["valid_to"] is None:
             await _pin_if_room(tx, user_id, fact_id, max_pinned)
     return inserted
@@ -287,12 +265,8 @@ async def _insert_fact_chain(
 
 async def _pin_if_room(tx: Transaction, user_id: str, fact_id: int, max_pinned: int) -> None:
     # Over the limit (pins made since the export), the fact comes back unpinned.
-    rows = await tx.execute(
-        "SELECT COUNT(*) FROM facts WHERE user_id = ? AND pinned = 1 AND valid_to IS NULL",
-        (user_id,),
-    )
-    if int(rows[0][0]) < max_pinned:
-        await tx.change("UPDATE facts SET pinned = 1 WHERE id = ?", (fact_id,))
+    if await facts.count_pinned(tx, user_id) < max_pinned:
+        await facts.set_pinned(tx, fact_id, True, None)
 
 
 async def _write_summaries(
@@ -304,32 +278,22 @@ async def _write_summaries(
     inserted: list[tuple[Mapping[str, Any], int]] = []
     for record in records:
         created = record["created_at"]
-        rows = await tx.execute(
-            "SELECT id FROM summaries WHERE user_id = ? AND session_id = ? AND text = ?"
-            " AND (? IS NULL OR created_at = ?) LIMIT 1",
-            (user_id, record["session_id"], record["text"], created, created),
-        )
-        if rows:
+        if await summaries.exists(tx, user_id, record["session_id"], record["text"], created):
             report.skipped["summaries"] += 1
             continue
         cited = sorted({turn_map[t] for t in record["source_turn_ids"] if t in turn_map})
         last = turn_map.get(record["last_turn_id"] or 0) or (cited[-1] if cited else 0)
-        rows = await tx.execute(
-            "INSERT INTO summaries (user_id, session_id, text, data, source_turn_ids,"
-            " last_turn_id, user_turns, tokens, created_at, owner, sess)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (user_id, record["session_id"], record["text"], json.dumps(record["data"]),
-             json.dumps(cited), last, record["user_turns"], record["tokens"], created or now,
-             owner_token(user_id), session_token(user_id, record["session_id"])),
-        )  # fmt: skip
-        inserted.append((record, int(rows[0][0])))
+        summary_id = await summaries.insert(tx, NewSummary(
+            user_id, record["session_id"], record["text"], record["data"],
+            source_turn_ids=cited, last_turn_id=last, user_turns=record["user_turns"],
+            tokens=record["tokens"], created_at=created or now,
+        ))
+        inserted.append((record, summary_id))
         if record["id"] is not None:
-            new_of[record["id"]] = inserted[-1][1]
+            new_of[record["id"]] = summary_id
         report.added["summaries"] += 1
     for record, summary_id in inserted:
         successor = new_of.get(record["superseded_by"]) if record["superseded_by"] else None
         if successor is not None:
-            await tx.change(
-                "UPDATE summaries SET superseded_by = ? WHERE id = ?", (successor, summary_id)
-            )
+            await summaries.set_superseded_by(tx, summary_id, successor)
     await queue_sync(tx, summaries=[summary_id for _, summary_id in inserted])

@@ -17,31 +17,32 @@ from memory.jobs.worker import Handler
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
-from memory.storage.store import Store
+from memory.log.turn_log import TurnLog
 
 
 class Management:
-    """Sessions, records (export), importer, clears and stats over one store."""
+    """Sessions, records (export), importer, clears and stats over one database."""
 
     def __init__(
-        self, settings: Settings, store: Store, vectors: VectorIndex, facts: FactStore,
+        self, settings: Settings, log: TurnLog, vectors: VectorIndex, facts: FactStore,
         summaries: SummaryStore, profiles: ProfileStore, *, index_job: str,
         notify: Callable[[], None],
     ) -> None:
-        self.sessions = SessionStore(store, notify=notify)
-        self.records = RecordSource(store.read, facts, summaries, profiles)
+        db = log.db
+        self.sessions = SessionStore(db, notify=notify)
+        self.records = RecordSource(db, facts, summaries, profiles)
         self.importer = Importer(
-            store, profiles, index_job=index_job, max_attempts=settings.job_max_attempts,
+            log, profiles, index_job=index_job, max_attempts=settings.job_max_attempts,
             max_pinned=settings.fact_max_pinned, notify=notify,
         )
         self.clears = Clears(
-            store, self.records, self.importer, facts, window=settings.clear_undo_seconds,
+            db, self.records, self.importer, facts, window=settings.clear_undo_seconds,
             notify=notify,
         )
         self.stats = MemoryStats(
-            store, vectors, facts, profiles, vectors_path=settings.vectors_path
+            db, vectors, facts, profiles, vectors_path=settings.vectors_path
         )
-        dropper = ChunkVectorDropper(store, vectors)
+        dropper = ChunkVectorDropper(db, vectors)
         self.handlers: dict[str, Handler] = {
             SETTLE_JOB: self.clears.settle, DROP_CHUNK_VECTORS_JOB: dropper.run,
         }

@@ -13,17 +13,18 @@ source turns keep pointing at the right rows). Records come in id order, parents
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
+from memory.storage import turns
+from memory.storage.database import Database
 
 FORMAT = "memproxy-export"
 VERSION = 1
 PAGE = 1000
-Fetch = Callable[[str, Sequence[Any]], Awaitable[Sequence[Sequence[Any]]]]
 
 TURN_FIELDS = (
     "id", "session_id", "parent_id", "role", "name", "content", "created_at", "model", "tokens",
@@ -37,19 +38,19 @@ class RecordSource:
     """Reads one user's memory as records, page by page."""
 
     def __init__(
-        self, fetch: Fetch, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore
+        self, db: Database, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore
     ) -> None:
-        self.fetch = fetch
+        self.db = db
         self.facts = facts
         self.summaries = summaries
         self.profiles = profiles
 
     async def counts(self, user_id: str) -> dict[str, int]:
         """How many records of each type the user's export holds."""
-        rows = await self.fetch("SELECT COUNT(*) FROM turns WHERE user_id = ?", (user_id,))
+        turn_count = await turns.count(self.db, user_id)
         profile = await self.profile_record(user_id)
         return {
-            "turn": int(rows[0][0]),
+            "turn": turn_count,
             "fact": await self.facts.count(user_id, active_only=False),
             "summary": len(await self.summaries.list(user_id, include_history=True)),
             "profile": int(profile is not None),
@@ -76,18 +77,12 @@ class RecordSource:
         """The user's turns in id order (a parent always before its children)."""
         after = 0
         while True:
-            rows = await self.fetch(
-                f"SELECT {', '.join(TURN_FIELDS)} FROM turns WHERE user_id = ? AND id > ?"
-                " ORDER BY id LIMIT ?",
-                (user_id, after, PAGE),
-            )
-            for row in rows:
-                record = {"type": "turn", **dict(zip(TURN_FIELDS, row, strict=True))}
-                record["incomplete"] = bool(record["incomplete"])
-                yield record
-            if len(rows) < PAGE:
+            found = await turns.page(self.db, user_id, after=after, limit=PAGE)
+            for turn in found:
+                yield {"type": "turn", **{name: getattr(turn, name) for name in TURN_FIELDS}}
+            if len(found) < PAGE:
                 return
-            after = int(rows[-1][0])
+            after = found[-1].id
 
     async def fact_records(self, user_id: str) -> list[dict[str, Any]]:
         """Every version of every fact, oldest first."""

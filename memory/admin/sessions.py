@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from memory.admin.forget import forget_session
-from memory.storage.store import Store, Turn
+from memory.storage import facts, sessions, summaries, turns
+from memory.storage.database import Database
+from memory.storage.turns import Turn
 
 MAX_PAGE = 500
 TITLE_CHARS = 120
@@ -37,73 +39,64 @@ class SessionInfo:
         return asdict(self)
 
 
-_SELECT = (
-    "SELECT s.session_id, s.created_at, s.last_active,"
-    " (SELECT COUNT(*) FROM turns AS t WHERE t.user_id = s.user_id"
-    "  AND t.session_id = s.session_id),"
-    " (SELECT COUNT(*) FROM facts AS f WHERE f.user_id = s.user_id"
-    "  AND f.source_session = s.session_id AND f.valid_to IS NULL),"
-    " (SELECT COUNT(*) FROM summaries AS m WHERE m.user_id = s.user_id"
-    "  AND m.session_id = s.session_id AND m.superseded_by IS NULL),"
-    f" COALESCE((SELECT substr(t.content, 1, {TITLE_CHARS}) FROM turns AS t"
-    "  WHERE t.user_id = s.user_id AND t.session_id = s.session_id AND t.role = 'user'"
-    "  ORDER BY t.id LIMIT 1), '')"
-    " FROM sessions AS s"
-)
-
-
 class SessionStore:
     """Reads and deletes one user's sessions."""
 
-    def __init__(self, store: Store, *, notify: Callable[[], None]) -> None:
-        self.store = store
+    def __init__(self, db: Database, *, notify: Callable[[], None]) -> None:
+        self.db = db
         self.notify = notify
 
     async def list(
         self, user_id: str, *, limit: int = 50, cursor: str | None = None
     ) -> tuple[builtins.list[SessionInfo], str | None]:
         """A page of sessions, most recently active first, and the next page's cursor."""
-        where = "s.user_id = ?"
-        params: builtins.list[Any] = [user_id]
-        if cursor is not None:
-            last_active, session_id = _decode(cursor)
-            where += " AND (s.last_active < ? OR (s.last_active = ? AND s.session_id < ?))"
-            params += [last_active, last_active, session_id]
-        rows = await self.store.read(
-            f"{_SELECT} WHERE {where} ORDER BY s.last_active DESC, s.session_id DESC LIMIT ?",
-            (*params, limit + 1),
-        )
-        found = [SessionInfo(*row) for row in rows[:limit]]
+        before = None if cursor is None else _decode(cursor)
+        rows = await sessions.page(self.db, user_id, limit=limit + 1, before=before)
+        found = await self._infos(user_id, rows[:limit])
         more = len(rows) > limit
         return found, _encode(found[-1].last_active, found[-1].session_id) if more else None
 
     async def get(self, user_id: str, session_id: str) -> SessionInfo | None:
         """One session with its counts, or None."""
-        rows = await self.store.read(
-            f"{_SELECT} WHERE s.user_id = ? AND s.session_id = ?", (user_id, session_id)
-        )
-        return SessionInfo(*rows[0]) if rows else None
+        row = await sessions.get(self.db, user_id, session_id)
+        return None if row is None else (await self._infos(user_id, [row]))[0]
 
     async def turns(
         self, user_id: str, session_id: str, *, limit: int = 100, after: int = 0
     ) -> tuple[builtins.list[Turn], int | None]:
         """A page of the session's turns in the order they were stored, and the next `after`."""
-        rows = await self.store.read(
-            "SELECT id FROM turns WHERE user_id = ? AND session_id = ? AND id > ?"
-            " ORDER BY id LIMIT ?",
-            (user_id, session_id, after, limit + 1),
+        found = await turns.session_page_ids(
+            self.db, user_id, session_id, after=after, limit=limit + 1
         )
-        ids = [int(row[0]) for row in rows[:limit]]
-        turns = await self.store.get_turns(ids)
-        return turns, ids[-1] if len(rows) > limit else None
+        ids = found[:limit]
+        return await turns.get_many(self.db, ids), ids[-1] if len(found) > limit else None
 
     async def delete(self, user_id: str, session_id: str) -> dict[str, int] | None:
-        """Forget the session (see memory.forget.forget_session); None when unknown."""
-        async with self.store.write() as tx:
+        """Forget the session (see memory.admin.forget.forget_session); None when unknown."""
+        async with self.db.write() as tx:
             removed = await forget_session(tx, user_id, session_id)
         if removed is not None:
             self.notify()
         return removed
+
+    async def _infos(
+        self, user_id: str, rows: Sequence[tuple[str, float, float]]
+    ) -> builtins.list[SessionInfo]:
+        """The listed sessions with their counts: turns, current facts learned in each
+        session, current summaries, and the title."""
+        ids = [row[0] for row in rows]
+        turn_counts = await turns.count_by_session(self.db, user_id, ids)
+        fact_counts = await facts.count_by_session(self.db, user_id, ids)
+        summary_counts = await summaries.count_by_session(self.db, user_id, ids)
+        titles = await turns.titles(self.db, user_id, ids, TITLE_CHARS)
+        return [
+            SessionInfo(
+                session_id, created_at, last_active, turn_counts.get(session_id, 0),
+                fact_counts.get(session_id, 0), summary_counts.get(session_id, 0),
+                titles.get(session_id, ""),
+            )
+            for session_id, created_at, last_active in rows
+        ]
 
 
 def turn_dict(turn: Turn) -> dict[str, Any]:

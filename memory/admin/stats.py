@@ -3,33 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from memory.index.vectors import VectorIndex
+from memory.jobs.queue import JobQueue
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
-from memory.storage.store import Store
+from memory.storage import facts, metrics, sessions, summaries, turns
+from memory.storage.database import Database
 
 MAX_METRICS_ROWS = 10_000
 DEAD_LETTERS_SHOWN = 20
-_METRIC_FIELDS = (
-    "created_at", "session_id", "request_id", "model", "items", "injected_tokens", "truncated",
-    "recall_ms", "embed_ms", "error",
-)
 
 
 class MemoryStats:
     """Counts, index sizes, queue depth and request metrics."""
 
     def __init__(
-        self, store: Store, vectors: VectorIndex, facts: FactStore, profiles: ProfileStore, *,
+        self, db: Database, vectors: VectorIndex, facts: FactStore, profiles: ProfileStore, *,
         vectors_path: Path,
     ) -> None:
-        self.store = store
+        self.db = db
+        self.queue = JobQueue(db)
         self.vectors = vectors
         self.vectors_path = vectors_path
         self.facts = facts
@@ -46,8 +44,8 @@ class MemoryStats:
 
     async def jobs(self) -> dict[str, Any]:
         """Queue depth by status and the latest dead letters (their kind and error only)."""
-        counts = await self.store.job_counts()
-        dead = await self.store.dead_jobs(DEAD_LETTERS_SHOWN)
+        counts = await self.queue.job_counts()
+        dead = await self.queue.dead_jobs(DEAD_LETTERS_SHOWN)
         return {
             **counts,
             "depth": counts["queued"] + counts["running"],
@@ -62,43 +60,21 @@ class MemoryStats:
         self, user_id: str, since: float, until: float, limit: int
     ) -> tuple[list[dict[str, Any]], bool]:
         """The user's per-request metrics rows in [since, until), oldest first; more left?"""
-        rows = await self.store.read(
-            "SELECT created_at, session_id, request_id, model, items_json, injected_tokens,"
-            " truncated, recall_ms, embed_ms, error FROM request_metrics"
-            " WHERE user_id = ? AND created_at >= ? AND created_at < ?"
-            " ORDER BY created_at, id LIMIT ?",
-            (user_id, since, until, limit + 1),
-        )
-        found = []
-        for row in rows[:limit]:
-            item = dict(zip(_METRIC_FIELDS, row, strict=True))
-            item["items"] = json.loads(item["items"])
-            item["truncated"] = bool(item["truncated"])
-            found.append(item)
-        return found, len(rows) > limit
+        rows = await metrics.page(self.db, user_id, since, until, limit + 1)
+        return rows[:limit], len(rows) > limit
 
     async def _counts(self, user_id: str) -> dict[str, Any]:
-        one = "SELECT COUNT(*) FROM {} WHERE user_id = ?"
-        counts: dict[str, Any] = {}
-        for name, table in (("sessions", "sessions"), ("turns", "turns"), ("chunks", "chunks")):
-            counts[name] = int((await self.store.read(one.format(table), (user_id,)))[0][0])
-        summaries = await self.store.read(
-            "SELECT COUNT(*) FROM summaries WHERE user_id = ? AND superseded_by IS NULL",
-            (user_id,),
-        )
-        pinned = await self.store.read(
-            "SELECT COUNT(*) FROM facts WHERE user_id = ? AND pinned = 1 AND valid_to IS NULL",
-            (user_id,),
-        )
-        counts.update(
-            facts=await self.facts.count(user_id),
-            fact_versions=await self.facts.count(user_id, active_only=False),
-            pinned=int(pinned[0][0]),
-            summaries=int(summaries[0][0]),
-            profile=await self.profiles.get(user_id) is not None,
-            consent=await self.profiles.consent(user_id),
-        )
-        return counts
+        return {
+            "sessions": await sessions.count(self.db, user_id),
+            "turns": await turns.count(self.db, user_id),
+            "chunks": await turns.count_chunks(self.db, user_id),
+            "facts": await self.facts.count(user_id),
+            "fact_versions": await self.facts.count(user_id, active_only=False),
+            "pinned": await facts.count_pinned(self.db, user_id),
+            "summaries": await summaries.count_current(self.db, user_id),
+            "profile": await self.profiles.get(user_id) is not None,
+            "consent": await self.profiles.consent(user_id),
+        }
 
     async def _index(self, user_id: str) -> dict[str, Any]:
         vectors, total = await asyncio.gather(
@@ -106,7 +82,7 @@ class MemoryStats:
             asyncio.to_thread(self.vectors.count),
         )
         database, vector_files = await asyncio.to_thread(
-            lambda: (_size([self.store.path, *_wal_files(self.store.path)]),
+            lambda: (_size([self.db.path, *_wal_files(self.db.path)]),
                      _size(_files(self.vectors_path)))
         )
         return {

@@ -17,7 +17,7 @@ from memory.index.vectors import Metadata, VectorIndex
 from memory.learning.facts import Fact, facts_by_id
 from memory.learning.profiles import ProfileStore, profile_vector_id
 from memory.learning.summaries import summaries_by_id
-from memory.storage.store import Store
+from memory.storage.database import Database
 
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
@@ -26,9 +26,9 @@ class LearnedVectors:
     """Runs sync_vectors jobs against one vector index."""
 
     def __init__(
-        self, store: Store, profiles: ProfileStore, vectors: VectorIndex, embed: Embed
+        self, db: Database, profiles: ProfileStore, vectors: VectorIndex, embed: Embed
     ) -> None:
-        self.store = store
+        self.db = db
         self.profiles = profiles
         self.vectors = vectors
         self.embed = embed
@@ -45,7 +45,7 @@ class LearnedVectors:
         keep: dict[str, tuple[str, Metadata]] = {}
         drop: list[str] = []
         fact_ids = [int(i) for i in payload.get("facts", ())]
-        found = {f.id: f for f in await facts_by_id(self.store, fact_ids)}
+        found = {f.id: f for f in await facts_by_id(self.db, fact_ids)}
         for fact_id in fact_ids:
             fact = found.get(fact_id)
             if fact is None or fact.valid_to is not None:
@@ -53,7 +53,7 @@ class LearnedVectors:
                 continue
             keep[f"f{fact_id}"] = (fact.text, fact_metadata(fact))
         summary_ids = [int(i) for i in payload.get("summaries", ())]
-        summaries = {s.id: s for s in await summaries_by_id(self.store, summary_ids)}
+        summaries = {s.id: s for s in await summaries_by_id(self.db, summary_ids)}
         for summary_id in summary_ids:
             summary = summaries.get(summary_id)
             if summary is None or not summary.current:

@@ -2,7 +2,7 @@
 
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
-Queries scoped to one user search that user's copy in memory.vector_cache when it is on.
+Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs the durable job queue kept by `Store`: claim ready jobs, run their handlers
+"""Runs the durable job queue (`JobQueue`): claim ready jobs, run their handlers
 concurrently, retry failures with exponential backoff and bury the ones that keep failing.
 
 A job is never lost: it is claimed and settled through the database, a job interrupted by
@@ -15,7 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from memory.storage.store import Job, Store
+from memory.jobs.queue import JobQueue
+from memory.storage.jobs import Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -33,11 +34,11 @@ _IDLE_CHECK_INTERVAL = 0.01
 
 
 class JobWorker:
-    """Claims jobs from a Store and runs the handler registered for each kind."""
+    """Claims jobs from a JobQueue and runs the handler registered for each kind."""
 
     def __init__(
         self,
-        store: Store,
+        store: JobQueue,
         handlers: Mapping[str, Handler],
         *,
         concurrency: int = 2,

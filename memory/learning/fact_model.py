@@ -1,4 +1,4 @@
-"""The fact record, its errors and field checks, shared by the fact store and learning.
+"""Facts: categories, errors and field checks, shared by the fact store, learning and the API.
 
     FactError (ValueError, .param)
      └── FactNotFound (no such fact for this user)
@@ -6,13 +6,10 @@
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
 
-from memory.storage.store import Transaction
+from memory.storage import jobs
+from memory.storage.database import Transaction
 
 CATEGORIES = ("identity", "preference", "project", "relationship", "context", "todo", "decision")
 SOURCES = ("extracted", "manual", "import")
@@ -20,9 +17,6 @@ SYNC_JOB = "sync_vectors"
 MAX_TEXT_CHARS = 1000
 MAX_PAGE = 500
 DAY = 86400.0
-
-# Active: the chain's current version, not expired (pinned facts never expire).
-ACTIVE_SQL = "valid_to IS NULL AND (pinned = 1 OR expires_at IS NULL OR expires_at > ?)"
 
 
 class FactError(ValueError):
@@ -37,49 +31,6 @@ class FactNotFound(FactError):
     """No fact with this id belongs to this user."""
 
 
-@dataclass(frozen=True)
-class Fact:
-    """One version of a fact; times are unix seconds."""
-
-    id: int
-    user_id: str
-    text: str
-    category: str
-    confidence: float
-    importance: int
-    mentions: int
-    source: str
-    source_session: str | None
-    source_turn_ids: list[int]
-    pinned: bool
-    first_seen: float
-    last_seen: float
-    expires_at: float | None
-    version: int
-    previous_id: int | None
-    valid_from: float
-    valid_to: float | None
-    superseded_by: int | None
-    created_at: float
-    updated_at: float
-
-    @property
-    def expired(self) -> bool:
-        """Past its expiry (pinned facts never are)."""
-        return not self.pinned and self.expires_at is not None and self.expires_at <= time.time()
-
-    @property
-    def active(self) -> bool:
-        """The current version and not expired: the only kind of fact ever recalled."""
-        return self.valid_to is None and not self.expired
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__} | {
-            "active": self.active
-        }
-
-
 async def queue_sync(
     tx: Transaction,
     *,
@@ -91,7 +42,7 @@ async def queue_sync(
     payload = {"facts": sorted(set(facts)), "summaries": sorted(set(summaries)),
                "profiles": sorted(set(profiles))}
     if any(payload.values()):
-        await tx.enqueue(SYNC_JOB, payload)
+        await jobs.enqueue(tx, SYNC_JOB, payload)
 
 
 def check_text(text: str) -> str:
@@ -126,10 +77,3 @@ def parse_cursor(cursor: str) -> int:
     except ValueError:
         raise FactError("invalid cursor", "cursor") from None
 
-
-def fact_from_row(row: Sequence[Any]) -> Fact:
-    """A Fact from a row of the facts columns, in Fact's field order."""
-    values = list(row)
-    values[9] = json.loads(values[9])  # source_turn_ids
-    values[10] = bool(values[10])  # pinned
-    return Fact(*values)

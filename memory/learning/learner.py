@@ -36,7 +36,9 @@ from memory.learning.llm_output import (
 )
 from memory.learning.prompts import extraction_messages, repair_messages, summary_messages
 from memory.learning.summaries import SummaryStore
-from memory.storage.store import Store, Turn
+from memory.log.turn_log import TurnLog
+from memory.storage import jobs
+from memory.storage import turns as turn_rows
 from memory.tokens import encoding_for_model
 
 EXTRACT_JOB = "extract_facts"
@@ -65,11 +67,11 @@ class Learner:
     """Schedules and runs the learning jobs of every user."""
 
     def __init__(
-        self, settings: Settings, store: Store, facts: FactStore, summaries: SummaryStore,
+        self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
         vectors: VectorIndex, embed: Embed, notify: Callable[[], None],
     ) -> None:
         self.settings = settings
-        self.store = store
+        self.log = log
         self.facts = facts
         self.summaries = summaries
         self.vectors = vectors
@@ -83,20 +85,16 @@ class Learner:
         every_fact, every_summary = self.settings.extract_every, self.settings.summary_every
         if self.llm is None or not (every_fact or every_summary):
             return
-        rows = await self.store.read(
-            "SELECT COUNT(*) FROM turns WHERE user_id = ? AND session_id = ? AND role = 'user'",
-            (user_id, session_id),
-        )
-        user_turns = int(rows[0][0])
+        user_turns = await turn_rows.count(self.log.db, user_id, session_id=session_id, role="user")
         payload = {"user_id": user_id, "session_id": session_id, "turn_id": turn_id,
                    "model": self.settings.extract_model or model, "user_turns": user_turns}
         due = [kind for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary))
                if every and user_turns and user_turns % every == 0]
         if not due:
             return
-        async with self.store.write() as tx:
+        async with self.log.db.write() as tx:
             for kind in due:
-                await tx.enqueue(kind, payload, max_attempts=self.settings.job_max_attempts)
+                await jobs.enqueue(tx, kind, payload, max_attempts=self.settings.job_max_attempts)
         self.notify()
 
     # -- facts
@@ -105,7 +103,7 @@ class Learner:
         """The extract_facts job: ask for facts in the latest user turns, then apply them."""
         user_id, session_id = str(payload["user_id"]), str(payload["session_id"])
         every = max(1, self.settings.extract_every)
-        turns = await self._path(user_id, int(payload["turn_id"]), 8 * every + 24)
+        turns = await self.log.path(user_id, int(payload["turn_id"]), 8 * every + 24)
         # New: everything after the reply that closed the exchange `every` replies ago, so
         # several user messages in a row are all mined.
         replies = [i for i, t in enumerate(turns) if t.role == "assistant"]
@@ -199,7 +197,7 @@ class Learner:
         previous = await self.summaries.latest(user_id, session_id)
         if previous is not None and previous.last_turn_id >= turn_id:
             return  # already covered (a retried or late job)
-        turns = await self._path(user_id, turn_id, MAX_SUMMARY_TURNS)
+        turns = await self.log.path(user_id, turn_id, MAX_SUMMARY_TURNS)
         if previous is not None:
             turns = [t for t in turns if t.id > previous.last_turn_id]
         if not turns:
@@ -236,18 +234,6 @@ class Learner:
                 f"unusable model output after one repair: {error}; then: {exc}\n"
                 f"--- first answer ---\n{raw}\n--- repair answer ---\n{again}"
             ) from None
-
-    async def _path(self, user_id: str, turn_id: int, limit: int) -> list[Turn]:
-        """The conversation path ending at `turn_id`, oldest first, at most `limit` turns."""
-        rows = await self.store.read(
-            "WITH RECURSIVE path(id, parent, depth) AS ("
-            " SELECT id, parent_id, 0 FROM turns WHERE id = ? AND user_id = ?"
-            " UNION ALL SELECT t.id, t.parent_id, p.depth + 1 FROM turns AS t"
-            " JOIN path AS p ON t.id = p.parent WHERE p.depth + 1 < ?)"
-            " SELECT id FROM path ORDER BY depth DESC",
-            (turn_id, user_id, limit),
-        )
-        return await self.store.get_turns([int(row[0]) for row in rows])
 
     @contextlib.asynccontextmanager
     async def _user_lock(self, user_id: str) -> AsyncIterator[None]:

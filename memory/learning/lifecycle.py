@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 
-from memory.learning.facts import ACTIVE_SQL, DAY, Fact, FactStore
+from memory.learning.facts import DAY, Fact, FactStore
+from memory.storage import facts as fact_rows
 
 CATEGORY_WEIGHT = {
     "context": 3.0, "todo": 2.0, "decision": 1.0, "preference": 1.0, "project": 1.0,
@@ -48,22 +49,14 @@ async def evict_down_to(facts: FactStore, user_id: str, keep: int, now: float | 
 
 async def purge_expired(facts: FactStore, older_than: float) -> int:
     """Delete facts (whole chains) that expired before `older_than`; return how many."""
-    rows = await facts.store.read(
-        "SELECT user_id, id FROM facts WHERE valid_to IS NULL AND pinned = 0"
-        " AND expires_at IS NOT NULL AND expires_at < ?",
-        (older_than,),
-    )
     deleted = 0
-    for user_id, fact_id in rows:
-        deleted += await facts.delete(str(user_id), int(fact_id))
+    for user_id, fact_id in await fact_rows.expired_before(facts.db, older_than):
+        deleted += await facts.delete(user_id, fact_id)
     return deleted
 
 
 async def prune_all(facts: FactStore, keep: int, now: float | None = None) -> int:
     """Bring every user above `keep` active facts down to it; return how many were evicted."""
     now = time.time() if now is None else now
-    rows = await facts.store.read(
-        f"SELECT user_id FROM facts WHERE {ACTIVE_SQL} GROUP BY user_id HAVING COUNT(*) > ?",
-        (now, keep),
-    )
-    return sum([await evict_down_to(facts, str(row[0]), keep, now) for row in rows])
+    users = await fact_rows.users_above(facts.db, keep, now)
+    return sum([await evict_down_to(facts, user_id, keep, now) for user_id in users])

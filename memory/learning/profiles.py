@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.learning.facts import FactError, queue_sync
-from memory.storage.store import Store, owner_token
+from memory.storage import profiles
+from memory.storage.database import Database
+from memory.storage.fts import owner_token
 
 MAX_PROFILE_CHARS = 8000
 
@@ -52,49 +54,33 @@ def profile_vector_id(user_id: str) -> str:
 class ProfileStore:
     """Profiles and consent, per user."""
 
-    def __init__(self, store: Store, *, notify: Callable[[], None] | None = None) -> None:
-        self.store = store
+    def __init__(self, db: Database, *, notify: Callable[[], None] | None = None) -> None:
+        self.db = db
         self._notify = notify or (lambda: None)
 
     async def consent(self, user_id: str) -> bool:
         """Whether the user allows a profile to be kept and used (default: no)."""
-        rows = await self.store.read("SELECT profile FROM consent WHERE user_id = ?", (user_id,))
-        return bool(rows and rows[0][0])
+        return await profiles.has_consent(self.db, user_id)
 
     async def set_consent(self, user_id: str, on: bool) -> None:
         """Give or revoke consent; revoking deletes the profile in the same transaction."""
         now = time.time()
-        async with self.store.write() as tx:
-            await tx.change(
-                "INSERT INTO consent (user_id, profile, updated_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (user_id) DO UPDATE SET profile = excluded.profile,"
-                " updated_at = excluded.updated_at",
-                (user_id, int(on), now),
-            )
+        async with self.db.write() as tx:
+            await profiles.set_consent(tx, user_id, on, now)
             if not on:
-                await tx.change("DELETE FROM profiles WHERE user_id = ?", (user_id,))
+                await profiles.delete(tx, user_id)
                 await queue_sync(tx, profiles=[user_id])
         if not on:
             self._notify()
 
     async def get(self, user_id: str) -> Profile | None:
         """The user's profile, or None."""
-        rows = await self.store.read(
-            "SELECT user_id, fields, text, created_at, updated_at FROM profiles"
-            " WHERE user_id = ?",
-            (user_id,),
-        )
-        if not rows:
-            return None
-        row = rows[0]
-        return Profile(row[0], json.loads(row[1]), row[2], row[3], row[4])
+        found = await profiles.get(self.db, user_id)
+        return None if found is None else Profile(user_id, *found)
 
     async def usable(self, user_id: str) -> Profile | None:
         """The profile if consent is on (what recall may use), else None."""
-        rows = await self.store.read(
-            "SELECT 1 FROM consent WHERE user_id = ? AND profile = 1", (user_id,)
-        )
-        return await self.get(user_id) if rows else None
+        return await self.get(user_id) if await profiles.has_consent(self.db, user_id) else None
 
     async def put(self, user_id: str, fields: Mapping[str, Any], text: str) -> Profile:
         """Write the whole profile; needs consent (ConsentRequired otherwise)."""
@@ -106,18 +92,10 @@ class ProfileStore:
         if len(encoded) + len(text) > MAX_PROFILE_CHARS:
             raise FactError(f"a profile is at most {MAX_PROFILE_CHARS} characters", "fields")
         now = time.time()
-        async with self.store.write() as tx:
-            allowed = await tx.execute(
-                "SELECT 1 FROM consent WHERE user_id = ? AND profile = 1", (user_id,)
-            )
-            if not allowed:
+        async with self.db.write() as tx:
+            if not await profiles.has_consent(tx, user_id):
                 raise ConsentRequired("turn consent on before writing a profile", "consent")
-            await tx.change(
-                "INSERT INTO profiles (user_id, fields, text, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
-                " fields = excluded.fields, text = excluded.text, updated_at = excluded.updated_at",
-                (user_id, encoded, text.strip(), now, now),
-            )
+            await profiles.put(tx, user_id, fields, text.strip(), now)
             await queue_sync(tx, profiles=[user_id])
         self._notify()
         profile = await self.get(user_id)
@@ -126,8 +104,8 @@ class ProfileStore:
 
     async def delete(self, user_id: str) -> bool:
         """Delete the profile (consent stays as it is)."""
-        async with self.store.write() as tx:
-            deleted = await tx.change("DELETE FROM profiles WHERE user_id = ?", (user_id,))
+        async with self.db.write() as tx:
+            deleted = await profiles.delete(tx, user_id)
             await queue_sync(tx, profiles=[user_id])
         self._notify()
         return deleted > 0

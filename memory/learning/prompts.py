@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from memory.storage.store import Turn
+from memory.storage.turns import Turn
 
 EXTRACT_SYSTEM = """\
 You extract durable facts about the USER from a conversation excerpt, for a long-term memory.

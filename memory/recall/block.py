@@ -1,6 +1,6 @@
 """Packing learned memory and past turns into one fenced block within an exact token budget.
 
-Layout inside the fence (`memory.render.wrap`): facts grouped by category under "What you
+Layout inside the fence (`memory.recall.render.wrap`): facts grouped by category under "What you
 know about this user", then the user's profile, then the most relevant summary, then the
 past turns. Filling goes by priority with shares of the budget, so that no section can
 starve the others: facts up to FACTS_SHARE, the profile up to PROFILE_SHARE, one summary up
@@ -8,7 +8,7 @@ to SUMMARY_SHARE (cut at a sentence when longer), then turns take what is left, 
 that did not fit their share take any remainder. The whole block is counted again at the
 end; while it is over the budget, the lowest-priority line is dropped (turns, then the
 summary, the profile, then facts), so the count is always exact. With nothing learned the
-block is exactly `memory.render.pack`'s.
+block is exactly `memory.recall.render.pack`'s.
 """
 
 from __future__ import annotations

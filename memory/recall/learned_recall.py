@@ -27,6 +27,9 @@ from memory.learning.facts import Fact, FactStore
 from memory.learning.profiles import ProfileStore, profile_vector_id
 from memory.learning.summaries import SummaryStore
 from memory.recall.ranking import Candidate, Weights, fuse
+from memory.storage import facts as fact_rows
+from memory.storage import profiles as profile_rows
+from memory.storage import summaries as summary_rows
 
 MIN_SIMILARITY = 0.3
 PERSONAL = frozenset({"my", "me", "mine", "myself"})
@@ -96,12 +99,11 @@ class LearnedRecall:
         dense search)."""
         # Most users have learned nothing (or only some kinds): one read says which kinds
         # to search, instead of a handful of empty searches.
-        has_facts, has_summaries, has_profile = (await self.facts.store.read(
-            "SELECT EXISTS(SELECT 1 FROM facts WHERE user_id = ? AND valid_to IS NULL),"
-            " EXISTS(SELECT 1 FROM summaries WHERE user_id = ?),"
-            " EXISTS(SELECT 1 FROM consent WHERE user_id = ? AND profile = 1)",
-            (user_id, user_id, user_id),
-        ))[0]
+        db = self.facts.db
+        has_facts, has_summaries, has_profile = await asyncio.gather(
+            fact_rows.has_current(db, user_id), summary_rows.has_any(db, user_id),
+            profile_rows.has_consent(db, user_id),
+        )
         facts, summaries, profile = await asyncio.gather(
             self._facts(user_id, session_id, query, vector, session_only, present)
             if has_facts else _no_items(),

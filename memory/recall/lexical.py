@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+
+from memory.storage import turns
+from memory.storage.database import Database
+from memory.storage.fts import CHUNK_COLUMNS, match_expression, search_terms
 
 # Rows the kept words may match in total; the rarest word is kept regardless.
 MATCH_ROW_BUDGET = 2000
@@ -20,19 +23,16 @@ MIN_TERMS = 1
 COUNT_TTL_SECONDS = 300.0
 MAX_COUNTS = 50_000
 
-Read = Callable[[str, Sequence[Any]], Awaitable[Sequence[Sequence[Any]]]]
+# How many rows (of every user) each word matches, in the order given.
+Count = Callable[[Sequence[str]], Awaitable[Sequence[int]]]
 
 
 class TermSelector:
     """Keeps a query's rarest words within `budget` matching rows, from cached counts."""
 
-    def __init__(
-        self, read: Read, *, table: str, columns: Sequence[str], budget: int = MATCH_ROW_BUDGET
-    ) -> None:
-        self._read = read
+    def __init__(self, count: Count, *, budget: int = MATCH_ROW_BUDGET) -> None:
+        self._count = count
         self._budget = budget
-        self._table = table
-        self._columns = " ".join(columns)
         self._counts: dict[str, tuple[int, float]] = {}
 
     async def select(self, terms: Sequence[str]) -> list[str]:
@@ -57,12 +57,7 @@ class TermSelector:
         fresh = {t: c for t in terms if (c := self._counts.get(t)) and now - c[1] < COUNT_TTL_SECONDS}
         missing = [t for t in terms if t not in fresh]
         if missing:
-            # One statement counts every missing word; each is a quoted FTS5 string.
-            count = f"(SELECT count(*) FROM {self._table} WHERE {self._table} MATCH ?)"
-            row = (await self._read(
-                "SELECT " + ", ".join([count] * len(missing)),
-                [f'{{{self._columns}}}:"{t.replace(chr(34), chr(34) * 2)}"' for t in missing],
-            ))[0]
+            row = await self._count(missing)
             if len(self._counts) + len(missing) > MAX_COUNTS:
                 self._counts.clear()
             for term, n in zip(missing, row, strict=True):
@@ -70,3 +65,27 @@ class TermSelector:
                 if n:  # a word nobody has said yet may be said any moment: count it again
                     self._counts[term] = (int(n), now)
         return {t: fresh[t][0] for t in terms}
+
+
+class ChunkSearch:
+    """BM25 search over turn chunks, scoped to a user (and a session), rare words first."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.terms = TermSelector(lambda words: turns.chunk_term_counts(db, words))
+
+    async def search(
+        self, user_id: str, query: str, *, k: int, session_id: str | None = None
+    ) -> list[tuple[int, float]]:
+        """Best `k` (chunk_id, score) for free text within the user's chunks, best first.
+
+        The words match a chunk's text or its speaker's name; the commonest are dropped when
+        the rows they match pass a budget (TermSelector).
+        """
+        if k <= 0:
+            return []
+        terms = await self.terms.select(search_terms(query))
+        expression = match_expression(user_id, " ".join(terms), session_id, columns=CHUNK_COLUMNS)
+        if expression is None:
+            return []
+        return await turns.search_chunks(self.db, expression, k)

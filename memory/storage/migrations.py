@@ -12,6 +12,10 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memory.storage.database import Connection
 
 MigrationStep = str | Callable[[sqlite3.Connection], None]
 Migration = tuple[str, MigrationStep]
@@ -213,7 +217,7 @@ CREATE TABLE consent (
 );
 """
 
-# Clear-all with an undo window (memory/clearing.py): the cleared memory is kept as export
+# Clear-all with an undo window (memory/admin/clearing.py): the cleared memory is kept as export
 # records until the window ends; only the undo token's hash is stored.
 _CLEARS = """
 CREATE TABLE clears (
@@ -290,6 +294,12 @@ def applied(conn: sqlite3.Connection) -> list[str]:
     """Names of the migrations recorded in the database, in the order they ran."""
     rows = conn.execute("SELECT name FROM migrations ORDER BY rowid").fetchall()
     return [str(row[0]) for row in rows]
+
+
+async def recorded(conn: Connection) -> int:
+    """How many migrations the database records (a read that touches the file)."""
+    rows = await conn.fetch("SELECT COUNT(*) FROM migrations")
+    return int(rows[0][0])
 
 
 def _apply_one(conn: sqlite3.Connection, name: str, step: MigrationStep) -> bool:

@@ -1,4 +1,4 @@
-"""Clear all of a user's memory, and undo it within the window (memory/clearing.py)."""
+"""Clear all of a user's memory, and undo it within the window (memory/admin/clearing.py)."""
 
 from __future__ import annotations
 

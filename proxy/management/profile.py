@@ -1,4 +1,4 @@
-"""Consent and the user-authored profile (memory/profiles.py)."""
+"""Consent and the user-authored profile (memory/learning/profiles.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,77 @@
+"""The job queue as the worker and the stats see it: each call is one write (or read) of
+the `jobs` table (memory.storage.jobs). Jobs that must commit with other rows are queued
+with `memory.storage.jobs.enqueue` inside that write's transaction instead."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from memory.storage import jobs
+from memory.storage.database import Database
+from memory.storage.jobs import DeadJob, Job
+
+
+class JobQueue:
+    """The durable queue in one database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def enqueue(
+        self, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
+        run_after: float | None = None,
+    ) -> int:
+        """Queue a job and return its id."""
+        async with self.db.autocommit() as tx:
+            return await jobs.enqueue(
+                tx, kind, payload, max_attempts=max_attempts, run_after=run_after
+            )
+
+    async def claim(self, kinds: Sequence[str] | None, limit: int, now: float) -> list[Job]:
+        """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first."""
+        if limit <= 0 or (kinds is not None and not kinds):
+            return []
+        async with self.db.autocommit() as tx:
+            return await jobs.claim(tx, kinds, limit, now)
+
+    async def complete(self, job_id: int) -> None:
+        """Mark a job done."""
+        async with self.db.autocommit() as tx:
+            await jobs.complete(tx, job_id)
+
+    async def retry_later(self, job_id: int, error: str, run_after: float) -> None:
+        """Put a running job back in the queue, not before `run_after`."""
+        async with self.db.autocommit() as tx:
+            await jobs.retry_later(tx, job_id, error, run_after)
+
+    async def bury(self, job_id: int, error: str) -> None:
+        """Move a job to the dead letters, keeping its error."""
+        async with self.db.autocommit() as tx:
+            await jobs.bury(tx, job_id, error)
+
+    async def requeue_running(self) -> int:
+        """Crash recovery: queue again the jobs left running; return how many."""
+        async with self.db.write() as tx:
+            return await jobs.requeue_running(tx)
+
+    async def next_job_due(self) -> float | None:
+        """When the earliest queued job becomes ready, or None when the queue is empty."""
+        return await jobs.next_due(self.db)
+
+    async def pending_jobs(self, due_before: float) -> int:
+        """How many jobs are running or queued to become ready before `due_before`."""
+        return await jobs.pending(self.db, due_before)
+
+    async def job_counts(self) -> dict[str, int]:
+        """Number of jobs in each status."""
+        return await jobs.counts(self.db)
+
+    async def dead_jobs(self, limit: int = 100) -> list[DeadJob]:
+        """The most recently buried jobs with their errors."""
+        return await jobs.dead(self.db, limit)
+
+    async def prune_done_jobs(self, older_than: float) -> int:
+        """Delete finished jobs last updated before `older_than`; return how many."""
+        async with self.db.autocommit() as tx:
+            return await jobs.prune_done(tx, older_than)

@@ -1,0 +1,149 @@
+"""The turn log: every message of every conversation, stored exactly once.
+
+Clients resend the whole history on every request. A message is identified by its content
+hash and the turn before it, so a resent history stores nothing new, an edited message starts
+a new branch, and a client that sends only its last N messages continues where they are.
+The SQL is memory.storage.turns'; this module decides which turns of a request are new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from memory.redact import keep
+from memory.storage import jobs, sessions, turns
+from memory.storage.database import Database, Transaction
+from memory.storage.turns import ChunkRow, ChunkSpec, NewTurn, Turn
+
+INDEX_JOB = "index"  # the job that chunks, embeds and indexes new turns (memory.engine)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Outcome of append_turns: the path's last turn, the turns inserted, the job enqueued."""
+
+    last_id: int | None
+    new_ids: list[int]
+    job_id: int | None = None
+
+
+def content_hash(role: str, name: str | None, content: str) -> str:
+    """Identity of a message for exactly-once logging; whitespace-only edits keep it."""
+    text = content.replace("\r\n", "\n").replace("\r", "\n").strip()
+    return hashlib.sha256(json.dumps([role, name, text]).encode()).hexdigest()
+
+
+class TurnLog:
+    """Turns and their chunks in one database."""
+
+    def __init__(self, db: Database, *, redact: Callable[[str], str] = keep) -> None:
+        self.db = db
+        # Applied to every turn's text before it is hashed and stored (MEMPROXY_REDACT).
+        self.redact = redact
+
+    async def append_turns(
+        self,
+        user_id: str,
+        session_id: str,
+        new: Sequence[NewTurn],
+        *,
+        after: int | None = None,
+        job_kind: str | None = INDEX_JOB,
+        max_attempts: int = 5,
+    ) -> AppendResult:
+        """Log a conversation path exactly once, branching where history was edited."""
+        if not new:
+            return AppendResult(after, [])
+        # Redacted before hashing: a resent message hashes the same, so it is stored once.
+        new = [
+            t if (text := self.redact(t.content)) == t.content else replace(t, content=text)
+            for t in new
+        ]
+        hashes = [content_hash(t.role, t.name, t.content) for t in new]
+        async with self.db.write() as tx:
+            parent_id, position = await _path_start(tx, user_id, session_id, after)
+            known = await turns.known_hashes(tx, user_id, session_id, hashes)
+            if after is None and (0, hashes[0]) not in known:
+                anchor = _window_anchor(known, hashes)
+                if anchor is not None:
+                    # A client that sends only its last N messages: continue where they are.
+                    parent_id, position = await _path_start(tx, user_id, session_id, anchor)
+                    new, hashes = new[1:], hashes[1:]
+            new_ids: list[int] = []
+            for turn, digest in zip(new, hashes, strict=True):
+                turn_id = known.get((parent_id or 0, digest))
+                if turn_id is None:
+                    turn_id = await turns.insert(
+                        tx, user_id, session_id, turn, parent_id=parent_id, position=position,
+                        digest=digest,
+                    )
+                    new_ids.append(turn_id)
+                parent_id, position = turn_id, position + 1
+            times = [turn.created_at for turn in new]
+            await sessions.touch(tx, user_id, session_id, times, len(new_ids))
+            job_id = None
+            if new_ids and job_kind is not None:
+                job_id = await jobs.enqueue(
+                    tx, job_kind, {"turn_ids": new_ids}, max_attempts=max_attempts
+                )
+        return AppendResult(parent_id, new_ids, job_id)
+
+    async def get_turns(self, ids: Sequence[int]) -> list[Turn]:
+        """The turns with these ids, in the order asked; unknown ids are skipped."""
+        return await turns.get_many(self.db, ids)
+
+    async def session_turns(self, user_id: str, session_id: str) -> list[Turn]:
+        """Every turn of a session, all branches, in insertion order."""
+        return await turns.of_session(self.db, user_id, session_id)
+
+    async def count_turns(self, user_id: str | None = None) -> int:
+        """How many turns are stored, for one user or for everyone."""
+        return await turns.count(self.db, user_id)
+
+    async def path(self, user_id: str, turn_id: int, limit: int) -> list[Turn]:
+        """The conversation path ending at `turn_id`, oldest first, at most `limit` turns."""
+        return await turns.get_many(self.db, await turns.path_ids(self.db, user_id, turn_id, limit))
+
+    async def add_chunks(self, turn_id: int, chunks: Sequence[ChunkSpec]) -> list[int]:
+        """Store (ordinal, kind, text, tokens) chunks of a turn; re-adding one updates it."""
+        async with self.db.write() as tx:
+            return await turns.add_chunks(tx, turn_id, chunks)
+
+    async def get_chunks(self, ids: Sequence[int]) -> list[ChunkRow]:
+        """The chunks with these ids, in the order asked; unknown ids are skipped."""
+        return await turns.get_chunks(self.db, ids)
+
+    async def neighbour_chunks(self, ids: Sequence[int]) -> list[tuple[int, int]]:
+        """(chunk id, neighbour id) pairs: the chunks just before and after each one."""
+        return await turns.neighbour_chunks(self.db, ids)
+
+
+async def _path_start(
+    tx: Transaction, user_id: str, session_id: str, after: int | None
+) -> tuple[int | None, int]:
+    if after is None:
+        return None, 0
+    return after, await turns.position_of(tx, user_id, session_id, after) + 1
+
+
+def _window_anchor(known: dict[tuple[int, str], int], hashes: Sequence[str]) -> int | None:
+    """The stored turn a sliding-window request starts at, if its first two turns match.
+
+    The request's first message is not a conversation root, so it is either an edit (a new
+    branch) or the oldest message of a truncated history. Only a match of at least the first
+    two messages in a row counts as a window; of several, the longest matching run wins.
+    """
+    best, best_run = None, 1
+    for (_, digest), start in known.items():
+        if digest != hashes[0]:
+            continue
+        run, current = 1, start
+        while run < len(hashes) and (current, hashes[run]) in known:
+            current = known[(current, hashes[run])]
+            run += 1
+        if run > best_run:
+            best, best_run = start, run
+    return best

@@ -1,0 +1,207 @@
+"""The SQLite database: one serialized writer, round-robin readers; the only aiosqlite user.
+
+One writer connection takes every write, serialized by an asyncio.Lock so a multi-statement
+transaction is never interleaved with another coroutine's statements (Datasette's write
+queue); read-only connections serve queries. Write transactions use BEGIN IMMEDIATE, so they
+also exclude writers in other processes.
+
+The table modules next to this one (turns, sessions, jobs, metrics, facts, summaries,
+profiles, clears) hold all of the SQL, as functions that take a `Connection`: the Database
+itself for a read on a reader connection, or the `Transaction` of a write. Everything
+dialect-specific (placeholders, FTS5, RETURNING, json_each) stays inside this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import aiosqlite
+
+from memory.storage import migrations
+
+_BUSY_TIMEOUT_MS = 5000
+_LOCKED_ATTEMPTS = 6  # each waits the busy timeout: 30 s in all for a write lock
+_T = TypeVar("_T")
+# SQLite's default limit on bound parameters is 32766; stay far below it.
+IN_BATCH = 500
+Row = sqlite3.Row
+DatabaseError = sqlite3.Error  # what a statement the database refuses raises
+
+
+class Connection(Protocol):
+    """What the table functions read through: a Database (a reader) or a Transaction."""
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one statement and return its rows."""
+        ...
+
+
+class Transaction:
+    """Statements of one write, which holds the writer until it ends."""
+
+    def __init__(self, db: aiosqlite.Connection, *, retry_locked: bool = False) -> None:
+        self._db = db
+        # Outside BEGIN IMMEDIATE each statement takes the file's write lock on its own.
+        self._retry_locked = retry_locked
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one statement and return its rows (RETURNING rows, or none)."""
+        return list(await self._run(lambda: self._db.execute_fetchall(sql, params)))
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one INSERT/UPDATE/DELETE and return how many rows it changed."""
+        cursor = await self._run(lambda: self._db.execute(sql, params))
+        async with cursor:
+            return cursor.rowcount
+
+    async def change_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter row."""
+        await self._run(lambda: self._db.executemany(sql, rows))
+
+    async def _run(self, statement: Callable[[], Awaitable[_T]]) -> _T:
+        return await (_when_unlocked(statement) if self._retry_locked else statement())
+
+
+class Database:
+    """The memory database: one serialized writer, round-robin readers."""
+
+    def __init__(
+        self, path: Path, writer: aiosqlite.Connection, readers: list[aiosqlite.Connection]
+    ) -> None:
+        self.path = path
+        self._writer = writer
+        self._readers = readers
+        self._next_reader = itertools.cycle(range(len(readers)))
+        self._write_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path, *, readers: int = 4) -> Database:
+        """Create or upgrade the database at `path` and open its connections."""
+        if readers < 1:
+            raise ValueError("a database needs at least one reader connection")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        read_only_uri = await asyncio.to_thread(_prepare_database, path)
+        opened: list[aiosqlite.Connection] = []
+        try:
+            opened.append(await _connect(str(path)))
+            for _ in range(readers):
+                opened.append(await _connect(read_only_uri, uri=True))
+        except BaseException:
+            for conn in opened:
+                await conn.close()
+            raise
+        return cls(path, opened[0], opened[1:])
+
+    async def close(self) -> None:
+        """Close every connection; safe to call twice."""
+        for reader in self._readers:
+            await reader.close()
+        try:
+            await self._writer.execute("PRAGMA optimize")
+        except ValueError:  # already closed
+            pass
+        await self._writer.close()
+
+    async def check(self) -> None:
+        """Raise unless both the writer and a reader answer (readiness probe)."""
+        # Touch a table: SELECT 1 alone succeeds without reading the file at all.
+        await migrations.recorded(Transaction(self._writer))
+        await migrations.recorded(self)
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one read-only statement on a reader connection and return its rows."""
+        reader = self._readers[next(self._next_reader)]
+        return list(await reader.execute_fetchall(sql, params))
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[Transaction]:
+        """One write transaction (BEGIN IMMEDIATE): committed on exit, rolled back on error."""
+        async with self._write_lock:
+            # aiosqlite queues calls in order, so even when this task is cancelled
+            # mid-await, the ROLLBACK runs after the statement that was interrupted.
+            try:
+                await _when_unlocked(lambda: self._writer.execute("BEGIN IMMEDIATE"))
+                yield Transaction(self._writer)
+                await self._writer.commit()
+            except BaseException:
+                await self._writer.rollback()
+                raise
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Transaction]:
+        """The writer for statements that each commit on their own (single-row updates)."""
+        async with self._write_lock:
+            yield Transaction(self._writer, retry_locked=True)
+
+
+async def fetch_in(
+    conn: Connection, sql: str, ids: Sequence[Any], *, prefix: Sequence[Any] = ()
+) -> list[Row]:
+    """Rows of `sql`, whose `{marks}` stands for the placeholders of `ids` (after those of
+    `prefix`), read in batches."""
+    rows: list[Row] = []
+    for start in range(0, len(ids), IN_BATCH):
+        batch = list(ids[start : start + IN_BATCH])
+        rows += await conn.fetch(sql.format(marks=marks(len(batch))), [*prefix, *batch])
+    return rows
+
+
+def marks(count: int) -> str:
+    """`count` comma-separated placeholders."""
+    return ", ".join("?" * count)
+
+
+def only_row(rows: Iterable[Row], error: str) -> Row:
+    """The first row, or LookupError(error) when there is none."""
+    for row in rows:
+        return row
+    raise LookupError(error)
+
+
+async def _when_unlocked(statement: Callable[[], Awaitable[_T]]) -> _T:
+    """Run a statement that takes the write lock, again while another process (a backup, a
+    sqlite3 shell) holds that lock past the busy timeout: a statement refused as "locked"
+    changed nothing, so trying again is safe, and a turn is not lost to a long lock."""
+    for attempt in itertools.count(1):
+        try:
+            return await statement()
+        except sqlite3.OperationalError as exc:
+            if attempt >= _LOCKED_ATTEMPTS or "locked" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _prepare_database(path: Path) -> str:
+    """Migrate the file and return the URI that opens it read-only."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        # WAL is a property of the file: set once here, every later connection uses it.
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        migrations.apply(conn)
+    finally:
+        conn.close()
+    return f"{path.resolve().as_uri()}?mode=ro"
+
+
+async def _connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
+    # isolation_level=None: transactions are begun explicitly, never implicitly.
+    conn = await aiosqlite.connect(database, uri=uri, isolation_level=None)
+    try:
+        for pragma in (
+            f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
+            "PRAGMA foreign_keys = ON",
+            "PRAGMA synchronous = NORMAL",
+        ):
+            await conn.execute(pragma)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn

@@ -1,0 +1,158 @@
+"""Table `jobs`: the durable job queue (memory.jobs runs it).
+
+    queued --claim--> running --complete--> done
+                         |--retry_later--> queued (run_after in the future)
+                         '--bury---------> dead (kept with its error)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memory.storage.database import Connection, Transaction, marks, only_row
+
+STATUSES = ("queued", "running", "done", "dead")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A claimed job; `attempts` already counts the current one."""
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    """A job that ran out of attempts, with the error that ended it."""
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    attempts: int
+    last_error: str | None
+    updated_at: float
+
+
+async def enqueue(
+    tx: Transaction, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
+    run_after: float | None = None,
+) -> int:
+    """Queue a job that commits (or not) with `tx`; return its id."""
+    now = time.time()
+    inserted = await tx.fetch(
+        "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
+        " created_at, updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
+        (kind, json.dumps(payload), max_attempts, now if run_after is None else run_after,
+         now, now),
+    )  # fmt: skip
+    return int(only_row(inserted, "insert returned no id")[0])
+
+
+async def claim(
+    tx: Transaction, kinds: Sequence[str] | None, limit: int, now: float
+) -> list[Job]:
+    """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first."""
+    kind_filter = ""
+    params: list[Any] = [now, now]
+    if kinds is not None:
+        kind_filter = f" AND kind IN ({marks(len(kinds))})"
+        params.extend(kinds)
+    params.append(limit)
+    rows = await tx.fetch(
+        "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?"
+        " WHERE id IN (SELECT id FROM jobs WHERE status = 'queued' AND run_after <= ?"
+        f"{kind_filter} ORDER BY run_after, id LIMIT ?)"
+        " RETURNING id, kind, payload, attempts, max_attempts, run_after",
+        params,
+    )
+    rows.sort(key=lambda row: (row[5], row[0]))
+    return [Job(row[0], row[1], json.loads(row[2]), row[3], row[4]) for row in rows]
+
+
+async def complete(tx: Transaction, job_id: int) -> None:
+    """Mark a job done."""
+    await tx.change(
+        "UPDATE jobs SET status = 'done', updated_at = ? WHERE id = ?", (time.time(), job_id)
+    )
+
+
+async def retry_later(tx: Transaction, job_id: int, error: str, run_after: float) -> None:
+    """Put a running job back in the queue, not before `run_after`."""
+    # Only a running job: a late call must not revive a job already done or dead.
+    await tx.change(
+        "UPDATE jobs SET status = 'queued', last_error = ?, run_after = ?, updated_at = ?"
+        " WHERE id = ? AND status = 'running'",
+        (error, run_after, time.time(), job_id),
+    )
+
+
+async def bury(tx: Transaction, job_id: int, error: str) -> None:
+    """Move a job to the dead letters, keeping its error."""
+    await tx.change(
+        "UPDATE jobs SET status = 'dead', last_error = ?, updated_at = ? WHERE id = ?",
+        (error, time.time(), job_id),
+    )
+
+
+async def requeue_running(tx: Transaction) -> int:
+    """Crash recovery: queue again the jobs left running; return how many."""
+    now = time.time()
+    # A job that was mid-attempt at every crash may be what crashes the process.
+    await tx.change(
+        "UPDATE jobs SET status = 'dead', updated_at = ?, last_error ="
+        " 'the process stopped during its last attempt; last error: '"
+        " || COALESCE(last_error, 'none')"
+        " WHERE status = 'running' AND attempts >= max_attempts",
+        (now,),
+    )
+    return await tx.change(
+        "UPDATE jobs SET status = 'queued', run_after = ?, updated_at = ? WHERE status = 'running'",
+        (now, now),
+    )
+
+
+async def next_due(conn: Connection) -> float | None:
+    """When the earliest queued job becomes ready, or None when the queue is empty."""
+    rows = await conn.fetch("SELECT MIN(run_after) FROM jobs WHERE status = 'queued'")
+    return None if rows[0][0] is None else float(rows[0][0])
+
+
+async def pending(conn: Connection, due_before: float) -> int:
+    """How many jobs are running or queued to become ready before `due_before`."""
+    rows = await conn.fetch(
+        "SELECT COUNT(*) FROM jobs WHERE status = 'running'"
+        " OR (status = 'queued' AND run_after <= ?)",
+        (due_before,),
+    )
+    return int(rows[0][0])
+
+
+async def counts(conn: Connection) -> dict[str, int]:
+    """Number of jobs in each status."""
+    rows = await conn.fetch("SELECT status, COUNT(*) FROM jobs GROUP BY status")
+    return dict.fromkeys(STATUSES, 0) | {str(row[0]): int(row[1]) for row in rows}
+
+
+async def dead(conn: Connection, limit: int) -> list[DeadJob]:
+    """The most recently buried jobs with their errors."""
+    rows = await conn.fetch(
+        "SELECT id, kind, payload, attempts, last_error, updated_at FROM jobs"
+        " WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT ?",
+        (limit,),
+    )
+    return [DeadJob(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5]) for r in rows]
+
+
+async def prune_done(tx: Transaction, older_than: float) -> int:
+    """Delete finished jobs last updated before `older_than`; return how many."""
+    return await tx.change(
+        "DELETE FROM jobs WHERE status = 'done' AND updated_at < ?", (older_than,)
+    )

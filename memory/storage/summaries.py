@@ -1,0 +1,217 @@
+"""Tables `summaries` and `summaries_fts`: rolling session summaries
+(memory.learning.summaries).
+
+A session's newest summary is its current one; the ones before it point at it with
+`superseded_by` and are kept as history only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from memory.storage.database import Connection, Row, Transaction, only_row
+from memory.storage.fts import match_expression, owner_token, session_token
+
+_COLUMNS = (
+    "id, user_id, session_id, text, data, source_turn_ids, last_turn_id, user_turns, tokens, "
+    "superseded_by, created_at"
+)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One summary of a session up to `last_turn_id`; `data` holds the structured lists."""
+
+    id: int
+    user_id: str
+    session_id: str
+    text: str
+    data: dict[str, list[str]]
+    source_turn_ids: list[int]
+    last_turn_id: int
+    user_turns: int
+    tokens: int
+    superseded_by: int | None
+    created_at: float
+
+    @property
+    def current(self) -> bool:
+        """Whether this is its session's latest summary."""
+        return self.superseded_by is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class NewSummary:
+    """A summary to insert."""
+
+    user_id: str
+    session_id: str
+    text: str
+    data: Mapping[str, Any]
+    _: KW_ONLY
+    source_turn_ids: Sequence[int]
+    last_turn_id: int
+    user_turns: int
+    tokens: int
+    created_at: float
+
+
+async def insert(tx: Transaction, summary: NewSummary) -> int:
+    """Store one summary and return its id."""
+    rows = await tx.fetch(
+        "INSERT INTO summaries (user_id, session_id, text, data, source_turn_ids,"
+        " last_turn_id, user_turns, tokens, created_at, owner, sess)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        (summary.user_id, summary.session_id, summary.text, json.dumps(summary.data),
+         json.dumps(sorted(set(summary.source_turn_ids))), summary.last_turn_id,
+         summary.user_turns, summary.tokens, summary.created_at, owner_token(summary.user_id),
+         session_token(summary.user_id, summary.session_id)),
+    )  # fmt: skip
+    return int(only_row(rows, "insert returned no id")[0])
+
+
+async def supersede_others(
+    tx: Transaction, user_id: str, session_id: str, current: int
+) -> list[int]:
+    """Make `current` the session's only current summary; return the ids it replaced."""
+    rows = await tx.fetch(
+        "UPDATE summaries SET superseded_by = ? WHERE user_id = ? AND session_id = ?"
+        " AND id != ? AND superseded_by IS NULL RETURNING id",
+        (current, user_id, session_id, current),
+    )
+    return [int(row[0]) for row in rows]
+
+
+async def set_superseded_by(tx: Transaction, summary_id: int, successor: int) -> None:
+    """Point a summary at its successor (imports rebuild history this way)."""
+    await tx.change(
+        "UPDATE summaries SET superseded_by = ? WHERE id = ?", (successor, summary_id)
+    )
+
+
+async def of_user(
+    conn: Connection, user_id: str, session_id: str | None = None, *, history: bool = False
+) -> list[Summary]:
+    """This user's summaries (of one session; current ones unless `history`), newest first."""
+    where, params = ["user_id = ?"], [user_id]
+    if session_id is not None:
+        where.append("session_id = ?")
+        params.append(session_id)
+    if not history:
+        where.append("superseded_by IS NULL")
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM summaries WHERE {' AND '.join(where)} ORDER BY id DESC", params
+    )
+    return [_summary(row) for row in rows]
+
+
+async def get(conn: Connection, user_id: str, summary_id: int) -> Summary | None:
+    """One of this user's summaries, or None."""
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM summaries WHERE id = ? AND user_id = ?", (summary_id, user_id)
+    )
+    return _summary(rows[0]) if rows else None
+
+
+async def get_many(conn: Connection, user_id: str | None, ids: Sequence[int]) -> list[Summary]:
+    """These summaries (of this user, or of anyone for background jobs), in no set order."""
+    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id IN (SELECT value FROM json_each(?))"
+    if user_id is None:
+        rows = await conn.fetch(sql, (json.dumps(list(ids)),))
+    else:
+        rows = await conn.fetch(sql + " AND user_id = ?", (json.dumps(list(ids)), user_id))
+    return [_summary(row) for row in rows]
+
+
+async def search(
+    conn: Connection, user_id: str, query: str, *, k: int, session_id: str | None = None
+) -> list[tuple[int, float]]:
+    """Best `k` (summary_id, bm25) among current summaries in scope, best first."""
+    expression = match_expression(user_id, query, session_id)
+    if expression is None or k <= 0:
+        return []
+    rows = await conn.fetch(
+        "SELECT s.id, -f.rank FROM summaries_fts AS f JOIN summaries AS s ON s.id = f.rowid"
+        " WHERE summaries_fts MATCH ? AND s.user_id = ? AND s.superseded_by IS NULL"
+        " ORDER BY f.rank LIMIT ?",
+        (expression, user_id, k),
+    )
+    return [(int(row[0]), float(row[1])) for row in rows]
+
+
+async def exists(
+    conn: Connection, user_id: str, session_id: str, text: str, created_at: float | None
+) -> bool:
+    """Whether the session has a summary with this text (and creation time, when given)."""
+    rows = await conn.fetch(
+        "SELECT 1 FROM summaries WHERE user_id = ? AND session_id = ? AND text = ?"
+        " AND (? IS NULL OR created_at = ?) LIMIT 1",
+        (user_id, session_id, text, created_at, created_at),
+    )
+    return bool(rows)
+
+
+async def has_any(conn: Connection, user_id: str) -> bool:
+    """Whether this user has any summary."""
+    rows = await conn.fetch(
+        "SELECT EXISTS(SELECT 1 FROM summaries WHERE user_id = ?)", (user_id,)
+    )
+    return bool(rows[0][0])
+
+
+async def count_current(conn: Connection, user_id: str) -> int:
+    """How many current summaries this user has."""
+    rows = await conn.fetch(
+        "SELECT COUNT(*) FROM summaries WHERE user_id = ? AND superseded_by IS NULL", (user_id,)
+    )
+    return int(rows[0][0])
+
+
+async def count_by_session(
+    conn: Connection, user_id: str, session_ids: Sequence[str]
+) -> dict[str, int]:
+    """How many current summaries each of these sessions has (absent: none)."""
+    rows = await conn.fetch(
+        "SELECT session_id, COUNT(*) FROM summaries WHERE user_id = ?"
+        " AND superseded_by IS NULL AND session_id IN (SELECT value FROM json_each(?))"
+        " GROUP BY session_id",
+        (user_id, json.dumps(list(session_ids))),
+    )
+    return {str(row[0]): int(row[1]) for row in rows}
+
+
+async def current_ids(conn: Connection) -> list[int]:
+    """Ids of every current summary of every user, ascending (backups rebuild from them)."""
+    rows = await conn.fetch("SELECT id FROM summaries WHERE superseded_by IS NULL ORDER BY id")
+    return [int(row[0]) for row in rows]
+
+
+async def delete(
+    tx: Transaction, user_id: str, *, session_id: str | None = None,
+    summary_id: int | None = None,
+) -> list[int]:
+    """Delete this user's summaries: all, one session's, or one; return their ids."""
+    where = "user_id = ?"
+    params: list[Any] = [user_id]
+    if session_id is not None:
+        where += " AND session_id = ?"
+        params.append(session_id)
+    if summary_id is not None:
+        where += " AND id = ?"
+        params.append(summary_id)
+    rows = await tx.fetch(f"DELETE FROM summaries WHERE {where} RETURNING id", params)
+    return [int(row[0]) for row in rows]
+
+
+def _summary(row: Row) -> Summary:
+    values = list(row)
+    values[4] = json.loads(values[4])
+    values[5] = json.loads(values[5])
+    return Summary(*values)
