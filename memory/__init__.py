@@ -1,0 +1,152 @@
+"""The memory engine's public surface: everything `proxy/` and `scripts/` may use.
+
+    memory/
+      engine.py   MemoryEngine: remember turns, index them, recall within a budget
+      storage/    the database: connections, the writer, migrations, one module per table
+      log/        the turn log (exactly-once turns) and chat message text
+      jobs/       the durable job queue and its worker
+      index/      chunking, embeddings, the vector index and its per-user copies
+      recall/     query, lexical search, ranking, the memory block and its injection
+      learning/   facts, summaries, the profile, and the jobs that learn them
+      admin/      sessions, stats, backup, export/import, clear-all, forgetting
+
+Names load on first use (PEP 562), so a command that needs only a constant does not pay
+for the engine's imports (chromadb, numpy, the tokenizers): about 1.7 s here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory.admin.backup import BackupError, BackupResult, backup
+    from memory.admin.clearing import ClearExpired, ClearNotFound
+    from memory.admin.record_checks import RecordError, check_record
+    from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
+    from memory.admin.sessions import CursorError, turn_dict
+    from memory.admin.stats import MAX_METRICS_ROWS, summarize
+    from memory.engine import (
+        Embedder,
+        MemoryEngine,
+        Recalled,
+        RecalledItem,
+        RecallRequest,
+        collection_name,
+    )
+    from memory.index.embeddings import LocalEmbedder
+    from memory.learning.fact_model import CATEGORIES, MAX_TEXT_CHARS, FactError, FactNotFound
+    from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
+    from memory.learning.profiles import ConsentRequired
+    from memory.log.messages import message_text, turn_text
+    from memory.log.turn_log import INDEX_JOB, TurnLog
+    from memory.recall.inject import inject
+    from memory.recall.lexical import ChunkSearch
+    from memory.recall.query import build_query, for_embedding
+    from memory.storage.database import Database
+    from memory.storage.facts import Fact
+    from memory.storage.metrics import RequestMetrics
+    from memory.storage.turns import NewTurn
+    from memory.tokens import count_tokens, encoding_for_model
+
+# public name -> (module, name in that module)
+_EXPORTS: dict[str, tuple[str, str]] = {
+    # the engine and one request's recall
+    "MemoryEngine": ("memory.engine", "MemoryEngine"),
+    "Embedder": ("memory.engine", "Embedder"),
+    "RecallRequest": ("memory.engine", "RecallRequest"),
+    "Recalled": ("memory.engine", "Recalled"),
+    "RecalledItem": ("memory.engine", "RecalledItem"),
+    "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
+    "collection_name": ("memory.engine", "collection_name"),
+    "inject": ("memory.recall.inject", "inject"),
+    "message_text": ("memory.log.messages", "message_text"),
+    "turn_text": ("memory.log.messages", "turn_text"),
+    "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
+    "count_tokens": ("memory.tokens", "count_tokens"),
+    "encoding_for_model": ("memory.tokens", "encoding_for_model"),
+    # the management API's records, limits and errors
+    "Fact": ("memory.storage.facts", "Fact"),
+    "CATEGORIES": ("memory.learning.fact_model", "CATEGORIES"),
+    "MAX_TEXT_CHARS": ("memory.learning.fact_model", "MAX_TEXT_CHARS"),
+    "MAX_FACTS_PAGE": ("memory.learning.fact_model", "MAX_PAGE"),
+    "MAX_SESSIONS_PAGE": ("memory.admin.sessions", "MAX_PAGE"),
+    "MAX_METRICS_ROWS": ("memory.admin.stats", "MAX_METRICS_ROWS"),
+    "FactError": ("memory.learning.fact_model", "FactError"),
+    "FactNotFound": ("memory.learning.fact_model", "FactNotFound"),
+    "ConsentRequired": ("memory.learning.profiles", "ConsentRequired"),
+    "CursorError": ("memory.admin.sessions", "CursorError"),
+    "RecordError": ("memory.admin.record_checks", "RecordError"),
+    "ClearExpired": ("memory.admin.clearing", "ClearExpired"),
+    "ClearNotFound": ("memory.admin.clearing", "ClearNotFound"),
+    "check_record": ("memory.admin.record_checks", "check_record"),
+    "turn_dict": ("memory.admin.sessions", "turn_dict"),
+    "summarize": ("memory.admin.stats", "summarize"),
+    "backup": ("memory.admin.backup", "backup"),
+    "BackupError": ("memory.admin.backup", "BackupError"),
+    "BackupResult": ("memory.admin.backup", "BackupResult"),
+    # the parts, for benchmarks that time one of them alone
+    "Database": ("memory.storage.database", "Database"),
+    "TurnLog": ("memory.log.turn_log", "TurnLog"),
+    "NewTurn": ("memory.storage.turns", "NewTurn"),
+    "INDEX_JOB": ("memory.log.turn_log", "INDEX_JOB"),
+    "ChunkSearch": ("memory.recall.lexical", "ChunkSearch"),
+    "build_query": ("memory.recall.query", "build_query"),
+    "for_embedding": ("memory.recall.query", "for_embedding"),
+}
+
+__all__ = [
+    "CATEGORIES",
+    "INDEX_JOB",
+    "MAX_FACTS_PAGE",
+    "MAX_METRICS_ROWS",
+    "MAX_SESSIONS_PAGE",
+    "MAX_TEXT_CHARS",
+    "BackupError",
+    "BackupResult",
+    "ChunkSearch",
+    "ClearExpired",
+    "ClearNotFound",
+    "ConsentRequired",
+    "CursorError",
+    "Database",
+    "Embedder",
+    "Fact",
+    "FactError",
+    "FactNotFound",
+    "LocalEmbedder",
+    "MemoryEngine",
+    "NewTurn",
+    "RecallRequest",
+    "Recalled",
+    "RecalledItem",
+    "RecordError",
+    "RequestMetrics",
+    "TurnLog",
+    "backup",
+    "build_query",
+    "check_record",
+    "collection_name",
+    "count_tokens",
+    "encoding_for_model",
+    "for_embedding",
+    "inject",
+    "message_text",
+    "summarize",
+    "turn_dict",
+    "turn_text",
+]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'memory' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from config import Settings
-from memory.engine import Embedder, MemoryEngine
+from memory import Embedder, MemoryEngine
 from proxy.chat import chat_completions
 from proxy.errors import (
     ProxyError,

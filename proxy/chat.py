@@ -15,8 +15,7 @@ from starlette.responses import Response
 
 from config import Flags
 from config.flags import FlagError
-from memory.engine import Recalled
-from memory.recall.inject import inject
+from memory import Recalled, inject
 from proxy.chat_body import parse_chat_body
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.identity import Identity, authenticate, resolve_session, resolve_user

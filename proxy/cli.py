@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def backup_command(args: argparse.Namespace) -> int:
     """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/admin/backup.py)."""
-    from memory.admin.backup import BackupError, backup
+    from memory import BackupError, backup
 
     try:
         settings = load_settings(config_file=args.config)

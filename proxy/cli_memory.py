@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from memory.learning.facts import CATEGORIES
+from memory import CATEGORIES
 from proxy.cli_render import Progress
 
 DEFAULT_URL = "http://127.0.0.1:8080"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config import ApiKey
-from memory.log.messages import message_text
+from memory import message_text
 from proxy.errors import AuthenticationFailed, InvalidHeader, PermissionDenied
 
 DEFAULT_USER = "default"

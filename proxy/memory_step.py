@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from config import Flags
-from memory.engine import Recalled, RecallRequest
-from memory.storage.metrics import RequestMetrics
+from memory import Recalled, RecallRequest, RequestMetrics
 from proxy.identity import Identity, presented_key
 from proxy.logs import get_logger
 from proxy.state import AppState

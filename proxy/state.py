@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import Settings
-from memory.engine import MemoryEngine
+from memory import MemoryEngine
 from proxy.limits import KeyLimits
 from proxy.llm_client import LLMClient
 from proxy.metrics import Metrics

@@ -20,10 +20,7 @@ from pathlib import Path
 
 from rank_bm25 import BM25Okapi
 
-from memory.log.turn_log import TurnLog
-from memory.recall.lexical import ChunkSearch
-from memory.storage.database import Database
-from memory.storage.turns import NewTurn
+from memory import ChunkSearch, Database, NewTurn, TurnLog
 
 WORDS = (
     "deploy pipeline cluster database migration cache retry timeout alert dashboard billing "

@@ -42,12 +42,17 @@ import httpx
 import numpy as np
 
 from config import Settings, load_settings
-from memory.engine import INDEX_JOB, MemoryEngine, RecallRequest
-from memory.index.embeddings import LocalEmbedder
-from memory.log.messages import turn_text
-from memory.recall.query import build_query, for_embedding
-from memory.storage.turns import NewTurn
-from memory.tokens import count_tokens
+from memory import (
+    INDEX_JOB,
+    LocalEmbedder,
+    MemoryEngine,
+    NewTurn,
+    RecallRequest,
+    build_query,
+    count_tokens,
+    for_embedding,
+    turn_text,
+)
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
 
 USER, MODEL, SESSION_TURNS, T0 = "bench-user", "gpt-4o-mini", 20, 1_700_000_000.0

@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from memory.tokens import encoding_for_model
+from memory import encoding_for_model
 from scripts.bench_overhead import BenchError, free_port
 from scripts.eval_locomo import (
     _EVIDENCE,

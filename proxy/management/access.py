@@ -20,12 +20,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config import Settings
-from memory.admin.clearing import ClearExpired, ClearNotFound
-from memory.admin.record_checks import RecordError
-from memory.admin.sessions import CursorError
-from memory.engine import MemoryEngine
-from memory.learning.facts import FactError, FactNotFound
-from memory.learning.profiles import ConsentRequired
+from memory import (
+    ClearExpired,
+    ClearNotFound,
+    ConsentRequired,
+    CursorError,
+    FactError,
+    FactNotFound,
+    MemoryEngine,
+    RecordError,
+)
 from proxy.errors import (
     AuthenticationFailed,
     Conflict,

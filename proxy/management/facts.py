@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory.learning.facts import CATEGORIES, MAX_PAGE, MAX_TEXT_CHARS, Fact
+from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_TEXT_CHARS, Fact
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
 from proxy.management.inputs import (
@@ -41,7 +41,7 @@ async def list_facts(request: Request, who: Caller) -> Response:
         pinned=query_flag(request, "pinned"),
         query=query_text(request, "q"),
         include_inactive=bool(query_flag(request, "include_inactive")),
-        limit=query_limit(request, 50, MAX_PAGE),
+        limit=query_limit(request, 50, MAX_FACTS_PAGE),
         cursor=_cursor(query_text(request, "cursor", max_chars=18)),
     )
     return respond(page([fact_json(f) for f in facts], cursor))

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.flags import MAX_BUDGET
-from memory.learning.facts import CATEGORIES, MAX_PAGE
+from memory import CATEGORIES, MAX_FACTS_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
@@ -85,7 +85,7 @@ def _list(item: str) -> dict[str, Any]:
 
 
 
-_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_FACTS_PAGE}
 _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,

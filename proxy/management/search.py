@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.flags import MAX_BUDGET
-from memory.engine import RecallRequest
+from memory import RecallRequest
 from proxy.errors import InvalidRequest
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import Caller, endpoint, respond

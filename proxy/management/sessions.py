@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory.admin.sessions import MAX_PAGE, turn_dict
+from memory import MAX_SESSIONS_PAGE, turn_dict
 from proxy.errors import InvalidRequest, NotFound
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import Caller, endpoint, page, respond
@@ -23,7 +23,7 @@ def _session_id(raw: str, param: str) -> str:
 async def list_sessions(request: Request, who: Caller) -> Response:
     """GET /v1/memory/sessions: most recently active first."""
     sessions, cursor = await who.memory.manage.sessions.list(
-        who.user_id, limit=query_limit(request, 50, MAX_PAGE),
+        who.user_id, limit=query_limit(request, 50, MAX_SESSIONS_PAGE),
         cursor=query_text(request, "cursor", max_chars=2100),
     )
     return respond(page([{"object": "memory.session", **s.as_dict()} for s in sessions], cursor))
@@ -63,7 +63,7 @@ async def list_turns(request: Request, who: Caller) -> Response:
     if after is not None and not (after.isascii() and after.isdigit()):
         raise InvalidRequest("invalid cursor", param="cursor")
     turns, next_after = await who.memory.manage.sessions.turns(
-        who.user_id, session_id, limit=query_limit(request, 100, MAX_PAGE),
+        who.user_id, session_id, limit=query_limit(request, 100, MAX_SESSIONS_PAGE),
         after=int(after or 0),
     )
     if not turns and after is None and await who.memory.manage.sessions.get(who.user_id, session_id) is None:

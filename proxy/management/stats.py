@@ -7,8 +7,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory.admin.stats import MAX_METRICS_ROWS, summarize
-from memory.learning.facts import CATEGORIES
+from memory import CATEGORIES, MAX_METRICS_ROWS, summarize
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.inputs import query_limit, query_time
 

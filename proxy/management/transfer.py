@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from memory.admin.record_checks import RecordError, check_record
+from memory import RecordError, check_record
 from proxy.errors import InvalidRequest
 from proxy.identity import conversation_fingerprint
 from proxy.management.access import Caller, endpoint, respond
