@@ -97,13 +97,13 @@ class LearnedRecall:
     ) -> Learned:
         """The learned items relevant to `query`, whose embedding is `vector` (None: no
         dense search)."""
-        # Most users have learned nothing (or only some kinds): one read says which kinds
-        # to search, instead of a handful of empty searches.
+        # Most users have learned nothing (or only some kinds): three indexed reads say which
+        # kinds to search, instead of a handful of empty searches. One after the other: 0.15
+        # ms here, against 0.28 ms gathered on three readers (one statement: 0.05 ms).
         db = self.facts.db
-        has_facts, has_summaries, has_profile = await asyncio.gather(
-            fact_rows.has_current(db, user_id), summary_rows.has_any(db, user_id),
-            profile_rows.has_consent(db, user_id),
-        )
+        has_facts = await fact_rows.has_current(db, user_id)
+        has_summaries = await summary_rows.has_any(db, user_id)
+        has_profile = await profile_rows.has_consent(db, user_id)
         facts, summaries, profile = await asyncio.gather(
             self._facts(user_id, session_id, query, vector, session_only, present)
             if has_facts else _no_items(),
