@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from memory.block import FACTS_HEADING, PROFILE_HEADING, TURNS_HEADING, fact_line
 from memory.render import CLOSE, OPEN, PREAMBLE, Entry, excerpts, neutralise, wrap
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, wait_idle
+from tests.memory_helpers import QUIET
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
 
 HOSTILE = [
@@ -124,7 +125,7 @@ def remember_hostile_text(proxy: RunningProxy) -> None:
         response = httpx.put(f"{proxy.url}/v1/memory/{path}", json=body,
                              headers={"X-Memory-User-Id": "victim"})
         assert response.status_code == 200, response.text
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
 
 
 @pytest.mark.parametrize("placement", ["system", "last_user"])

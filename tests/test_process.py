@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL_DIR, ROOT
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import Received, Reply, ScriptedUpstream, SSEReply, chat_chunks
 
 START_TIMEOUT = 120.0  # a cold start imports chromadb and onnxruntime: slow on a loaded machine
@@ -178,16 +179,6 @@ def query(process: Process, sql: str, params: tuple[Any, ...] = ()) -> list[Any]
         return conn.execute(sql, params).fetchall()
 
 
-def wait_drained(process: Process, timeout: float = 60) -> None:
-    """Wait until no job is queued or running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not query(process, "SELECT 1 FROM jobs WHERE status IN ('queued', 'running')"):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"jobs still pending: {query(process, 'SELECT id, kind, status, last_error FROM jobs WHERE status != ?', ('done',))}")
-
-
 def assert_consistent(process: Process) -> None:
     """Both SQLite files pass integrity_check; no turn is stored twice; every turn is indexed."""
     for path in (process.data_dir / "memproxy.db", *process.data_dir.rglob("chroma.sqlite3")):
@@ -251,7 +242,7 @@ def test_kill_9_while_streaming_and_indexing_loses_and_duplicates_nothing(
     assert retried.status_code == 200
     again = httpx.post(f"{second.url}/v1/memory/import", content=lines, timeout=60).json()
     assert again["added"]["turns"] == 0 and again["skipped"]["turns"] == 100
-    wait_drained(second)
+    wait_for_jobs(second.data_dir / "memproxy.db", later=True)
     assert query(second, "SELECT role, content, incomplete FROM turns WHERE session_id = 'live'"
                          " ORDER BY id") == [
         ("user", question, 0), ("assistant", f"echo: {question}", 0)]
