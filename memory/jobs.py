@@ -25,7 +25,7 @@ class JobFailed(Exception):
     with the whole message (up to 32k characters) kept as its error."""
 
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_logging formats it
 
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000

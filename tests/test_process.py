@@ -3,6 +3,7 @@ then a restart on the same data directory; SIGTERM with streams in flight."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from memory.store import NewTurn, Store
 from tests.conftest import MODEL_DIR, ROOT
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import Received, Reply, ScriptedUpstream, SSEReply, chat_chunks
@@ -304,3 +306,29 @@ def test_sigterm_finishes_short_streams_cuts_long_ones_and_exits_0(
     assert took < grace * 2 + 5, f"exit took {took:.1f}s with a {grace}s grace"
     print(f"\nSIGTERM to exit 0: {took:.2f}s (grace {grace}s, one stream cut,"
           f" {statuses.get('queued', 0)} jobs left queued)")
+
+
+async def _leave_a_job_running(db_path: Path) -> None:
+    """A database as a crash leaves it: one index job marked running."""
+    store = await Store.open(db_path)
+    try:
+        await store.append_turns("ada", "crashed", [NewTurn("user", "The kiln fires at 1240 C.")])
+        assert len(await store.claim(None, limit=1, now=time.time())) == 1
+    finally:
+        await store.close()
+
+
+def test_the_engine_logs_through_memproxy_s_logger(
+    spawn: Callable[..., Process], tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    asyncio.run(_leave_a_job_running(data_dir / "memproxy.db"))
+    server = spawn(data_dir)
+    wait_for_jobs(data_dir / "memproxy.db", later=True)
+    stop(server)
+    logged = [json.loads(line) for line in server.log.read_text().splitlines()
+              if line.startswith("{")]
+    requeued = [entry for entry in logged if entry["msg"].startswith("requeued 1 job(s)")]
+    assert len(requeued) == 1, server.output()
+    assert requeued[0]["level"] == "info" and requeued[0]["logger"].startswith("memproxy."), requeued
+    assert all(entry["logger"].startswith("memproxy") for entry in logged), logged
