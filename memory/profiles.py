@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.facts import FactError, queue_sync
+from memory.redact import redact_fields
 from memory.store import Store, owner_token
 
 MAX_PROFILE_CHARS = 8000
@@ -96,15 +97,20 @@ class ProfileStore:
         )
         return await self.get(user_id) if rows else None
 
+    def redacted(self, fields: Mapping[str, Any], text: str) -> tuple[dict[str, Any], str]:
+        """The fields and text as they are stored: secrets redacted like turns and facts."""
+        return redact_fields(fields, self.store.redact), self.store.redact(text.strip())
+
     async def put(self, user_id: str, fields: Mapping[str, Any], text: str) -> Profile:
-        """Write the whole profile; needs consent (ConsentRequired otherwise)."""
+        """Write the whole profile, secrets redacted; needs consent (ConsentRequired otherwise)."""
         if not isinstance(fields, Mapping) or not all(isinstance(k, str) for k in fields):
             raise FactError("fields must be an object with string keys", "fields")
         if not isinstance(text, str):
             raise FactError("text must be a string", "text")
-        encoded = json.dumps(dict(fields), ensure_ascii=False)
-        if len(encoded) + len(text) > MAX_PROFILE_CHARS:
+        if len(json.dumps(dict(fields), ensure_ascii=False)) + len(text) > MAX_PROFILE_CHARS:
             raise FactError(f"a profile is at most {MAX_PROFILE_CHARS} characters", "fields")
+        fields, text = self.redacted(fields, text)
+        encoded = json.dumps(fields, ensure_ascii=False)
         now = time.time()
         async with self.store.write() as tx:
             allowed = await tx.execute(
@@ -116,7 +122,7 @@ class ProfileStore:
                 "INSERT INTO profiles (user_id, fields, text, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
                 " fields = excluded.fields, text = excluded.text, updated_at = excluded.updated_at",
-                (user_id, encoded, text.strip(), now, now),
+                (user_id, encoded, text, now, now),
             )
             await queue_sync(tx, profiles=[user_id])
         self._notify()

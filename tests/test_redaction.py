@@ -301,3 +301,40 @@ def test_bad_modes_are_refused() -> None:
         load_settings(env={"MEMPROXY_REDACT": "everything"})
     assert load_settings(env={}).redact == "secrets"
     assert Redactor("off")("sk-" + "a1" * 20) == "sk-" + "a1" * 20
+
+
+def test_profiles_are_redacted_like_turns_facts_and_summaries(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True)
+    key, _, _, bearer, aws, github, _, password = fake_secrets(seed=4)
+    pw = password.needles[0]
+    with memory_api(proxy, **ALICE) as api:
+        assert api.put("/consent", json={"consent": True}).status_code == 200
+        put = api.put("/profile", json={
+            "fields": {"name": "Alice", "password": pw, "keys": [key.text],
+                       "deploy": {"ci": bearer.text}, "age": 41},
+            "text": f"Reach me any time.\n{aws.text}",
+        })
+        assert put.status_code == 200, put.text
+        profile = put.json()["profile"]
+        assert profile == api.get("/profile").json()["profile"]
+    fields = profile["fields"]
+    assert fields["name"] == "Alice" and fields["age"] == 41
+    assert fields["password"] == placeholder("password")  # its key says what it is
+    assert fields["keys"] == [f"My OpenAI key is {placeholder('api_key')}, keep it safe."]
+    assert placeholder("bearer_token") in fields["deploy"]["ci"]
+    assert profile["text"].startswith("Reach me any time.") and placeholder("aws_access_key") in profile["text"]
+
+    # An imported profile too; importing it again finds it already there.
+    bob = {"X-Memory-User-Id": "bob"}
+    record = json.dumps({"type": "profile", "consent": True, "profile": {
+        "fields": {"token": github.needles[0]}, "text": f"db password: {pw}"}})
+    with memory_api(proxy, **bob) as api:
+        assert api.post("/import", content=record).json()["added"]["profile"] == 1
+        assert api.post("/import", content=record).json()["skipped"]["profile"] == 1
+        imported = api.get("/profile").json()["profile"]
+    assert imported["fields"] == {"token": placeholder("github_token")}
+    assert imported["text"] == f"db password: {placeholder('password')}"
+
+    wait_for_jobs(proxy)
+    needles = [pw, *key.needles, *bearer.needles, *aws.needles, *github.needles]
+    assert found_in(data_bytes(proxy), needles) == []
