@@ -1,9 +1,9 @@
 """Clear all of a user's memory, with an undo window that survives restarts.
 
-`clear` runs one transaction: it copies the user's memory as records (memory/records.py)
-into `clear_records`, deletes it everywhere (memory/forget.py), records the clear with its
-expiry, and queues a durable `settle_clear` job for the moment the window ends. The undo
-token is returned once; only its hash is stored.
+`clear` runs one transaction: it copies the user's memory as records (memory/records.py),
+with its request metrics rows, into `clear_records`, deletes them everywhere
+(memory/forget.py), records the clear with its expiry, and queues a durable `settle_clear`
+job for the moment the window ends. The undo token is returned once; only its hash is stored.
 
     pending --undo before expiry--> undone --records imported again--> restored
     pending --window ends---------> purged (the kept records are deleted for good)
@@ -29,9 +29,10 @@ from memory.forget import forget_user
 from memory.importer import Importer, ImportReport
 from memory.record_checks import check_record
 from memory.records import RecordSource
-from memory.store import Store
+from memory.store import Store, put_request_metrics, take_request_metrics
 
 SETTLE_JOB = "settle_clear"
+METRICS_RECORD = "request_metrics"  # kept with the records; never exported or imported
 _INSERT_BATCH = 500
 
 
@@ -86,7 +87,13 @@ class Clears:
             # while it holds the writer.
             active_facts = await self.facts.count(user_id)
             records = [json.dumps(r) async for r in self.source.records(user_id, meta=False)]
-            removed = {"facts": active_facts, **await forget_user(tx, user_id)}
+            # The request metrics name the user too: kept for the window like the rest.
+            metrics = await take_request_metrics(tx, user_id)
+            records += [json.dumps({"type": METRICS_RECORD, **row}) for row in metrics]
+            removed = {
+                "facts": active_facts, **await forget_user(tx, user_id),
+                "request_metrics": len(metrics),
+            }
             await tx.change(
                 "INSERT INTO clears (id, user_id, status, removed, created_at, expires_at)"
                 " VALUES (?, ?, 'pending', ?, ?, ?)",
@@ -167,8 +174,16 @@ class Clears:
         rows = await self.store.read(
             "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq", (clear_id,)
         )
-        report = await self.importer.run(user_id, [check_record(json.loads(r[0])) for r in rows])
+        records = [json.loads(r[0]) for r in rows]
+        metrics = [r for r in records if r["type"] == METRICS_RECORD]
+        report = await self.importer.run(
+            user_id, [check_record(r) for r in records if r["type"] != METRICS_RECORD]
+        )
         async with self.store.write() as tx:
+            # In the transaction that drops the kept records: restored exactly once.
+            await put_request_metrics(tx, user_id, [
+                {k: v for k, v in r.items() if k != "type"} for r in metrics
+            ])
             await tx.change(
                 "UPDATE clears SET status = 'restored', settled_at = ? WHERE id = ?",
                 (time.time(), clear_id),

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory.facts import queue_sync
-from memory.store import Store, Transaction
+from memory.store import Store, Transaction, take_request_metrics
 from memory.vectors import VectorIndex
 
 DROP_CHUNK_VECTORS_JOB = "drop_chunk_vectors"
@@ -21,7 +21,8 @@ _BATCH = 1000
 
 
 async def forget_user(tx: Transaction, user_id: str) -> dict[str, int]:
-    """Delete every turn, chunk, session, fact, summary and the profile of a user."""
+    """Delete every turn, chunk, session, fact, summary and the profile of a user (the
+    caller takes the request metrics: a clear keeps them to undo, see memory/clearing.py)."""
     chunk_ids = await _ids(tx, "DELETE FROM chunks WHERE user_id = ? RETURNING id", (user_id,))
     # One statement for all turns: parent links are checked at its end, when none is left.
     turns = await tx.change("DELETE FROM turns WHERE user_id = ?", (user_id,))
@@ -40,7 +41,8 @@ async def forget_user(tx: Transaction, user_id: str) -> dict[str, int]:
 
 
 async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict[str, int] | None:
-    """Delete a session's turns, chunks, summaries and the facts learned only from it.
+    """Delete a session's turns, chunks, summaries, request metrics and the facts learned
+    only from it.
 
     A fact counts as learned only from the session when every version of it names the
     session as its source and cites no turn outside it. None when the session is unknown.
@@ -68,11 +70,12 @@ async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict
             "DELETE FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
             (user_id, json.dumps(fact_ids)),
         )
+    metrics = await take_request_metrics(tx, user_id, session_id)
     await queue_sync(tx, facts=fact_ids, summaries=summary_ids)
     await drop_chunk_vectors_later(tx, chunk_ids)
     return {
         "turns": turns, "chunks": len(chunk_ids), "summaries": len(summary_ids),
-        "fact_versions": len(fact_ids),
+        "fact_versions": len(fact_ids), "request_metrics": len(metrics),
     }
 
 

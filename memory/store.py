@@ -608,6 +608,40 @@ class Store:
         return rows
 
 
+# What a metrics row holds besides its user: take_request_metrics returns rows as these keys.
+REQUEST_METRICS_FIELDS = (
+    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
+    "truncated", "recall_ms", "embed_ms", "error",
+)
+
+
+async def take_request_metrics(
+    tx: Transaction, user_id: str, session_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Delete the user's metrics rows (or one session's) in `tx`; return them, oldest first."""
+    scope, params = ("", (user_id,)) if session_id is None else (
+        " AND session_id = ?", (user_id, session_id))
+    rows = await tx.execute(
+        f"DELETE FROM request_metrics WHERE user_id = ?{scope}"
+        f" RETURNING id, {', '.join(REQUEST_METRICS_FIELDS)}", params,
+    )
+    rows.sort(key=lambda row: int(row[0]))
+    return [dict(zip(REQUEST_METRICS_FIELDS, row[1:], strict=True)) for row in rows]
+
+
+async def put_request_metrics(
+    tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """Insert rows take_request_metrics returned, for `user_id` (undoing a clear)."""
+    if rows:
+        await tx.change(
+            f"INSERT INTO request_metrics (user_id, {', '.join(REQUEST_METRICS_FIELDS)})"
+            f" SELECT ?, {', '.join(f'value ->> {f!r}' for f in REQUEST_METRICS_FIELDS)}"
+            " FROM json_each(?) ORDER BY key",
+            (user_id, json.dumps([dict(row) for row in rows])),
+        )
+
+
 async def _when_unlocked(statement: Callable[[], Awaitable[_T]]) -> _T:
     """Run a statement that takes the write lock, again while another process (a backup, a
     sqlite3 shell) holds that lock past the busy timeout: a statement refused as "locked"

@@ -241,7 +241,8 @@ def test_session_delete_takes_facts_learned_only_from_it(memproxy: RunningProxy,
     wait_for_jobs(memproxy)
     assert memproxy.state.memory.vectors.count({"user_id": "default", "source": "fact"}) == 3
     removed = api.delete("/sessions/home").json()["removed"]
-    assert removed == {"turns": 1, "chunks": 1, "summaries": 0, "fact_versions": 1}
+    assert removed == {"turns": 1, "chunks": 1, "summaries": 0, "fact_versions": 1,
+                       "request_metrics": 0}
     remaining = sorted(f["text"] for f in api.get("/facts").json()["data"])
     assert remaining == ["Likes Porto", "Moved to Porto"]  # one cites travel; one is manual
     wait_for_jobs(memproxy)

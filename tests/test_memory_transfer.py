@@ -183,6 +183,47 @@ def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> N
         assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
 
 
+def metrics_rows(proxy: RunningProxy, user: str) -> list[tuple[Any, ...]]:
+    return db_rows(proxy, "SELECT created_at, session_id, request_id, model, items_json,"
+                          " injected_tokens, truncated, recall_ms, embed_ms, error"
+                          " FROM request_metrics WHERE user_id = ? ORDER BY id", (user,))
+
+
+def test_clear_and_session_delete_take_the_user_s_request_metrics(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, clear_undo_seconds=3, **QUIET)
+    for user, session, text in [("ada", "a1", "Our build uses Bazel."),
+                                ("ada", "a1", "Which build tool do we use?"),
+                                ("ada", "a2", "The office moved to Canal Street."),
+                                ("bob", "b1", "Bob's team ships on Fridays.")]:
+        chat(proxy, text, user=user, session=session)
+    wait_for_jobs(proxy)
+    ada, bob = metrics_rows(proxy, "ada"), metrics_rows(proxy, "bob")
+    assert [row[1] for row in ada] == ["a1", "a1", "a2"] and len(bob) == 1
+
+    with memory_api(proxy, **ADA) as api:
+        # Deleting a session deletes its rows (a session delete cannot be undone).
+        removed = api.delete("/sessions/a2").json()["removed"]
+        assert removed["request_metrics"] == 1
+        assert metrics_rows(proxy, "ada") == ada[:2]
+        # Clearing everything takes every row naming the user; undo brings them back as they were.
+        cleared = api.post("/clear").json()
+        assert cleared["removed"]["request_metrics"] == 2
+        assert metrics_rows(proxy, "ada") == [] and api.get("/metrics").json()["data"] == []
+        assert api.post("/clear/undo", json={"undo_token": cleared["undo_token"]}).status_code == 200
+        wait_for_jobs(proxy)
+        assert metrics_rows(proxy, "ada") == ada[:2]
+        assert len(api.get("/metrics", params={"since": 0}).json()["data"]) == 2
+        # Once the window ends they are gone for good, with the rest of the clear.
+        api.post("/clear")
+        time.sleep(3.2)
+        wait_for_jobs(proxy)
+        assert db_rows(proxy, "SELECT status FROM clears ORDER BY created_at") == [
+            ("restored",), ("purged",)]
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
+        assert metrics_rows(proxy, "ada") == []
+    assert metrics_rows(proxy, "bob") == bob  # another user's rows are never touched
+
+
 def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> None:
     proxy = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
     chat(proxy, "The wifi password is hunter2.", session="w")
