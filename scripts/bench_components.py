@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from memory.embeddings import LocalEmbedder, find_model_dir
 from memory.store import NewTurn, Store
@@ -127,9 +128,10 @@ def bench_vectors(path: Path, *, total: int, users: int, queries: int) -> dict[s
     """Chroma: add in batches of 64, then k=50 queries filtered to a user (and a session)."""
     rng = np.random.default_rng(7)
 
-    def unit(n: int) -> np.ndarray:
+    def unit(n: int) -> npt.NDArray[np.float32]:
         vectors = rng.standard_normal((n, DIM)).astype(np.float32)
-        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        unit_rows: npt.NDArray[np.float32] = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        return unit_rows
 
     index = VectorIndex.open(path)
     try:
