@@ -181,8 +181,13 @@ class MemoryEngine:
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
 
+    async def stop_jobs(self, timeout: float) -> None:
+        """Claim no more jobs; running ones get `timeout` seconds, then go back to the queue."""
+        await self.worker.stop(timeout)
+
     async def close(self, timeout: float = 10.0) -> None:
-        """Stop the worker (unfinished jobs stay queued), then close stores."""
+        """Stop the worker (unfinished jobs stay queued; after stop_jobs this waits for that
+        stop), then close stores."""
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
