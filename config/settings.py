@@ -314,7 +314,8 @@ class Settings:
         30, "Days a per-request metrics row is kept.", min=1
     )
     shutdown_grace_seconds: float = _setting(
-        30.0, "On shutdown, seconds in-flight streams and jobs get to finish.", min=0.0
+        30.0, "How long a shutdown takes at most: in-flight streams and running jobs get it "
+        "less a fifth (at most 1 s) kept for closing, then are cut.", min=0.0
     )
 
     @property

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
         RecallRequest,
         collection_name,
     )
-    from memory.index.embeddings import LocalEmbedder
+    from memory.index.embeddings import LocalEmbedder, find_model_dir
+    from memory.index.vectors import VectorIndex
     from memory.learning.fact_model import CATEGORIES, MAX_TEXT_CHARS, FactError, FactNotFound
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
     from memory.learning.profiles import ConsentRequired
@@ -63,6 +64,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
+    "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
+    "VectorIndex": ("memory.index.vectors", "VectorIndex"),
     "count_tokens": ("memory.tokens", "count_tokens"),
     "encoding_for_model": ("memory.tokens", "encoding_for_model"),
     # the management API's records, limits and errors
@@ -123,12 +126,14 @@ __all__ = [
     "RecordError",
     "RequestMetrics",
     "TurnLog",
+    "VectorIndex",
     "backup",
     "build_query",
     "check_record",
     "collection_name",
     "count_tokens",
     "encoding_for_model",
+    "find_model_dir",
     "for_embedding",
     "inject",
     "message_text",

@@ -136,7 +136,7 @@ class MemoryEngine:
             max_pinned=settings.fact_max_pinned, redact=self.redact, notify=self._notify,
         )
         self.summaries = SummaryStore(db, redact=self.redact, notify=self._notify)
-        self.profiles = ProfileStore(db, notify=self._notify)
+        self.profiles = ProfileStore(db, redact=self.redact, notify=self._notify)
         self.learned_vectors = LearnedVectors(db, self.profiles, vectors, embedder.embed)
         self.manage = Management(
             settings, self.log, vectors, self.facts, self.summaries, self.profiles,
@@ -191,8 +191,13 @@ class MemoryEngine:
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
 
+    async def stop_jobs(self, timeout: float) -> None:
+        """Claim no more jobs; running ones get `timeout` seconds, then go back to the queue."""
+        await self.worker.stop(timeout)
+
     async def close(self, timeout: float = 10.0) -> None:
-        """Stop the worker (unfinished jobs stay queued), then close stores."""
+        """Stop the worker (unfinished jobs stay queued; after stop_jobs this waits for that
+        stop), then close stores."""
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

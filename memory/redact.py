@@ -2,7 +2,7 @@
 
 Applied to text before it is stored: turns (and so their chunks, full-text and vector
 indexes, and the facts and summaries learned from them), manual and imported facts and
-summaries. What is forwarded to the upstream is never changed. Each secret becomes a typed
+summaries, and profiles (their text and every string in their fields). What is forwarded to the upstream is never changed. Each secret becomes a typed
 placeholder such as `[REDACTED:api_key]`, so a recalled turn still says a key was there.
 
     kind            what
@@ -220,3 +220,23 @@ def redact_record(record: Mapping[str, Any], redact: Callable[[str], str]) -> di
     if isinstance(data, Mapping):
         copy["data"] = {key: [redact(str(v)) for v in values] for key, values in data.items()}
     return copy
+
+
+def redact_fields(fields: Mapping[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
+    """Profile fields with every string inside redacted (keys too). A value is read with its
+    key, as the profile renders it: `{"password": "..."}` is redacted as `password: ...` is."""
+    return {redact(key): _field_value(key, value, redact) for key, value in fields.items()}
+
+
+def _field_value(key: str, value: Any, redact: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        said = f"{key}: {value}"
+        kept = redact(said)
+        if kept != said and kept.startswith(f"{key}: "):
+            return kept[len(key) + 2 :]
+        return redact(value)
+    if isinstance(value, list):
+        return [_field_value(key, item, redact) for item in value]
+    if isinstance(value, Mapping):
+        return redact_fields(value, redact)
+    return value

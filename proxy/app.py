@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,6 +28,8 @@ from proxy.management import routes as management_routes
 from proxy.metrics import Metrics, metrics_endpoint
 from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
+from proxy.relay import SHUTDOWN_STATE
+from proxy.shutdown import Shutdown
 from proxy.state import AppState
 from proxy.upstream import Upstream
 from proxy.upstream_embeddings import UpstreamEmbedder
@@ -45,13 +49,14 @@ def create_app(
     """
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         configure_logging(settings.log_level)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
         uses_litellm = any(route.provider for route in settings.routes)
         if uses_litellm:
             import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
+        jobs_stop: asyncio.Task[None] | None = None
         try:
             if memory is not None:
                 state.memory = memory
@@ -61,17 +66,25 @@ def create_app(
                     chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model)
                 state.llm = LLMClient(settings, state.upstream)
                 state.memory = await MemoryEngine.open(settings, embedder=chosen, llm=state.llm)
+                # Jobs stop when the shutdown begins, while streams drain, not after them.
+                jobs_stop = asyncio.get_running_loop().create_task(
+                    _stop_jobs_at_shutdown(state.shutdown, state.memory)
+                )
             app.state.ready = True
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
                 "memory": state.memory is not None,
             })
-            yield
+            # Lifespan state: every request's scope carries the shutdown (proxy/relay.py).
+            yield {SHUTDOWN_STATE: state.shutdown}
         finally:
             app.state.ready = False
-            await state.drain(settings.shutdown_grace_seconds)
+            state.shutdown.begin()  # a no-op when the server began it as the signal came
+            await state.drain()
+            if jobs_stop is not None:
+                await jobs_stop
             if state.memory is not None and memory is None:
-                await state.memory.close(settings.shutdown_grace_seconds)
+                await state.memory.close(state.shutdown.remaining())
             if upstream is None:
                 await state.upstream.aclose()
             if uses_litellm:
@@ -100,6 +113,19 @@ def create_app(
     )
     app.state.ready = False
     return app
+
+
+def begin_shutdown(app: Starlette, at: float | None = None) -> None:
+    """Start the app's shutdown clock at `at` (a time.monotonic() reading) or now: the
+    server calls this as the signal arrives, so the grace counts from then."""
+    state: AppState | None = getattr(app.state, "memproxy", None)
+    if state is not None:
+        state.shutdown.begin(at)
+
+
+async def _stop_jobs_at_shutdown(shutdown: Shutdown, memory: MemoryEngine) -> None:
+    await shutdown.begun.wait()
+    await memory.stop_jobs(shutdown.until_cut())
 
 
 async def healthz(request: Request) -> Response:

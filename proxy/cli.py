@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -61,7 +63,22 @@ def serve(args: argparse.Namespace) -> int:
     """Start uvicorn with the app."""
     import uvicorn
 
-    from proxy.app import create_app
+    from proxy.app import begin_shutdown, create_app
+    from proxy.shutdown import Shutdown
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, starting the app's shutdown clock when the signal arrives (not
+        when its main loop next looks), so streams and jobs share one grace from then."""
+
+        signalled_at: float | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self.signalled_at = self.signalled_at or time.monotonic()
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            begin_shutdown(app, self.signalled_at)
+            await super().shutdown(sockets)
 
     try:
         settings = load_settings(config_file=args.config)
@@ -74,13 +91,16 @@ def serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port,
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port,
         log_level=settings.log_level, access_log=False, server_header=False,
-        # A float: int() would turn a grace under a second into 0, which uvicorn reads as
-        # "wait forever". asyncio.wait_for takes any number (0 cancels in-flight work at once).
-        timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # type: ignore[arg-type]
+        # The app ends its streams at the cut (proxy/shutdown.py); uvicorn cancels what else
+        # still runs (a reply not yet started) then too. A float: int() would turn a grace
+        # under a second into 0; asyncio.wait_for takes any number.
+        timeout_graceful_shutdown=Shutdown(settings.shutdown_grace_seconds).work_seconds,  # type: ignore[arg-type]
     )
+    Server(config).run()
     return 0
 
 

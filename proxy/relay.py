@@ -2,7 +2,7 @@
 
 Once the first byte went out the status can no longer change, so a failure after that is
 one SSE `error` event and the end of the stream. A client that disconnects cancels the
-upstream request.
+upstream request. At the shutdown's cut (proxy/shutdown.py) a stream still open ends too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import ProxyError, sse_error_event
+from proxy.shutdown import Shutdown
+
+SHUTDOWN_STATE = "memproxy.shutdown"  # the lifespan state key of the app's Shutdown
 
 
 @dataclass
@@ -23,6 +26,7 @@ class StreamOutcome:
     completed: bool = False
     client_disconnected: bool = False
     error: ProxyError | None = None
+    cut_by_shutdown: bool = False
 
 
 class RelayResponse:
@@ -47,18 +51,27 @@ class RelayResponse:
         self.on_done = on_done
         self.sse = sse
         self.outcome = StreamOutcome()
+        self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
+        loop = asyncio.get_running_loop()
+        watchers = [loop.create_task(self._watch_disconnect(receive, task))]
+        shutdown = scope.get("state", {}).get(SHUTDOWN_STATE)
+        if isinstance(shutdown, Shutdown):
+            watchers.append(loop.create_task(self._watch_shutdown(shutdown, task)))
         try:
             await self._relay(send)
         except asyncio.CancelledError:
-            if not self.outcome.client_disconnected or task.uncancel() > 0:
+            ours = self.outcome.client_disconnected or self.outcome.cut_by_shutdown
+            if not ours or task.uncancel() > 0:
                 raise
+            if self.outcome.cut_by_shutdown:
+                await self._end_cut(send)
         finally:
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             await self.close()
             if self.on_done is not None:
                 self.on_done(self.outcome)
@@ -66,11 +79,30 @@ class RelayResponse:
     async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[None]) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        if not self.outcome.completed:
+        if not self.outcome.completed and not self.outcome.cut_by_shutdown:
             self.outcome.client_disconnected = True
             task.cancel()
 
+    async def _watch_shutdown(self, shutdown: Shutdown, task: asyncio.Task[None]) -> None:
+        await shutdown.cut.wait()
+        if not self.outcome.completed and not self.outcome.client_disconnected:
+            self.outcome.cut_by_shutdown = True
+            task.cancel()
+
+    async def _end_cut(self, send: Send) -> None:
+        """End a stream the shutdown cut: an SSE stream ends cleanly; a plain body cannot
+        say it is incomplete, so its connection is aborted instead."""
+        if not self.sse:
+            raise asyncio.CancelledError
+        if not self._started:
+            await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            self.outcome.client_disconnected = True
+
     async def _relay(self, send: Send) -> None:
+        self._started = True  # before the await: a cancellation cannot land inside it unsent
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         body = aiter(self.body)
         tail = b""

@@ -12,6 +12,7 @@ from memory import MemoryEngine
 from proxy.limits import KeyLimits
 from proxy.llm_client import LLMClient
 from proxy.metrics import Metrics
+from proxy.shutdown import Shutdown
 from proxy.upstream import Upstream
 
 
@@ -26,9 +27,11 @@ class AppState:
     llm: LLMClient | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     limits: KeyLimits = field(init=False)
+    shutdown: Shutdown = field(init=False)
 
     def __post_init__(self) -> None:
         self.limits = KeyLimits.from_settings(self.settings)
+        self.shutdown = Shutdown(self.settings.shutdown_grace_seconds)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run work after the response; kept referenced until done, awaited at shutdown."""
@@ -37,7 +40,7 @@ class AppState:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def drain(self, timeout: float) -> None:
-        """Wait for background work to finish, up to `timeout` seconds."""
+    async def drain(self) -> None:
+        """Wait for work after responses (replies, metrics rows) until the shutdown's deadline."""
         if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=timeout)
+            await asyncio.wait(set(self.tasks), timeout=self.shutdown.remaining())

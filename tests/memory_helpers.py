@@ -1,10 +1,9 @@
-"""Helpers shared by the memory API, CLI and panel tests: a client, waiting, seeding."""
+"""Helpers shared by the memory API, CLI and panel tests: a client, seeding, records."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Callable
 from contextlib import closing
 from typing import Any
@@ -36,31 +35,6 @@ def assert_error(response: httpx.Response, status: int, param: str | None = "") 
     if param != "":
         assert error["param"] == param, error
     return error
-
-
-def wait_idle(proxy: RunningProxy, timeout: float = 60) -> None:
-    """Wait until background work is done and no job is queued or running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        if proxy.state.tasks:
-            continue
-        with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-            pending = conn.execute(
-                "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
-                " AND run_after <= ?", (time.time(),)
-            ).fetchone()[0]
-        if pending == 0:
-            return
-    raise TimeoutError("jobs did not finish")
-
-
-def chat(proxy: RunningProxy, text: str, *, user: str = "default", session: str = "s1") -> None:
-    """One chat turn through the proxy (the scripted upstream echoes it)."""
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json={
-        "model": "gpt-4o", "messages": [{"role": "user", "content": text}],
-    }, headers={"X-Memory-User-Id": user, "X-Memory-Session-Id": session}, timeout=60)
-    assert response.status_code == 200, response.text
 
 
 def db_rows(proxy: RunningProxy, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:

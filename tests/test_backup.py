@@ -17,7 +17,9 @@ import pytest
 
 from proxy.cli import main
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, wait_idle
+from tests.memory_helpers import QUIET
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 
 TURN_COLUMNS = "id, user_id, session_id, parent_id, position, role, content, content_hash"
 
@@ -27,13 +29,6 @@ def run_backup(proxy: RunningProxy, dest: Path) -> subprocess.CompletedProcess[s
     env = {**os.environ, "MEMPROXY_DATA_DIR": str(proxy.state.settings.data_dir)}
     return subprocess.run([sys.executable, "-m", "proxy", "backup", str(dest)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
-
-
-def chat(proxy: RunningProxy, user: str, text: str) -> None:
-    response = httpx.post(f"{proxy.base_url}/chat/completions", timeout=60, json={
-        "model": "gpt-4o", "messages": [{"role": "user", "content": text}],
-    }, headers={"X-Memory-User-Id": user, "X-Memory-Session-Id": f"{user}-s"})
-    assert response.status_code == 200, response.text
 
 
 def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -52,8 +47,9 @@ class Writer(threading.Thread):
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                chat(self.proxy, f"writer{self.sent % 3}",
-                     f"Writer note {self.sent}: the build cache lives in bucket b{self.sent}.")
+                user = f"writer{self.sent % 3}"
+                chat(self.proxy, f"Writer note {self.sent}: the build cache lives in bucket"
+                     f" b{self.sent}.", user=user, session=f"{user}-s")
                 self.sent += 1
         except BaseException as exc:  # surfaced by the test
             self.error = exc
@@ -63,11 +59,12 @@ def test_backup_while_writing_gives_a_copy_a_new_server_recalls_from(
     start_proxy: Callable[..., RunningProxy], tmp_path: Path
 ) -> None:
     source = start_proxy(memory=True, **QUIET)
-    chat(source, "ada", "The lighthouse keeper on our island is named Bartholomew Quince.")
+    chat(source, "The lighthouse keeper on our island is named Bartholomew Quince.",
+         user="ada", session="ada-s")
     fact = httpx.post(f"{source.url}/v1/memory/facts", headers={"X-Memory-User-Id": "ada"},
                       json={"text": "Ada's cat is called Marzipan", "category": "identity"})
     assert fact.status_code == 201, fact.text
-    wait_idle(source)
+    wait_for_jobs(source)
     writer = Writer(source)
     writer.start()
     while writer.sent < 5 and writer.is_alive():
@@ -83,7 +80,7 @@ def test_backup_while_writing_gives_a_copy_a_new_server_recalls_from(
     assert done.returncode == 0, done.stderr
     assert "Backed up" in done.stdout and "queued jobs" in done.stdout, done.stdout
     print(f"\nbackup: {done.stdout.strip()}; {writer.sent} chats written meanwhile")
-    wait_idle(source)
+    wait_for_jobs(source)
 
     copy = dest / "memproxy.db"
     assert sorted(p.name for p in dest.iterdir()) == ["memproxy.db"]  # no partial, no WAL
@@ -98,7 +95,7 @@ def test_backup_while_writing_gives_a_copy_a_new_server_recalls_from(
     assert len(copied) < rows(source.state.settings.db_path, "SELECT COUNT(*) FROM turns")[0][0]
 
     restored = start_proxy(memory=True, data_dir=dest, weight_bm25=0.0, **QUIET)
-    wait_idle(restored)
+    wait_for_jobs(restored)
     memory = restored.state.memory
     chunks = rows(copy, "SELECT COUNT(*) FROM chunks")[0][0]
     facts = rows(copy, "SELECT COUNT(*) FROM facts WHERE valid_to IS NULL")[0][0]
@@ -122,7 +119,7 @@ def test_backup_refuses_an_existing_copy_and_a_missing_database(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     source = start_proxy(memory=True, **QUIET)
-    chat(source, "ada", "hello there")
+    chat(source, "hello there", user="ada", session="ada-s")
     monkeypatch.setenv("MEMPROXY_DATA_DIR", str(source.state.settings.data_dir))
     dest = tmp_path / "copy"
     assert main(["backup", str(dest)]) == 0

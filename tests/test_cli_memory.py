@@ -15,7 +15,9 @@ import pytest
 
 from proxy.cli import main
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, Starter, chat, wait_idle
+from tests.memory_helpers import QUIET, Starter
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 
 
 @pytest.fixture
@@ -67,7 +69,7 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     assert run_json(capsys, memproxy, "memories", "pin", str(edited["id"]), "--off")["pinned"] is False
 
     chat(memproxy, "The release train leaves every second Tuesday.", session="rel")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     status, out, _ = run(capsys, memproxy, "memories", "search", "when does the release train leave?")
     assert status == 0 and "second Tuesday" in out and "tokens" in out.splitlines()[-1]
     found = run_json(capsys, memproxy, "memories", "search", "release train", "--budget", "200")
@@ -92,7 +94,7 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
 def test_sessions_and_stats(capsys: pytest.CaptureFixture[str], memproxy: RunningProxy) -> None:
     chat(memproxy, "Our on-call rotation changes on Mondays.", session="oncall")
     chat(memproxy, "Grafana lives at grafana.internal.", session="dash")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     status, out, _ = run(capsys, memproxy, "sessions", "list")
     header, _, *rows = out.splitlines()
     assert header.split()[:2] == ["SESSION", "LAST"] and [r.split()[0] for r in rows] == ["dash", "oncall"]
@@ -127,7 +129,7 @@ def test_export_and_import_with_both_outputs(
 ) -> None:
     chat(memproxy, "The office moved to Canal Street.", session="office")
     run(capsys, memproxy, "memories", "add", "Cycles to work", "--category", "context")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     dump = tmp_path / "memory.jsonl"
     status, out, err = run(capsys, memproxy, "memories", "export", "-o", str(dump))
     assert status == 0 and out == "" and err.strip() == f"Exported 2 turns, 1 fact to {dump}."
@@ -185,7 +187,7 @@ def test_console_script_with_keys_env_and_a_progress_bar(start_proxy: Starter, t
     stats = subprocess.run([script, "stats", "--json"], capture_output=True, text=True, timeout=60,
                            env=env, cwd=ROOT)
     assert json.loads(stats.stdout)["user_id"] == "carol"  # the key's user
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
 
 
 def _drain(fd: int) -> str:

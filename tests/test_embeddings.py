@@ -7,7 +7,6 @@ import http.server
 import io
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,26 +107,6 @@ def test_session_options_do_not_spin() -> None:
     assert options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert session_options(None).intra_op_num_threads == 0  # onnxruntime picks: physical cores
-
-
-def test_latency(embedder: LocalEmbedder) -> None:
-    query = "What programming language does the user prefer for new projects?"
-    embedder.embed_sync([query])
-    runs = 30
-    started = time.perf_counter()
-    for _ in range(runs):
-        embedder.embed_sync([query])
-    per_query = (time.perf_counter() - started) / runs * 1000
-    docs = [
-        f"Turn {i}: we discussed the deployment plan and its risks. " * (1 + i % 6)
-        for i in range(128)
-    ]
-    started = time.perf_counter()
-    LocalEmbedder(SHARED_MODEL, batch_size=64, threads=2).embed_sync(docs)
-    per_doc = (time.perf_counter() - started) / len(docs) * 1000
-    print(
-        f"\nembedding: {per_query:.1f} ms per query, {per_doc:.1f} ms per document (batches of 64)"
-    )
 
 
 # -- locating the model

@@ -14,7 +14,6 @@ from typing import Any
 
 import chromadb
 import httpx
-import openai
 import pytest
 from chromadb.config import Settings as ChromaSettings
 
@@ -22,17 +21,12 @@ from config import Settings
 from memory.engine import collection_name
 from memory.index.embeddings import MODEL_FILES
 from tests.conftest import MODEL_DIR, RunningProxy, serve
+from tests.support.chat import Reply as ChatReply
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ErrorReply, Received, Reply, ScriptedUpstream
 
 FAST_JOBS = {"job_max_attempts": 3, "job_backoff_seconds": 0.1}
-
-
-def chat(proxy: RunningProxy, content: str, session: str = "s1") -> Any:
-    """One chat completion through the official SDK; the raw response (status, headers)."""
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
-                           default_headers={"X-Memory-Session-Id": session})
-    return client.chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=[{"role": "user", "content": content}])
 
 
 def rows(settings: Settings, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -40,26 +34,14 @@ def rows(settings: Settings, sql: str, params: tuple[Any, ...] = ()) -> list[Any
         return conn.execute(sql, params).fetchall()
 
 
-def wait_settled(settings: Settings, timeout: float = 20) -> dict[str, int]:
-    """Wait until no job is queued or running; return the job counts by status."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        counts = dict(rows(settings, "SELECT status, count(*) FROM jobs GROUP BY status"))
-        if not counts.get("queued") and not counts.get("running"):
-            return counts
-        time.sleep(0.05)
-    raise TimeoutError(f"jobs still pending: {counts}")
-
-
 def readiness(proxy: RunningProxy) -> tuple[int, dict[str, str]]:
     response = httpx.get(f"{proxy.url}/readyz", timeout=30)
     return response.status_code, response.json().get("parts", {})
 
 
-def assert_degraded_but_answered(raw: Any, stage: str) -> None:
-    assert raw.http_response.status_code == 200
-    assert raw.parse().choices[0].message.content.startswith("echo:")
-    assert stage in raw.headers["x-memory-error"], raw.headers
+def assert_degraded_but_answered(reply: ChatReply, stage: str) -> None:
+    assert reply.status == 200 and reply.text.startswith("echo:")
+    assert stage in reply.headers["x-memory-error"], reply.headers
 
 
 def test_vector_collection_deleted_under_the_server(
@@ -74,14 +56,14 @@ def test_vector_collection_deleted_under_the_server(
     )
     other.delete_collection(collection_name(settings))
 
-    raw = chat(proxy, "What did we decide about the invoice schema migration?")
-    assert_degraded_but_answered(raw, "recall:")
+    reply = chat(proxy, "What did we decide about the invoice schema migration?", session="s1")
+    assert_degraded_but_answered(reply, "recall:")
     status, parts = readiness(proxy)
     assert status == 503 and parts["vectors"].startswith("error:") and parts["database"] == "ok"
     assert httpx.get(f"{proxy.url}/healthz").status_code == 200
     # The turns are kept; their index jobs (the request's, the reply's) retried and are now
     # dead letters with the error.
-    assert wait_settled(settings) == {"dead": 2}
+    assert wait_for_jobs(proxy, later=True) == {"dead": 2}
     for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
         assert attempts == 3 and "does not exist" in error, error
     turns = rows(settings, "SELECT role, content FROM turns ORDER BY id")
@@ -107,12 +89,12 @@ def test_embedding_model_missing_or_unloadable_starts_degraded(
         assert parts["embeddings"].startswith("error: EmbeddingModelMissing"), parts
         if broken == "empty":
             assert "MEMPROXY_EMBEDDING_MODEL_DIR" in parts["embeddings"]
-        raw = chat(proxy, "Remember that the staging cluster is called kestrel.")
-        assert_degraded_but_answered(raw, "recall: EmbeddingModelMissing")
-        raw = chat(proxy, "What is the staging cluster called, and where does it run?")
-        assert_degraded_but_answered(raw, "recall: EmbeddingModelMissing")
+        reply = chat(proxy, "Remember that the staging cluster is called kestrel.", session="s1")
+        assert_degraded_but_answered(reply, "recall: EmbeddingModelMissing")
+        reply = chat(proxy, "What is the staging cluster called, and where does it run?", session="s1")
+        assert_degraded_but_answered(reply, "recall: EmbeddingModelMissing")
         # The turns are kept; their index jobs end in the dead letters with the reason.
-        assert wait_settled(settings) == {"dead": 4}
+        assert wait_for_jobs(proxy, later=True) == {"dead": 4}
         for (error,) in rows(settings, "SELECT last_error FROM jobs"):
             assert error.startswith("EmbeddingModelMissing") and str(folder) in error, error
         assert [c for (c,) in rows(settings, "SELECT content FROM turns WHERE role = 'user'")] == [
@@ -139,9 +121,9 @@ def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
     proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-op",
                         **FAST_JOBS)
     settings: Settings = proxy.state.settings
-    raw = chat(proxy, "Which region hosts the analytics warehouse these days?")
-    assert_degraded_but_answered(raw, "recall:")
-    assert wait_settled(settings) == {"dead": 2}
+    reply = chat(proxy, "Which region hosts the analytics warehouse these days?", session="s1")
+    assert_degraded_but_answered(reply, "recall:")
+    assert wait_for_jobs(proxy, later=True) == {"dead": 2}
     for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
         assert attempts == 3 and "503" in error, error
     status, parts = readiness(proxy)
@@ -153,9 +135,9 @@ def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
     assert attempts[1] - attempts[0] >= 0.1 and attempts[2] - attempts[1] >= 0.2
 
     failing = False  # the service recovers: new turns are indexed, recall works again
-    raw = chat(proxy, "Which region hosts the analytics warehouse now?", session="s2")
-    assert raw.http_response.status_code == 200 and "x-memory-error" not in raw.headers
-    assert wait_settled(settings) == {"dead": 2, "done": 2}
+    reply = chat(proxy, "Which region hosts the analytics warehouse now?", session="s2")
+    assert reply.status == 200 and "x-memory-error" not in reply.headers
+    assert wait_for_jobs(proxy, later=True) == {"dead": 2, "done": 2}
     assert readiness(proxy)[0] == 200
 
 
@@ -164,8 +146,8 @@ def test_database_locked_longer_than_the_busy_timeout(
 ) -> None:
     proxy = start_proxy(memory=True, **FAST_JOBS)
     settings: Settings = proxy.state.settings
-    chat(proxy, "The release train leaves every second Tuesday.")
-    wait_settled(settings)
+    chat(proxy, "The release train leaves every second Tuesday.", session="s1")
+    wait_for_jobs(proxy, later=True)
     # Another process holds the write lock for longer than the 5 s busy timeout.
     locker = sqlite3.connect(settings.db_path, isolation_level=None, check_same_thread=False)
     locker.execute("BEGIN EXCLUSIVE")
@@ -173,17 +155,17 @@ def test_database_locked_longer_than_the_busy_timeout(
     released.start()
     try:
         started = time.monotonic()
-        raw = chat(proxy, "When does the release train leave?", session="s2")
+        reply = chat(proxy, "When does the release train leave?", session="s2")
         took = time.monotonic() - started
-        assert raw.http_response.status_code == 200
-        assert "x-memory-error" not in raw.headers  # recall reads the WAL: not blocked
+        assert reply.status == 200
+        assert "x-memory-error" not in reply.headers  # recall reads the WAL: not blocked
         assert took < 4, f"the chat waited {took:.1f}s for a locked database"
         print(f"\nchat while the database was locked: {took:.2f}s")
     finally:
         released.join()
         locker.close()
     # Once the lock is gone the turns of the chat made during it are stored, once.
-    wait_settled(settings)
+    wait_for_jobs(proxy, later=True)
     deadline = time.monotonic() + 10
     while len(rows(settings, "SELECT 1 FROM turns WHERE session_id = 's2'")) < 2:
         assert time.monotonic() < deadline, "the turns written during the lock were lost"
@@ -191,6 +173,6 @@ def test_database_locked_longer_than_the_busy_timeout(
     assert rows(settings, "SELECT role, content FROM turns WHERE session_id = 's2' ORDER BY id") == [
         ("user", "When does the release train leave?"),
         ("assistant", "echo: When does the release train leave?")]
-    assert wait_settled(settings).keys() == {"done"}
+    assert wait_for_jobs(proxy, later=True).keys() == {"done"}
     with closing(sqlite3.connect(settings.db_path)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

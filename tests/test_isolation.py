@@ -28,7 +28,8 @@ from config import ApiKey
 from memory.storage.fts import CHUNK_COLUMNS, match_expression
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, assert_error, wait_idle
+from tests.memory_helpers import QUIET, assert_error
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
 
 QUERY = "What is my favourite island, and what is my lucky charm?"
@@ -159,7 +160,7 @@ def seed(proxy: RunningProxy, api: httpx.Client, users: list[User]) -> None:
             })
             assert response.status_code == 201, response.text
             user.fact_id = response.json()["id"]
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
 
 
 def check_recall(proxy: RunningProxy, upstream: ScriptedUpstream, user: User) -> int:
@@ -298,7 +299,7 @@ def test_lexical_path_isolates_every_read_and_delete(
     exported = client.get("/export", headers=survivors[0].headers).content
     response = client.post("/import", headers=importer.headers, content=exported)
     assert response.status_code == 200, response.text
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     assert counts(proxy, importer)[:4] == before[survivors[0].uid][:4]
     for user in users:
         after = counts(proxy, user)
@@ -360,7 +361,7 @@ def test_generated_ids_never_see_each_other(
     response = chat(proxy, writer, f"My favourite island is {writer.island}.", "shared")
     assert response.status_code == 200, response.text
     owners[writer.island] = a
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     with httpx.Client(base_url=f"{proxy.url}/v1/memory", timeout=60) as api:
         for user in (writer, reader):
             dry = chat(proxy, user, QUERY, "asking", **{"X-Memory-Dry-Run": "on"}).json()
@@ -387,7 +388,7 @@ def test_keys_bound_to_users_reach_their_own_memory_only(
                 "messages": [{"role": "user", "content": f"My favourite island is {user.island}."}],
             })
             assert response.status_code == 200, response.text
-        wait_idle(proxy)
+        wait_for_jobs(proxy)
         # A failed job's error can quote what it worked on; the job queue is shared.
         with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn, conn:
             conn.execute(

@@ -203,6 +203,29 @@ async def test_stop_lets_a_handler_that_finishes_in_time_complete(
     assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
 
 
+async def test_a_second_stop_waits_for_the_first_and_keeps_its_timeout(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    started = asyncio.Event()
+
+    async def endless(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    worker = make_worker({"index": endless})
+    await worker.start()
+    await store.queue.enqueue("index", {})
+    await asyncio.wait_for(started.wait(), timeout=5)
+
+    began = time.monotonic()
+    first = asyncio.create_task(worker.stop(timeout=0.3))  # begun at the signal
+    await asyncio.sleep(0.05)
+    await worker.stop(timeout=30)  # the close after it: waits, does not start again
+    assert first.done() and time.monotonic() - began < 2
+    counts = await store.queue.job_counts()
+    assert counts == {"queued": 1, "running": 0, "done": 0, "dead": 0}  # requeued once
+
+
 async def test_handlers_run_concurrently_up_to_the_limit(
     store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:

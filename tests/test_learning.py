@@ -10,12 +10,13 @@ from contextlib import closing
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from memory.learning.profiles import profile_vector_id
 from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
 from tests.conftest import RunningProxy
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import (
     ErrorReply,
     JSONReply,
@@ -24,7 +25,6 @@ from tests.support.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
-from tests.test_memory_flow import wait_indexed
 
 EXTRACT = "You extract durable facts"
 SUMMARY = "You summarise a conversation"
@@ -69,11 +69,9 @@ def answer(*facts: dict[str, Any]) -> str:
 
 def say(proxy: RunningProxy, text: str, *, user: str = "ada", session: str = "s1",
         history: list[dict[str, Any]] | None = None, key: str = "sk-test") -> str:
-    client = openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0, default_headers={
-        "X-Memory-User-Id": user, "X-Memory-Session-Id": session})
+    """Ada's next message in session s1 unless told otherwise; returns the reply."""
     messages = [*(history or []), {"role": "user", "content": text}]
-    reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
-    return str(reply.choices[0].message.content)
+    return chat(proxy, messages, user=user, session=session, api_key=key).text
 
 
 def query(proxy: RunningProxy, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -113,7 +111,7 @@ def test_facts_are_learned_and_injected_in_a_new_session(
     ))
     say(learning, "I prefer TypeScript for all our new backend services.",
         key="sk-client-secret-123")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     rows = query(learning, "SELECT f.text, f.source, f.source_session, f.source_turn_ids,"
                            " f.category, t.content FROM facts AS f, turns AS t"
                            " WHERE t.id = json_extract(f.source_turn_ids, '$[0]')")
@@ -145,15 +143,15 @@ def test_a_repeated_fact_merges_and_a_contradiction_supersedes(
     lives = fact("User lives in Berlin.", "identity", confidence=0.8)
     model.facts.extend([answer(lives), answer(lives)])
     say(learning, "I live in Berlin.", session="s1")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     say(learning, "Still living in Berlin, by the way.", session="s2")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     [(berlin, mentions, confidence)] = query(learning, "SELECT id, mentions, confidence FROM facts")
     assert mentions == 2 and confidence == pytest.approx(0.95)
 
     model.facts.append(answer(fact("User lives in Lisbon.", "identity")))  # same subject
     say(learning, "Big news: I live in Lisbon now.", session="s3")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     rows = query(learning, "SELECT id, text, valid_to IS NULL, superseded_by, previous_id,"
                            " version, mentions FROM facts ORDER BY id")
     lisbon = rows[1][0]
@@ -162,11 +160,11 @@ def test_a_repeated_fact_merges_and_a_contradiction_supersedes(
 
     model.facts.append(answer(fact("User's favourite editor is Helix.")))
     say(learning, "My favourite editor is Helix.", session="s4")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     [(helix,)] = query(learning, "SELECT id FROM facts WHERE text LIKE '%Helix%'")
     model.facts.append(answer(fact("User switched to Neovim for editing.", updates_previous=helix)))
     say(learning, "I switched to Neovim for editing.", session="s5")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     assert "Known facts about the user" in model.prompts[-1].json["messages"][1]["content"]
     active = query(learning, "SELECT text FROM facts WHERE valid_to IS NULL ORDER BY id")
     assert active == [("User lives in Lisbon.",), ("User switched to Neovim for editing.",)]
@@ -183,19 +181,19 @@ def test_malformed_output_is_repaired_once_else_the_job_is_dead_with_the_raw_tex
     fenced = answer(fact("User runs Postgres 16 in production.", "project"))[:-1] + ",]"
     model.facts.append(f"Sure! Here are the facts:\n```json\n{fenced}\n```\nAnything else?")
     say(learning, "We run Postgres 16 in production.")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     assert len(model.prompts) == 1  # repaired locally: no second call
     model.facts.append("I could not find any facts worth keeping.")
     model.repairs.append(answer(fact("User deploys on Fridays.", "decision")))
     say(learning, "We decided to deploy on Fridays.")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     repair = model.prompts[-1].json["messages"]
     assert len(model.prompts) == 3 and repair[-2]["content"].startswith("I could not find")
     assert "holds no JSON value" in repair[-1]["content"]
     model.facts.append("nope")
     model.repairs.append('[{"fact": 3}]')
     say(learning, "We use Grafana for dashboards.")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     texts = [row[0] for row in query(learning, "SELECT text FROM facts ORDER BY id")]
     assert texts == ["User runs Postgres 16 in production.", "User deploys on Fridays."]
     [(kind, error)] = query(learning, "SELECT kind, last_error FROM jobs WHERE status = 'dead'")
@@ -209,7 +207,7 @@ def test_a_failed_learning_call_keeps_no_key_in_the_job_table(
     proxy = start_proxy(memory=True, extract_every=1, job_max_attempts=1)
     model.facts.append(ErrorReply(401, "Incorrect API key provided: sk-client-xyz-987."))
     say(proxy, "I write all my services in Elixir.", key="sk-client-xyz-987")
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     [(error,)] = query(proxy, "SELECT last_error FROM jobs WHERE status = 'dead'")
     assert "HTTP 401" in error and "[key]" in error
     for path in proxy.state.settings.data_dir.rglob("*"):
@@ -225,7 +223,7 @@ def test_a_client_key_never_follows_the_learning_call_to_another_upstream(
                         extract_model="small-extractor")
     model.facts.append(answer(fact("User writes all services in Elixir.", "project")))
     say(proxy, "I write all my services in Elixir.", key="sk-client-abc-123")
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     [asked] = model.prompts
     assert asked.json["model"] == "small-extractor" and "authorization" not in asked.headers
     assert query(proxy, "SELECT text FROM facts") == [("User writes all services in Elixir.",)]
@@ -242,7 +240,7 @@ def test_the_assistants_own_statements_are_not_extracted(
         fact("User manages a home server themselves.", "context"),
     ))
     say(learning, "How do I keep my home server patched? I manage it myself.")
-    wait_indexed(learning)
+    wait_for_jobs(learning)
     assert query(learning, "SELECT text FROM facts") == [("User manages a home server themselves.",)]
 
 
@@ -252,7 +250,7 @@ def test_learning_keeps_at_most_fact_cap_facts_and_never_evicts_pinned_ones(
     proxy = start_proxy(memory=True, extract_every=1, fact_cap=2)
     model.facts.append(answer(fact("User's team is called Falcon.", "relationship")))
     say(proxy, "My team is called Falcon.")
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     [(falcon,)] = query(proxy, "SELECT id FROM facts")
     pinned = httpx.post(f"{proxy.base_url}/memory/facts/{falcon}/pin",
                         headers={"X-Memory-User-Id": "ada"})
@@ -262,7 +260,7 @@ def test_learning_keeps_at_most_fact_cap_facts_and_never_evicts_pinned_ones(
         fact("User prefers short answers.", confidence=0.95),
     ))
     say(proxy, "I am on call this week, and please keep answers short.")
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     assert query(proxy, "SELECT text FROM facts ORDER BY id") == [
         ("User's team is called Falcon.",), ("User prefers short answers.",)]
 
@@ -282,7 +280,7 @@ def test_summaries_roll_up_every_n_user_turns(
                               "Next we add Grafana dashboards.", "Alerts go to the ops channel."]):
         reply = say(proxy, text, history=history)
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
-        wait_indexed(proxy)
+        wait_for_jobs(proxy)
         assert len(query(proxy, "SELECT id FROM summaries")) == (i + 1) // 2
     rows = query(proxy, "SELECT text, superseded_by IS NULL, user_turns, source_turn_ids, data"
                         " FROM summaries ORDER BY id")
@@ -311,7 +309,7 @@ def test_the_profile_is_used_only_with_consent_and_revoking_deletes_it(
     assert api.put("/profile", json=profile).status_code >= 400  # no consent yet
     assert api.put("/consent", json={"consent": True}).status_code == 200
     assert api.put("/profile", json=profile).status_code == 200
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     vectors = proxy.state.memory.vectors
     probe = embedder.embed_sync(["staff engineer"])[0]
 
@@ -328,7 +326,7 @@ def test_the_profile_is_used_only_with_consent_and_revoking_deletes_it(
 
     assert api.put("/consent", json={"consent": False}).status_code == 200
     assert query(proxy, "SELECT * FROM profiles") == []
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     assert profile_vectors() == []
     say(proxy, "What is my role on the team?", session="q2")
     assert "staff engineer" not in injected(upstream)

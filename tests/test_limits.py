@@ -8,8 +8,10 @@ against an injected clock.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import closing
 
 import httpx
 import openai
@@ -142,6 +144,31 @@ def test_proxy_keys_are_the_limit_key_and_never_logged(
     for raw in ("key-alpha-123456", "key-beta-654321"):
         assert raw not in logs.err and raw not in logs.out
         assert raw not in error.response.text
+
+
+def test_the_memory_api_shares_the_key_s_bucket_and_its_429(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, rate_limit=2, api_keys="key-alpha-123456:ann,key-beta-654321:bob")
+    alpha = {"Authorization": "Bearer key-alpha-123456"}
+    with httpx.Client(base_url=f"{proxy.url}/v1/memory", timeout=20) as api:
+        assert api.get("/facts", headers=alpha).status_code == 200
+        assert api.post("/facts", headers=alpha, json={
+            "text": "Ann keeps bees", "category": "identity"}).status_code == 201
+        for refused_call in (api.get("/facts", headers=alpha), api.get("/stats", headers=alpha),
+                             api.post("/clear", headers=alpha)):
+            assert refused_call.status_code == 429, refused_call.text
+            error = refused_call.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+            assert 1 <= int(refused_call.headers["retry-after"]) <= 30
+        # The refused clear did nothing; the chat of that key counts against the same bucket.
+        with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
+            assert conn.execute("SELECT count(*) FROM facts").fetchone() == (1,)
+        assert_envelope(refused(proxy, "key-alpha-123456"), "rate_limit_exceeded")
+        # Another key has its own bucket; a wrong key is a 401 before any limit.
+        assert api.get("/facts", headers={"Authorization": "Bearer key-beta-654321"}).status_code == 200
+        assert api.get("/facts", headers={"Authorization": "Bearer nope"}).status_code == 401
+    ask(proxy, "key-beta-654321")
+    assert_envelope(refused(proxy, "key-beta-654321"), "rate_limit_exceeded")
 
 
 def test_limit_key_hashes_keys() -> None:

@@ -16,16 +16,9 @@ from proxy.app import create_app
 from proxy.management import routes
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
-from tests.memory_helpers import (
-    QUIET,
-    Starter,
-    assert_error,
-    chat,
-    check_schema,
-    db_rows,
-    memory_api,
-    wait_idle,
-)
+from tests.memory_helpers import QUIET, Starter, assert_error, check_schema, db_rows, memory_api
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 
 
 @pytest.fixture
@@ -158,7 +151,7 @@ def test_users_are_isolated(memproxy: RunningProxy) -> None:
             memory_api(memproxy, **{"X-Memory-User-Id": "bob"}) as bob:
         secret = add(alice, "Alice's locker code is 4471")
         chat(memproxy, "Alice's cat is called Miso.", user="alice", session="a1")
-        wait_idle(memproxy)
+        wait_for_jobs(memproxy)
         assert bob.get("/facts").json()["data"] == []
         assert_error(bob.get(f"/facts/{secret['id']}"), 404)
         assert_error(bob.patch(f"/facts/{secret['id']}", json={"text": "x"}), 404)
@@ -185,7 +178,7 @@ def test_sessions_turns_and_delete(memproxy: RunningProxy, api: httpx.Client) ->
         chat(memproxy, f"Session {i} is about the topic number {i}.", session=f"s{i}")
     chat(memproxy, "A second question in session zero.", session="s0")
     chat(memproxy, "Slash ids work too.", session="team/alpha 1")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     listed: list[dict[str, Any]] = []
     cursor = None
     while True:
@@ -213,7 +206,7 @@ def test_sessions_turns_and_delete(memproxy: RunningProxy, api: httpx.Client) ->
     assert vectors.count({"user_id": "default", "session_id": "s0"}) == 4
     removed = api.delete("/sessions/s0").json()
     assert removed["removed"]["turns"] == 4 and removed["deleted"] is True
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     assert vectors.count({"user_id": "default", "session_id": "s0"}) == 0
     assert db_rows(memproxy, "SELECT count(*) FROM chunks WHERE session_id = 's0'") == [(0,)]
     assert_error(api.get("/sessions/s0"), 404, "session_id")
@@ -245,13 +238,14 @@ def test_session_delete_takes_facts_learned_only_from_it(memproxy: RunningProxy,
     ]
     imported = api.post("/import", content="\n".join(json.dumps(line) for line in lines))
     assert imported.json()["added"]["facts"] == 3
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     assert memproxy.state.memory.vectors.count({"user_id": "default", "source": "fact"}) == 3
     removed = api.delete("/sessions/home").json()["removed"]
-    assert removed == {"turns": 1, "chunks": 1, "summaries": 0, "fact_versions": 1}
+    assert removed == {"turns": 1, "chunks": 1, "summaries": 0, "fact_versions": 1,
+                       "request_metrics": 0}
     remaining = sorted(f["text"] for f in api.get("/facts").json()["data"])
     assert remaining == ["Likes Porto", "Moved to Porto"]  # one cites travel; one is manual
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     assert memproxy.state.memory.vectors.count({"user_id": "default", "source": "fact"}) == 2
     home = {"user_id": "default", "session_id": "home", "source": "turn"}
     assert memproxy.state.memory.vectors.count(home) == 0
@@ -260,7 +254,7 @@ def test_session_delete_takes_facts_learned_only_from_it(memproxy: RunningProxy,
 def test_search_shows_what_would_be_injected(memproxy: RunningProxy, api: httpx.Client) -> None:
     chat(memproxy, "The staging cluster is called aurora-west.", session="ops")
     chat(memproxy, "Lunch today was ramen.", session="food")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     result = api.post("/search", json={"query": "what is the staging cluster called?", "budget": 300})
     assert result.status_code == 200
     body = result.json()
@@ -318,9 +312,9 @@ def test_profile_and_consent(api: httpx.Client) -> None:
 def test_stats_and_metrics(memproxy: RunningProxy, api: httpx.Client) -> None:
     add(api, "Prefers dark mode", pinned=True)
     chat(memproxy, "Remember that the build uses Bazel.", session="b1")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     chat(memproxy, "Which build tool do we use?", session="b2")
-    wait_idle(memproxy)
+    wait_for_jobs(memproxy)
     stats = api.get("/stats").json()
     check_schema("Stats", stats)
     assert stats["counts"] | {"sessions": 2, "turns": 4, "facts": 1, "pinned": 1} == stats["counts"]

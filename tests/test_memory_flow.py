@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import tiktoken
 
 from memory.recall.render import CLOSE, OPEN
 from tests.conftest import RunningProxy
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import (
     JSONReply,
     ScriptedUpstream,
@@ -25,28 +26,6 @@ from tests.support.scripted_upstream import (
 
 def db(proxy: RunningProxy) -> sqlite3.Connection:
     return sqlite3.connect(proxy.state.settings.db_path)
-
-
-def wait_indexed(proxy: RunningProxy, timeout: float = 30) -> None:
-    """Wait until no job is queued or running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        # The reply is stored after the response went out: give that a moment first.
-        time.sleep(0.1)
-        if not proxy.state.tasks:
-            with db(proxy) as conn:
-                pending = conn.execute(
-                    "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
-                ).fetchone()[0]
-            if pending == 0:
-                return
-    raise TimeoutError("jobs did not finish")
-
-
-def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **headers: str) -> Any:
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
-                           default_headers=headers)
-    return client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
 
 
 def system_text(received: Any) -> str:
@@ -63,23 +42,23 @@ def test_a_fact_from_one_session_is_injected_in_another(
 ) -> None:
     upstream.enqueue(JSONReply(chat_completion("Noted, Postgres 16 with pgvector.")))
     chat(memproxy, [{"role": "user", "content": "Our billing service runs on Postgres 16 with the pgvector extension."}],
-         **{"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s1"})
-    wait_indexed(memproxy)
-    raw = chat(memproxy, [{"role": "user", "content": "Which database does the billing service use?"}],
-               **{"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s2"})
+         headers={"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s1"})
+    wait_for_jobs(memproxy)
+    reply = chat(memproxy, [{"role": "user", "content": "Which database does the billing service use?"}],
+               headers={"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "s2"})
     injected = system_text(upstream.history[-1])
     assert OPEN in injected and CLOSE in injected
     assert "Postgres 16 with the pgvector extension" in injected
-    assert int(raw.headers["x-memory-items"]) >= 1
-    assert int(raw.headers["x-memory-injected-tokens"]) > 0
-    assert float(raw.headers["x-memory-recall-ms"]) >= 0
-    assert "x-memory-error" not in raw.headers
-    wait_indexed(memproxy)
+    assert int(reply.headers["x-memory-items"]) >= 1
+    assert int(reply.headers["x-memory-injected-tokens"]) > 0
+    assert float(reply.headers["x-memory-recall-ms"]) >= 0
+    assert "x-memory-error" not in reply.headers
+    wait_for_jobs(memproxy)
     with db(memproxy) as conn:
         rows = conn.execute("SELECT session_id, injected_tokens, items_json, recall_ms FROM "
                             "request_metrics WHERE user_id = 'ada' ORDER BY id").fetchall()
     assert [r[0] for r in rows] == ["s1", "s2"]  # one row per request
-    assert rows[1][1] == int(raw.headers["x-memory-injected-tokens"]) and rows[1][3] is not None
+    assert rows[1][1] == int(reply.headers["x-memory-injected-tokens"]) and rows[1][3] is not None
 
 
 def test_resent_history_is_stored_once_and_replies_are_stored(
@@ -90,16 +69,14 @@ def test_resent_history_is_stored_once_and_replies_are_stored(
         history.append({"role": "user", "content": f"question number {i}"})
         if i % 2:
             upstream.enqueue(SSEReply(chat_chunks(f"streamed answer {i}", split=3)))
-            client = openai.OpenAI(base_url=memproxy.base_url, api_key="k", max_retries=0)
-            stream = client.chat.completions.create(model="gpt-4o", messages=history, stream=True)  # type: ignore[arg-type]
-            reply = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            reply = chat(memproxy, history, stream=True).text
         else:
-            reply = chat(memproxy, history).parse().choices[0].message.content
+            reply = chat(memproxy, history).text
         history.append({"role": "assistant", "content": reply})
-        wait_indexed(memproxy)
-    again = chat(memproxy, history).parse()  # the whole history once more: only its reply is new
-    history.append({"role": "assistant", "content": again.choices[0].message.content})
-    wait_indexed(memproxy)
+        wait_for_jobs(memproxy)
+    again = chat(memproxy, history)  # the whole history once more: only its reply is new
+    history.append({"role": "assistant", "content": again.text})
+    wait_for_jobs(memproxy)
     with db(memproxy) as conn:
         rows = conn.execute("SELECT role, content, incomplete FROM turns ORDER BY id").fetchall()
     assert [(r, c) for r, c, _ in rows] == [(m["role"], m["content"]) for m in history[1:]]
@@ -115,8 +92,8 @@ def test_budget_holds_exactly_from_50_to_4000_tokens(
         text = (f"Note {i} about the {topics[i % 4]}: " + "we changed the retry policy, the "
                 "timeouts and the alerting thresholds after the incident review. " * 6)
         chat(memproxy, [{"role": "user", "content": text}],
-             **{"X-Memory-Session-Id": f"long-{i}"})
-    wait_indexed(memproxy, timeout=60)
+             session=f"long-{i}")
+    wait_for_jobs(memproxy, timeout=60)
     encoding = tiktoken.get_encoding("o200k_base")  # gpt-4o
     http = httpx.Client(base_url=memproxy.url, timeout=30)
     for budget in (50, 120, 250, 500, 1000, 2000, 4000):
@@ -134,24 +111,24 @@ def test_budget_holds_exactly_from_50_to_4000_tokens(
 
 def test_users_never_see_each_other(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
     chat(memproxy, [{"role": "user", "content": "My locker code is 4471 and my cat is Miso."}],
-         **{"X-Memory-User-Id": "alice"})
-    wait_indexed(memproxy)
+         headers={"X-Memory-User-Id": "alice"})
+    wait_for_jobs(memproxy)
     for user in ("bob", "alice "[:-1] + "_", "default"):
         chat(memproxy, [{"role": "user", "content": "What is my locker code and my cat's name?"}],
-             **{"X-Memory-User-Id": user})
+             headers={"X-Memory-User-Id": user})
         assert "4471" not in system_text(upstream.history[-1])
     chat(memproxy, [{"role": "user", "content": "What is my locker code and my cat's name?"}],
-         **{"X-Memory-User-Id": "alice", "X-Memory-Session-Id": "later"})
+         headers={"X-Memory-User-Id": "alice", "X-Memory-Session-Id": "later"})
     assert "4471" in system_text(upstream.history[-1])
 
 
 def test_placement_last_user_keeps_the_prefix(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
     chat(memproxy, [{"role": "user", "content": "The staging cluster is called aurora-west."}])
-    wait_indexed(memproxy)
+    wait_for_jobs(memproxy)
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"},
                 {"role": "assistant", "content": "hi"},
                 {"role": "user", "content": "What is the staging cluster called?"}]
-    chat(memproxy, messages, **{"X-Memory-Placement": "last_user"})
+    chat(memproxy, messages, headers={"X-Memory-Placement": "last_user"})
     sent = upstream.history[-1].json["messages"]
     assert sent[:3] == messages[:3]
     assert sent[3]["role"] == "system" and "aurora-west" in sent[3]["content"]
@@ -160,23 +137,23 @@ def test_placement_last_user_keeps_the_prefix(memproxy: RunningProxy, upstream: 
 
 def test_switches_do_exactly_what_they_say(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
     chat(memproxy, [{"role": "user", "content": "The launch codename is BLUE HERON."}])
-    wait_indexed(memproxy)
+    wait_for_jobs(memproxy)
     ask = [{"role": "user", "content": "What is the launch codename?"}]
 
     def turns() -> int:
-        wait_indexed(memproxy)
+        wait_for_jobs(memproxy)
         with db(memproxy) as conn:
             return int(conn.execute("SELECT count(*) FROM turns").fetchone()[0])
 
     before = turns()
-    raw = chat(memproxy, ask, **{"X-Memory": "off"})
+    reply = chat(memproxy, ask, headers={"X-Memory": "off"})
     assert upstream.history[-1].body and "BLUE HERON" not in upstream.history[-1].body.decode()
-    assert "x-memory-items" not in raw.headers and turns() == before
-    chat(memproxy, ask, **{"X-Memory-Read": "off"})
+    assert "x-memory-items" not in reply.headers and turns() == before
+    chat(memproxy, ask, headers={"X-Memory-Read": "off"})
     assert "BLUE HERON" not in upstream.history[-1].body.decode()
     assert turns() == before + 2  # question and reply stored
     ask2 = [{"role": "user", "content": "Remind me: what is the launch codename?"}]
-    chat(memproxy, ask2, **{"X-Memory-Write": "off"})
+    chat(memproxy, ask2, headers={"X-Memory-Write": "off"})
     assert "BLUE HERON" in system_text(upstream.history[-1])
     assert turns() == before + 2
 
@@ -185,10 +162,10 @@ def test_recall_failure_degrades_but_the_chat_goes_through(
     memproxy: RunningProxy, upstream: ScriptedUpstream
 ) -> None:
     memproxy.state.memory.vectors.close()  # the vector store becomes unavailable
-    raw = chat(memproxy, [{"role": "user", "content": "What did we decide about the schema?"}])
-    assert raw.http_response.status_code == 200
-    assert raw.headers["x-memory-error"].startswith("recall:")
-    assert raw.parse().choices[0].message.content.startswith("echo:")
+    reply = chat(memproxy, [{"role": "user", "content": "What did we decide about the schema?"}])
+    assert reply.status == 200
+    assert reply.headers["x-memory-error"].startswith("recall:")
+    assert reply.text.startswith("echo:")
     ready = httpx.get(f"{memproxy.url}/readyz")
     assert ready.status_code == 503 and ready.json()["parts"]["vectors"] != "ok"
 
@@ -216,7 +193,7 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
     assert sorted(states.values()) == ["queued", "running"]
 
     proxy = start_proxy(memory=True)
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     with db(proxy) as conn:
         assert {s for (s,) in conn.execute("SELECT status FROM jobs")} == {"done"}
         assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 2
@@ -232,12 +209,12 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
 def test_upstream_embedding_backend(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> None:
     proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-operator")
     chat(proxy, [{"role": "user", "content": "The nightly backup job writes to bucket zeta-archive."}])
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     embedded = [r for r in upstream.history if r.path == "/v1/embeddings"]
     assert embedded and embedded[0].headers["authorization"] == "Bearer sk-operator"
     assert embedded[0].json["model"] == "text-embedding-3-small"
     chat(proxy, [{"role": "user", "content": "Which bucket does the nightly backup job write to?"}],
-         **{"X-Memory-Session-Id": "other"})
+         headers={"X-Memory-Session-Id": "other"})
     asked = [r for r in upstream.history if r.path == "/v1/chat/completions"][-1]
     assert "zeta-archive" in system_text(asked)
 
@@ -247,10 +224,10 @@ def test_a_long_query_is_embedded_clipped_and_searched_whole(
 ) -> None:
     proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-operator")
     chat(proxy, [{"role": "user", "content": "The kestrel-9 migration moved billing to Postgres."}])
-    wait_indexed(proxy)
+    wait_for_jobs(proxy)
     pasted = " ".join(f"row{i}" for i in range(200))
     question = f"Look at this log:\n{pasted} kestrel-9 {pasted}\nWhat went wrong here?"
-    chat(proxy, [{"role": "user", "content": question}], **{"X-Memory-Session-Id": "other"})
+    chat(proxy, [{"role": "user", "content": question}], headers={"X-Memory-Session-Id": "other"})
     embedded = [r for r in upstream.history if r.path == "/v1/embeddings"][-1].json["input"]
     query = embedded if isinstance(embedded, str) else embedded[0]
     assert len(query.split()) == 32 and query.endswith("What went wrong here?")

@@ -18,14 +18,14 @@ from tests.memory_helpers import (
     Starter,
     assert_error,
     canonical,
-    chat,
     check_schema,
     db_rows,
     export_records,
     memory_api,
     seed,
-    wait_idle,
 )
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 
 ADA = {"X-Memory-User-Id": "ada"}
 
@@ -57,11 +57,11 @@ async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
         assert first.status_code == 200, first.text
         check_schema("ImportReport", first.json())
         assert first.json()["added"] == {"turns": 6, "facts": 4, "summaries": 2, "profile": 1}
-        wait_idle(target)
+        wait_for_jobs(target)
         again = api.post("/import", content=body_of(exported)).json()
         assert again["added"] == {"turns": 0, "facts": 0, "summaries": 0, "profile": 0}
         assert again["skipped"] == {"turns": 6, "facts": 4, "summaries": 2, "profile": 1}
-        wait_idle(target)
+        wait_for_jobs(target)
         assert canonical(export_records(target, **ADA)) == canonical(exported)
         stats = api.get("/stats").json()["counts"]
         assert (stats["turns"], stats["facts"], stats["pinned"], stats["summaries"]) == (6, 3, 1, 1)
@@ -152,7 +152,7 @@ def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> N
         api.put("/profile", json={"fields": {"name": "Kim"}, "text": "Designer"})
         chat(proxy, "The design system is called Prism.", session="d1")
         chat(proxy, "Prism uses 8px spacing.", session="d2")
-        wait_idle(proxy)
+        wait_for_jobs(proxy)
         before = canonical(export_records(proxy))
         counts = api.get("/stats").json()["counts"]
         receipt = api.post("/clear")
@@ -165,13 +165,13 @@ def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> N
         assert api.get("/facts").json()["data"] == [] and api.get("/sessions").json()["data"] == []
         assert api.get("/profile").json()["profile"] is None
         assert api.post("/search", json={"query": "what is the design system called?"}).json()["items"] == []
-        wait_idle(proxy)
+        wait_for_jobs(proxy)
         assert proxy.state.memory.vectors.count({"user_id": "default"}) == 0
         assert api.get("/stats").json()["pending_clears"][0]["removed"] == cleared["removed"]
 
         undone = api.post("/clear/undo", json={"undo_token": cleared["undo_token"]})
         assert undone.status_code == 200 and undone.json()["added"]["turns"] == 4
-        wait_idle(proxy)
+        wait_for_jobs(proxy)
         assert canonical(export_records(proxy)) == before
         assert "Prism" in api.post("/search", json={"query": "what is the design system called?"}).json()["block"]
         assert [f["pinned"] for f in api.get("/facts", params={"pinned": "true"}).json()["data"]] == [True]
@@ -183,17 +183,58 @@ def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> N
         assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
 
 
+def metrics_rows(proxy: RunningProxy, user: str) -> list[tuple[Any, ...]]:
+    return db_rows(proxy, "SELECT created_at, session_id, request_id, model, items_json,"
+                          " injected_tokens, truncated, recall_ms, embed_ms, error"
+                          " FROM request_metrics WHERE user_id = ? ORDER BY id", (user,))
+
+
+def test_clear_and_session_delete_take_the_user_s_request_metrics(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, clear_undo_seconds=3, **QUIET)
+    for user, session, text in [("ada", "a1", "Our build uses Bazel."),
+                                ("ada", "a1", "Which build tool do we use?"),
+                                ("ada", "a2", "The office moved to Canal Street."),
+                                ("bob", "b1", "Bob's team ships on Fridays.")]:
+        chat(proxy, text, user=user, session=session)
+    wait_for_jobs(proxy)
+    ada, bob = metrics_rows(proxy, "ada"), metrics_rows(proxy, "bob")
+    assert [row[1] for row in ada] == ["a1", "a1", "a2"] and len(bob) == 1
+
+    with memory_api(proxy, **ADA) as api:
+        # Deleting a session deletes its rows (a session delete cannot be undone).
+        removed = api.delete("/sessions/a2").json()["removed"]
+        assert removed["request_metrics"] == 1
+        assert metrics_rows(proxy, "ada") == ada[:2]
+        # Clearing everything takes every row naming the user; undo brings them back as they were.
+        cleared = api.post("/clear").json()
+        assert cleared["removed"]["request_metrics"] == 2
+        assert metrics_rows(proxy, "ada") == [] and api.get("/metrics").json()["data"] == []
+        assert api.post("/clear/undo", json={"undo_token": cleared["undo_token"]}).status_code == 200
+        wait_for_jobs(proxy)
+        assert metrics_rows(proxy, "ada") == ada[:2]
+        assert len(api.get("/metrics", params={"since": 0}).json()["data"]) == 2
+        # Once the window ends they are gone for good, with the rest of the clear.
+        api.post("/clear")
+        time.sleep(3.2)
+        wait_for_jobs(proxy)
+        assert db_rows(proxy, "SELECT status FROM clears ORDER BY created_at") == [
+            ("restored",), ("purged",)]
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
+        assert metrics_rows(proxy, "ada") == []
+    assert metrics_rows(proxy, "bob") == bob  # another user's rows are never touched
+
+
 def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> None:
     proxy = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
     chat(proxy, "The wifi password is hunter2.", session="w")
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     with memory_api(proxy) as api:
         token = api.post("/clear").json()["undo_token"]
         assert db_rows(proxy, "SELECT count(*) FROM clear_records")[0][0] > 0
         time.sleep(1.2)
         error = assert_error(api.post("/clear/undo", json={"undo_token": token}), 409, "undo_token")
         assert error["code"] == "undo_expired"
-        wait_idle(proxy)
+        wait_for_jobs(proxy)
         assert db_rows(proxy, "SELECT status FROM clears") == [("purged",)]
         assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
         assert_error(api.post("/clear/undo", json={"undo_token": token}), 409, "undo_token")
@@ -203,7 +244,7 @@ def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> N
 def test_a_restart_inside_the_window_keeps_the_undo(start_proxy: Starter) -> None:
     first = start_proxy(memory=True, clear_undo_seconds=60, **QUIET)
     chat(first, "Our standup is at 9:15.", session="team")
-    wait_idle(first)
+    wait_for_jobs(first)
     with memory_api(first) as api:
         token = api.post("/clear").json()["undo_token"]
     first.stop()
@@ -211,7 +252,7 @@ def test_a_restart_inside_the_window_keeps_the_undo(start_proxy: Starter) -> Non
     with memory_api(second) as api:
         assert api.get("/sessions").json()["data"] == []
         assert api.post("/clear/undo", json={"undo_token": token}).status_code == 200
-    wait_idle(second)
+    wait_for_jobs(second)
     second.stop()
     third = start_proxy(memory=True, clear_undo_seconds=60, **QUIET)  # the undo was durable
     with memory_api(third) as api:
@@ -222,13 +263,13 @@ def test_a_restart_inside_the_window_keeps_the_undo(start_proxy: Starter) -> Non
 def test_a_window_that_ends_while_stopped_purges_on_start(start_proxy: Starter) -> None:
     first = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
     chat(first, "The VPN endpoint is vpn.example.org.", session="net")
-    wait_idle(first)
+    wait_for_jobs(first)
     with memory_api(first) as api:
         token = api.post("/clear").json()["undo_token"]
     first.stop()
     time.sleep(1.2)
     second = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
-    wait_idle(second)
+    wait_for_jobs(second)
     assert db_rows(second, "SELECT status FROM clears") == [("purged",)]
     assert db_rows(second, "SELECT count(*) FROM clear_records") == [(0,)]
     with memory_api(second) as api:
@@ -249,4 +290,4 @@ def test_export_streams_lines_for_a_big_memory(memproxy_quiet: RunningProxy) -> 
             assert "content-length" not in response.headers
             lines = response.read().split(b"\n")
         assert len([line for line in lines if line]) == 601
-    wait_idle(memproxy_quiet, timeout=120)
+    wait_for_jobs(memproxy_quiet, timeout=120)

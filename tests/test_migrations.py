@@ -204,13 +204,14 @@ async def test_a_0002_database_from_disk_is_upgraded_without_loss(
 def test_a_server_starts_on_a_0002_database_and_serves_all_of_it(
     start_proxy: Callable[..., Any], tmp_path: Path, fixture_db: Path
 ) -> None:
-    from tests.memory_helpers import QUIET, export_records, wait_idle
+    from tests.memory_helpers import QUIET, export_records
+    from tests.support.jobs import wait_for_jobs
 
     data = tmp_path / "old"
     data.mkdir()
     shutil.copyfile(fixture_db, data / "memproxy.db")
     proxy = start_proxy(memory=True, data_dir=data, weight_dense=0.0, **QUIET)
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     records = export_records(proxy, **{"X-Memory-User-Id": "ada"})
     kinds = [r["type"] for r in records]
     assert (kinds.count("turn"), kinds.count("fact"), kinds.count("summary")) == (5, 3, 2)

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, Starter, wait_idle
+from tests.memory_helpers import QUIET, Starter
+from tests.support.jobs import wait_for_jobs
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
@@ -59,7 +60,7 @@ def panel_proxy(start_proxy: Starter) -> RunningProxy:
             response = http.post("/chat/completions", headers={"X-Memory-Session-Id": session},
                                  json={"model": "gpt-4o", "messages": [{"role": "user", "content": text}]})
             assert response.status_code == 200
-            wait_idle(proxy)
+            wait_for_jobs(proxy)
     return proxy
 
 
@@ -196,7 +197,7 @@ def test_inspector_sessions_metrics_and_clear_all(browser: Browser, panel_proxy:
     undo_bar.get_by_role("button", name="Undo").click()
     expect(undo_bar).to_contain_text("Everything is back.")
     expect(page.locator(".card")).to_have_count(4)
-    wait_idle(panel_proxy)
+    wait_for_jobs(panel_proxy)
     after = httpx.get(f"{panel_proxy.url}/v1/memory/stats", headers=KIM).json()["counts"]
     assert (after["facts"], after["turns"], after["sessions"]) == (4, 4, 2)
     assert page.errors == []  # type: ignore[attr-defined]

@@ -24,7 +24,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from config import SettingsError, load_settings
 from memory.redact import Redactor, luhn_valid, placeholder
 from tests.conftest import RunningProxy
-from tests.memory_helpers import memory_api, wait_idle
+from tests.memory_helpers import memory_api
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
 
 Starter = Callable[..., RunningProxy]
@@ -94,27 +96,14 @@ def params(messages: list[dict[str, str]]) -> list[ChatCompletionMessageParam]:
     return cast("list[ChatCompletionMessageParam]", messages)
 
 
-def chat(client: openai.OpenAI, messages: list[dict[str, str]], *, stream: bool) -> str:
-    """One exchange through the SDK; returns the assistant's text."""
-    if not stream:
-        reply = client.chat.completions.create(model="gpt-4o", messages=params(messages))
-        return reply.choices[0].message.content or ""
-    chunks = client.chat.completions.create(
-        model="gpt-4o", messages=params(messages), stream=True
-    )
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-
-
 def converse(proxy: RunningProxy, secrets: list[Secret], session: str) -> list[dict[str, str]]:
     """Send each secret as the next user turn of one conversation, streamed every other
     time, resending the whole history as clients do; returns the history."""
     history: list[dict[str, str]] = []
-    headers = {**ALICE, "X-Memory-Session-Id": session}
-    with openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
-                       default_headers=headers) as client:
-        for i, secret in enumerate(secrets):
-            history.append({"role": "user", "content": secret.text})
-            history.append({"role": "assistant", "content": chat(client, history, stream=i % 2 == 1)})
+    for i, secret in enumerate(secrets):
+        history.append({"role": "user", "content": secret.text})
+        reply = chat(proxy, history, session=session, headers=ALICE, stream=i % 2 == 1)
+        history.append({"role": "assistant", "content": reply.text})
     return history
 
 
@@ -147,7 +136,7 @@ def test_secrets_never_reach_the_data_dir_or_the_logs(
     sent = [r.json["messages"][-1]["content"] for r in upstream.history]
     assert sent == [s.text for s in secrets]
 
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     redact = Redactor()
     with memory_api(proxy, **ALICE) as api:
         turns = api.get("/turns", params={"session_id": "vault"}).json()["data"]
@@ -193,7 +182,7 @@ def test_off_stores_text_verbatim(start_proxy: Starter, upstream: ScriptedUpstre
     proxy = start_proxy(memory=True, redact="off")
     secrets = [s for s in fake_secrets(seed=3) if s.kind in ("api_key", "private_key")]
     history = converse(proxy, secrets, "plain")
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     with memory_api(proxy, **ALICE) as api:
         turns = api.get("/turns", params={"session_id": "plain"}).json()["data"]
     assert [t["content"] for t in turns] == [m["content"] for m in history]
@@ -210,7 +199,7 @@ def test_cards_only_when_configured(start_proxy: Starter, upstream: ScriptedUpst
     text = f"pay with {spaced} or {amex}; order id {wrong}, at 1716400000000 ms"
     proxy = start_proxy(memory=True, redact="secrets,cards")
     converse(proxy, [Secret("card_number", (visa, amex), text)], "cards")
-    wait_idle(proxy)
+    wait_for_jobs(proxy)
     with memory_api(proxy, **ALICE) as api:
         stored = api.get("/turns", params={"session_id": "cards"}).json()["data"][0]["content"]
     assert stored == (f"pay with {placeholder('card_number')} or {placeholder('card_number')};"
@@ -312,3 +301,40 @@ def test_bad_modes_are_refused() -> None:
         load_settings(env={"MEMPROXY_REDACT": "everything"})
     assert load_settings(env={}).redact == "secrets"
     assert Redactor("off")("sk-" + "a1" * 20) == "sk-" + "a1" * 20
+
+
+def test_profiles_are_redacted_like_turns_facts_and_summaries(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True)
+    key, _, _, bearer, aws, github, _, password = fake_secrets(seed=4)
+    pw = password.needles[0]
+    with memory_api(proxy, **ALICE) as api:
+        assert api.put("/consent", json={"consent": True}).status_code == 200
+        put = api.put("/profile", json={
+            "fields": {"name": "Alice", "password": pw, "keys": [key.text],
+                       "deploy": {"ci": bearer.text}, "age": 41},
+            "text": f"Reach me any time.\n{aws.text}",
+        })
+        assert put.status_code == 200, put.text
+        profile = put.json()["profile"]
+        assert profile == api.get("/profile").json()["profile"]
+    fields = profile["fields"]
+    assert fields["name"] == "Alice" and fields["age"] == 41
+    assert fields["password"] == placeholder("password")  # its key says what it is
+    assert fields["keys"] == [f"My OpenAI key is {placeholder('api_key')}, keep it safe."]
+    assert placeholder("bearer_token") in fields["deploy"]["ci"]
+    assert profile["text"].startswith("Reach me any time.") and placeholder("aws_access_key") in profile["text"]
+
+    # An imported profile too; importing it again finds it already there.
+    bob = {"X-Memory-User-Id": "bob"}
+    record = json.dumps({"type": "profile", "consent": True, "profile": {
+        "fields": {"token": github.needles[0]}, "text": f"db password: {pw}"}})
+    with memory_api(proxy, **bob) as api:
+        assert api.post("/import", content=record).json()["added"]["profile"] == 1
+        assert api.post("/import", content=record).json()["skipped"]["profile"] == 1
+        imported = api.get("/profile").json()["profile"]
+    assert imported["fields"] == {"token": placeholder("github_token")}
+    assert imported["text"] == f"db password: {placeholder('password')}"
+
+    wait_for_jobs(proxy)
+    needles = [pw, *key.needles, *bearer.needles, *aws.needles, *github.needles]
+    assert found_in(data_bytes(proxy), needles) == []

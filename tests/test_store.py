@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import sqlite3
-import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
@@ -426,70 +424,6 @@ async def test_check_passes_and_close_is_idempotent(tmp_path: Path) -> None:
 async def test_readers_are_read_only(store: Storage) -> None:
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         await store.db.fetch("DELETE FROM jobs")
-
-
-# -- timings (printed, not asserted) --------------------------------------------------------
-
-
-def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
-    with capsys.disabled():
-        print(f"\n[timing] {line}")
-
-
-@pytest.mark.slow
-async def test_timing_resending_a_20_message_history(
-    store: Storage, capsys: pytest.CaptureFixture[str]
-) -> None:
-    history = [
-        NewTurn("user" if i % 2 == 0 else "assistant", f"message {i} " + "lorem ipsum " * 40)
-        for i in range(20)
-    ]
-    started = time.perf_counter()
-    await store.log.append_turns("alice", "s1", history)
-    first_ms = (time.perf_counter() - started) * 1000
-    samples = []
-    for _ in range(200):
-        started = time.perf_counter()
-        await store.log.append_turns("alice", "s1", history)
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
-    report(capsys, f"append_turns 20 messages: first {first_ms:.2f} ms; resend median "
-                   f"{statistics.median(samples):.2f} ms, p95 {samples[189]:.2f} ms")  # fmt: skip
-
-
-@pytest.mark.slow
-async def test_timing_fts_search_over_100k_chunks(
-    store: Storage, capsys: pytest.CaptureFixture[str]
-) -> None:
-    rng = random.Random(7)
-    vocabulary = [f"w{n}" for n in range(20_000)]
-    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]  # Zipf-like, as in prose
-    pool = rng.choices(vocabulary, weights, k=400_000)
-
-    async def load(user: str, turns: int, chunks_per_turn: int) -> None:
-        history = [NewTurn("user", f"{user} turn {t}") for t in range(turns)]
-        for turn_id in (await store.log.append_turns(user, "s", history)).new_ids:
-            starts = (rng.randrange(len(pool) - 40) for _ in range(chunks_per_turn))
-            chunks = [(i, "prose", " ".join(pool[s : s + 40]), 40) for i, s in enumerate(starts)]
-            await store.log.add_chunks(turn_id, chunks)
-
-    started = time.perf_counter()
-    await load("heavy", 100, 500)  # one user with 50k chunks
-    for n in range(199):  # and 199 users with 250 each
-        await load(f"light{n}", 1, 250)
-    load_s = time.perf_counter() - started
-    queries = [" ".join(rng.choices(vocabulary[:5000], k=4)) for _ in range(100)]
-    for label, heavy in [("heavy user (50k chunks)", True), ("light user (250)", False)]:
-        samples = []
-        for query in queries:
-            user = "heavy" if heavy else f"light{rng.randrange(199)}"
-            started = time.perf_counter()
-            await store.lexical.search(user, query, k=20)
-            samples.append((time.perf_counter() - started) * 1000)
-        samples.sort()
-        report(capsys, f"fts_search k=20, 4-word queries, 99,750 chunks / 200 users (load "
-                       f"{load_s:.1f} s), {label}: median {statistics.median(samples):.2f} ms, "
-                       f"p95 {samples[94]:.2f} ms")  # fmt: skip
 
 
 async def test_a_sliding_window_client_continues_the_stored_path(store: Storage) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,40 +184,6 @@ def test_concurrent_threads(index: VectorIndex) -> None:
 
     assert errors == []
     assert index.count() == 2 * (15 * 32 - 3 * 4)
-
-
-@pytest.mark.slow
-def test_latency_with_10k_vectors(index: VectorIndex, rng: np.random.Generator) -> None:
-    total, users, batch = 10_000, 50, 64
-    vectors = unit_vectors(rng, total)
-    started = time.perf_counter()
-    for start in range(0, total, batch):
-        stop = min(start + batch, total)
-        index.add(
-            [f"v{i}" for i in range(start, stop)],
-            vectors[start:stop],
-            [{"user_id": f"u{i % users}", "session_id": f"s{i % 7}"} for i in range(start, stop)],
-        )
-    add_seconds = time.perf_counter() - started
-
-    queries = unit_vectors(rng, 50)
-    index.query(queries[0], k=50, where={"user_id": "u3"})
-    timings = []
-    for query in queries:
-        started = time.perf_counter()
-        hits = index.query(query, k=50, where={"user_id": "u3"})
-        timings.append((time.perf_counter() - started) * 1000)
-        assert all(int(id_[1:]) % users == 3 for id_, _ in hits)
-    session_started = time.perf_counter()
-    for query in queries:
-        index.query(query, k=50, where={"user_id": "u3", "session_id": "s1"})
-    session_ms = (time.perf_counter() - session_started) * 1000 / len(queries)
-    print(
-        f"\nchroma, {total} vectors x {DIM} over {users} users: add {total / add_seconds:.0f} "
-        f"vectors/s ({add_seconds / (total / batch) * 1000:.1f} ms per batch of {batch}); "
-        f"query k=50 filtered to one user p50 {np.percentile(timings, 50):.1f} ms, "
-        f"p95 {np.percentile(timings, 95):.1f} ms; user+session {session_ms:.1f} ms"
-    )
 
 
 def test_user_copies_answer_like_chroma(tmp_path: Path, rng: np.random.Generator) -> None:

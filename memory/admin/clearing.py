@@ -1,9 +1,10 @@
 """Clear all of a user's memory, with an undo window that survives restarts.
 
-`clear` runs one transaction: it copies the user's memory as records (admin/records.py)
-into `clear_records` (storage/clears.py), deletes it everywhere (admin/forget.py), records
-the clear with its expiry, and queues a durable `settle_clear` job for the moment the window
-ends. The undo token is returned once; only its hash is stored.
+`clear` runs one transaction: it copies the user's memory as records (admin/records.py),
+with its request metrics rows, into `clear_records` (storage/clears.py), deletes them
+everywhere (admin/forget.py), records the clear with its expiry, and queues a durable
+`settle_clear` job for the moment the window ends. The undo token is returned once; only its
+hash is stored.
 
     pending --undo before expiry--> undone --records imported again--> restored
     pending --window ends---------> purged (the kept records are deleted for good)
@@ -29,10 +30,11 @@ from memory.admin.importer import Importer, ImportReport
 from memory.admin.record_checks import check_record
 from memory.admin.records import RecordSource
 from memory.learning.facts import FactStore
-from memory.storage import clears, jobs
+from memory.storage import clears, jobs, metrics
 from memory.storage.database import Database
 
 SETTLE_JOB = "settle_clear"
+METRICS_RECORD = "request_metrics"  # kept with the records; never exported or imported
 
 
 class ClearNotFound(LookupError):
@@ -86,7 +88,13 @@ class Clears:
             # while it holds the writer.
             active_facts = await self.facts.count(user_id)
             records = [json.dumps(r) async for r in self.source.records(user_id, meta=False)]
-            removed = {"facts": active_facts, **await forget_user(tx, user_id)}
+            # The request metrics name the user too: kept for the window like the rest.
+            taken = await metrics.take_rows(tx, user_id)
+            records += [json.dumps({"type": METRICS_RECORD, **row}) for row in taken]
+            removed = {
+                "facts": active_facts, **await forget_user(tx, user_id),
+                "request_metrics": len(taken),
+            }
             await clears.insert(
                 tx, clear_id, user_id, removed=removed, records=records, created_at=now,
                 expires_at=expires,
@@ -140,9 +148,16 @@ class Clears:
         return await asyncio.shield(task)
 
     async def _import(self, clear_id: str, user_id: str) -> ImportReport:
-        kept = await clears.records(self.db, clear_id)
-        report = await self.importer.run(user_id, [check_record(json.loads(r)) for r in kept])
+        kept = [json.loads(r) for r in await clears.records(self.db, clear_id)]
+        taken = [r for r in kept if r["type"] == METRICS_RECORD]
+        report = await self.importer.run(
+            user_id, [check_record(r) for r in kept if r["type"] != METRICS_RECORD]
+        )
         async with self.db.write() as tx:
+            # In the transaction that drops the kept records: restored exactly once.
+            await metrics.put_rows(tx, user_id, [
+                {k: v for k, v in r.items() if k != "type"} for r in taken
+            ])
             await clears.mark_restored(tx, clear_id, time.time())
         return report
 

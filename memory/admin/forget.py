@@ -13,7 +13,7 @@ from typing import Any
 
 from memory.index.vectors import VectorIndex
 from memory.learning.facts import queue_sync
-from memory.storage import facts, jobs, profiles, sessions, summaries, turns
+from memory.storage import facts, jobs, metrics, profiles, sessions, summaries, turns
 from memory.storage.database import Database, Transaction
 
 DROP_CHUNK_VECTORS_JOB = "drop_chunk_vectors"
@@ -21,7 +21,8 @@ _BATCH = 1000
 
 
 async def forget_user(tx: Transaction, user_id: str) -> dict[str, int]:
-    """Delete every turn, chunk, session, fact, summary and the profile of a user."""
+    """Delete every turn, chunk, session, fact, summary and the profile of a user (the
+    caller takes the request metrics: a clear keeps them to undo, see clearing.py)."""
     chunk_ids = await turns.delete_chunks(tx, user_id)
     turn_count = await turns.delete(tx, user_id)
     session_count = await sessions.delete(tx, user_id)
@@ -37,7 +38,8 @@ async def forget_user(tx: Transaction, user_id: str) -> dict[str, int]:
 
 
 async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict[str, int] | None:
-    """Delete a session's turns, chunks, summaries and the facts learned only from it.
+    """Delete a session's turns, chunks, summaries, request metrics and the facts learned
+    only from it.
 
     A fact counts as learned only from the session when every version of it names the
     session as its source and cites no turn outside it. None when the session is unknown.
@@ -52,11 +54,12 @@ async def forget_session(tx: Transaction, user_id: str, session_id: str) -> dict
     summary_ids = await summaries.delete(tx, user_id, session_id=session_id)
     if fact_ids:
         await facts.delete(tx, user_id, fact_ids)
+    taken = await metrics.take_rows(tx, user_id, session_id)
     await queue_sync(tx, facts=fact_ids, summaries=summary_ids)
     await drop_chunk_vectors_later(tx, chunk_ids)
     return {
         "turns": turn_count, "chunks": len(chunk_ids), "summaries": len(summary_ids),
-        "fact_versions": len(fact_ids),
+        "fact_versions": len(fact_ids), "request_metrics": len(taken),
     }
 
 

@@ -100,7 +100,8 @@ class Importer:
         body = record["profile"]
         current = await self.profiles.get(user_id)
         if body is None or (
-            current is not None and (current.fields, current.text) == (body["fields"], body["text"].strip())
+            current is not None
+            and (current.fields, current.text) == self.profiles.redacted(body["fields"], body["text"])
         ):
             report.skipped["profile"] += 1
             return

@@ -42,7 +42,7 @@ SETTING_NAME = "MEMPROXY_EMBEDDING_MODEL_DIR"
 
 Vectors = npt.NDArray[np.float32]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_logging formats it
 
 
 class EmbeddingModelMissing(Exception):

@@ -26,7 +26,7 @@ class JobFailed(Exception):
     with the whole message (up to 32k characters) kept as its error."""
 
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_logging formats it
 
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000
@@ -60,6 +60,7 @@ class JobWorker:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: dict[asyncio.Task[None], Job] = {}
         self._stopping = False
+        self._stopped: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Requeue jobs a crash left running, then start claiming."""
@@ -75,7 +76,15 @@ class JobWorker:
         self._wake.set()
 
     async def stop(self, timeout: float) -> None:
-        """Stop claiming, give running handlers `timeout` seconds, then cancel and requeue them."""
+        """Stop claiming, give running handlers `timeout` seconds, then cancel and requeue them.
+
+        A second call waits for the first stop to finish (its timeout counts).
+        """
+        if self._stopped is None:
+            self._stopped = asyncio.get_running_loop().create_task(self._stop(timeout))
+        await asyncio.shield(self._stopped)
+
+    async def _stop(self, timeout: float) -> None:
         self._stopping = True
         self._wake.set()
         if self._loop_task is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.learning.facts import FactError, queue_sync
+from memory.redact import keep, redact_fields
 from memory.storage import profiles
 from memory.storage.database import Database
 from memory.storage.fts import owner_token
@@ -54,8 +55,12 @@ def profile_vector_id(user_id: str) -> str:
 class ProfileStore:
     """Profiles and consent, per user."""
 
-    def __init__(self, db: Database, *, notify: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, db: Database, *, redact: Callable[[str], str] = keep,
+        notify: Callable[[], None] | None = None,
+    ) -> None:
         self.db = db
+        self.redact = redact
         self._notify = notify or (lambda: None)
 
     async def consent(self, user_id: str) -> bool:
@@ -82,20 +87,24 @@ class ProfileStore:
         """The profile if consent is on (what recall may use), else None."""
         return await self.get(user_id) if await profiles.has_consent(self.db, user_id) else None
 
+    def redacted(self, fields: Mapping[str, Any], text: str) -> tuple[dict[str, Any], str]:
+        """The fields and text as they are stored: secrets redacted like turns and facts."""
+        return redact_fields(fields, self.redact), self.redact(text.strip())
+
     async def put(self, user_id: str, fields: Mapping[str, Any], text: str) -> Profile:
-        """Write the whole profile; needs consent (ConsentRequired otherwise)."""
+        """Write the whole profile, secrets redacted; needs consent (ConsentRequired otherwise)."""
         if not isinstance(fields, Mapping) or not all(isinstance(k, str) for k in fields):
             raise FactError("fields must be an object with string keys", "fields")
         if not isinstance(text, str):
             raise FactError("text must be a string", "text")
-        encoded = json.dumps(dict(fields), ensure_ascii=False)
-        if len(encoded) + len(text) > MAX_PROFILE_CHARS:
+        if len(json.dumps(dict(fields), ensure_ascii=False)) + len(text) > MAX_PROFILE_CHARS:
             raise FactError(f"a profile is at most {MAX_PROFILE_CHARS} characters", "fields")
+        fields, text = self.redacted(fields, text)
         now = time.time()
         async with self.db.write() as tx:
             if not await profiles.has_consent(tx, user_id):
                 raise ConsentRequired("turn consent on before writing a profile", "consent")
-            await profiles.put(tx, user_id, fields, text.strip(), now)
+            await profiles.put(tx, user_id, fields, text, now)
             await queue_sync(tx, profiles=[user_id])
         self._notify()
         profile = await self.get(user_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,48 @@ PREAMBLE = (
 MAX_SKIPPED = 16
 # Anything that looks like our fence, in any case, with or without spaces or a slash.
 _FENCE = re.compile(r"<\s*/?\s*memory\b[^>]*>?", re.IGNORECASE)
+# Characters that look like the tag's and that NFKD leaves apart (Unicode's confusables.txt),
+# written as escapes: an editor that normalises text would merge some of them.
+_CONFUSABLES = {
+    "<": "\u2039\u02c2\u1438\u3008\u27e8\u276e\u276c\u29fc",
+    ">": "\u203a\u02c3\u1433\u3009\u27e9\u276f\u276d\u29fd",
+    "/": "\u2215\u2044\u29f8\u2571\u27cb\u3033\u30ce",
+    "m": "\u1d0d\u043c\u041c\u039c",
+    "e": "\u0435\u04bd\u0415\u0395",
+    "o": "\u043e\u03bf\u0585\u1d0f\u041e\u039f",
+    "r": "\u0433\u1d26\u0280",
+    "y": "\u0443\u04af\u03b3\u0423\u03a5",
+}
+# Invisible characters that are not Cf, Mn or Me (Hangul fillers, the braille blank).
+_INVISIBLE = "\u115f\u1160\u3164\uffa0\u2800"
+_DEFUSED = {"<": "\u2039", ">": "\u203a"}  # single angle quotation marks
+# Every character that reads as "<" (tests/test_fence.py checks the list against Unicode):
+# those above and those NFKD turns into one of them.
+TAG_OPENERS = "<" + _CONFUSABLES["<"] + "\u226e\u2329\ufe3f\ufe64\uff1c"
+_OPENER = re.compile(f"[{re.escape(TAG_OPENERS)}]")
+
+
+class _SeenAs(dict[int, str | None]):
+    """str.translate table: a look-alike -> its ASCII letter, an invisible mark -> nothing;
+    filled on first sight of each character, so later lookups stay in C."""
+
+    def __missing__(self, code: int) -> str | None:
+        char = chr(code)
+        shown: str | None = None  # format characters, combining marks: unseen
+        if unicodedata.category(char) not in ("Cf", "Mn", "Me") and char not in _INVISIBLE:
+            shown = next((a for a, alike in _CONFUSABLES.items() if char in alike), char)
+        self[code] = shown
+        return shown
+
+
+_SEEN_AS = _SeenAs()
+
+
+def _seen_as(char: str) -> str:
+    """How one character reads: NFKD, then look-alikes made ASCII and invisible ones dropped."""
+    return unicodedata.normalize("NFKD", char).translate(_SEEN_AS)
+
+
 # Every line break str.splitlines() knows (a tokenizer may too): made "\n", which rendering
 # indents, so remembered text can never start a line of the block.
 _LINE_BREAK = re.compile(r"\r\n?|[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -57,9 +100,37 @@ class Packed:
 
 def neutralise(text: str) -> str:
     """Remembered text with fence-like tags defused (`<memory>` -> `‹memory›`) and every
-    line break made `\n`."""
+    line break made `\n`.
+
+    Look-alikes count as the tag: the text is checked as a reader may see it (NFKD, then
+    _CONFUSABLES made ASCII, without zero-width characters or combining marks), so
+    `＜/ｍｅｍｏｒｙ＞` and `</mem\u200bory>` are defused too: their brackets become ‹ ›
+    and their hidden characters go; the rest of the text is left as it was written.
+    """
     text = _LINE_BREAK.sub("\n", text)
-    return _FENCE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    if text.isascii():  # the usual case: nothing can look like anything else
+        return _FENCE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    # Passes in C over the whole text first (is there a bracket at all, then a tag);
+    # character by character only on a hit.
+    if not _OPENER.search(text):
+        return text
+    if not _FENCE.search(unicodedata.normalize("NFKD", text).translate(_SEEN_AS)):
+        return text
+    seen: list[str] = []
+    at: list[int] = []  # for each character of `seen`, the index of the one it came from
+    for index, char in enumerate(text):
+        shown = _seen_as(char)
+        seen.append(shown)
+        at += [index] * len(shown)
+    out: list[str] = []
+    done = 0
+    for match in _FENCE.finditer("".join(seen)):
+        start, end = at[match.start()], at[match.end() - 1] + 1
+        # In the tag: brackets defused, unseen characters dropped, the rest kept as written.
+        out += [text[done:start], *(_DEFUSED.get(seen[i], seen[i] and text[i])
+                                    for i in range(start, end))]
+        done = end
+    return "".join([*out, text[done:]])
 
 
 def render_entry(entry: Entry) -> str:

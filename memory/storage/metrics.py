@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,3 +70,35 @@ async def page(
         item["truncated"] = bool(item["truncated"])
         found.append(item)
     return found
+
+
+# What a metrics row holds besides its user: take_rows returns rows with these keys.
+ROW_FIELDS = (
+    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
+    "truncated", "recall_ms", "embed_ms", "error",
+)
+
+
+async def take_rows(
+    tx: Transaction, user_id: str, session_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Delete the user's metrics rows (or one session's) in `tx`; return them, oldest first."""
+    scope, params = ("", (user_id,)) if session_id is None else (
+        " AND session_id = ?", (user_id, session_id))
+    rows = await tx.fetch(
+        f"DELETE FROM request_metrics WHERE user_id = ?{scope}"
+        f" RETURNING id, {', '.join(ROW_FIELDS)}", params,
+    )
+    rows.sort(key=lambda row: int(row[0]))
+    return [dict(zip(ROW_FIELDS, row[1:], strict=True)) for row in rows]
+
+
+async def put_rows(tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert rows take_rows returned, for `user_id` (undoing a clear)."""
+    if rows:
+        await tx.change(
+            f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
+            f" SELECT ?, {', '.join(f'value ->> {f!r}' for f in ROW_FIELDS)}"
+            " FROM json_each(?) ORDER BY key",
+            (user_id, json.dumps([dict(row) for row in rows])),
+        )

@@ -3,7 +3,8 @@
 With proxy keys on, a key bound to a user reaches that user only; an unbound key names the
 user like a chat request does (X-Memory-User-Id, else `default`); the admin key reaches any
 user through X-Memory-User-Id. Without keys (local single-user mode) only loopback clients
-are served, unless MEMPROXY_MANAGEMENT_REMOTE is on.
+are served, unless MEMPROXY_MANAGEMENT_REMOTE is on. Requests count against the caller's
+key in the same per-key rate limit as chat completions (proxy/limits.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from proxy.errors import (
     PermissionDenied,
 )
 from proxy.identity import DEFAULT_USER, authenticate, presented_key, resolve_user
+from proxy.limits import limit_key
 from proxy.state import AppState
 
 
@@ -83,12 +85,16 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
 
 def authorise(request: Request) -> Caller:
-    """The caller of a management request; 401, 403 or 503 when it cannot be served."""
+    """The caller of a management request; 401, 403, 429 or 503 when it cannot be served."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
     user_id, admin = _user(request, settings)
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
+    if state.limits.enabled:
+        # The bucket chat completions use: the key presented (a proxy key has been checked
+        # by now, and the admin key counts as any key does), else the user.
+        state.limits.admit(limit_key(None, request.headers, user_id), stream=False)
     return Caller(user_id, admin, state.memory, settings, state)
 
 
