@@ -20,17 +20,13 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from memory.engine import INDEX_JOB
-from memory.fact_model import SYNC_JOB
+from memory.rebuild import queue_vector_rebuild
 from memory.store import Store
-
-BATCH = 64  # items per rebuild job: one embedding batch each
 
 
 class BackupError(Exception):
@@ -99,32 +95,14 @@ async def _queue_rebuild(path: Path) -> tuple[int, int]:
     store = await Store.open(path)
     try:
         turns = (await store.read("SELECT COUNT(*) FROM turns"))[0][0]
-        chunked = await _column(store, "SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id")
-        facts = await _column(store, "SELECT id FROM facts WHERE valid_to IS NULL ORDER BY id")
-        summaries = await _column(
-            store, "SELECT id FROM summaries WHERE superseded_by IS NULL ORDER BY id"
+        # Turns not chunked yet have their own index jobs in the copy.
+        jobs = await queue_vector_rebuild(
+            store, index_job=INDEX_JOB,
+            turns_sql="SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id",
         )
-        profiles = await _column(store, "SELECT user_id FROM profiles ORDER BY user_id")
-        payloads: list[tuple[str, dict[str, Any]]] = [
-            *((INDEX_JOB, {"turn_ids": ids}) for ids in _batches(chunked)),
-            *((SYNC_JOB, {"facts": ids}) for ids in _batches(facts)),
-            *((SYNC_JOB, {"summaries": ids}) for ids in _batches(summaries)),
-            *((SYNC_JOB, {"profiles": ids}) for ids in _batches(profiles)),
-        ]
-        async with store.write() as tx:
-            for kind, payload in payloads:
-                await tx.enqueue(kind, payload)
     finally:
         await store.close()
-    return int(turns), len(payloads)
-
-
-async def _column(store: Store, sql: str) -> list[Any]:
-    return [row[0] for row in await store.read(sql)]
-
-
-def _batches(items: Sequence[Any]) -> list[list[Any]]:
-    return [list(items[i : i + BATCH]) for i in range(0, len(items), BATCH)]
+    return int(turns), len(jobs)
 
 
 def _sidecars(path: Path) -> list[Path]:

@@ -35,6 +35,7 @@ from memory.ranking import (
     add_conversation,
     fuse,
 )
+from memory.rebuild import VectorRebuild
 from memory.redact import Redactor
 from memory.render import Entry
 from memory.store import ChunkRow, NewTurn, RequestMetrics, Store
@@ -125,6 +126,11 @@ class MemoryEngine:
             store, lifetimes_days=settings.fact_lifetimes_days(),
             max_pinned=settings.fact_max_pinned, notify=self._notify,
         )
+        # Vectors lost under the running engine are rebuilt from the database.
+        self.rebuild = VectorRebuild(
+            store, vectors, index_job=INDEX_JOB, max_attempts=settings.job_max_attempts,
+            notify=self._notify,
+        )
         self.summaries = SummaryStore(store, notify=self._notify)
         self.profiles = ProfileStore(store, notify=self._notify)
         self.learned_vectors = LearnedVectors(store, self.profiles, vectors, embedder.embed)
@@ -193,6 +199,7 @@ class MemoryEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.worker.stop(timeout)
+        await self.rebuild.close()
         await asyncio.to_thread(self.vectors.close)
         await self.store.close()
 
@@ -210,6 +217,8 @@ class MemoryEngine:
                 parts[name] = "ok"
             except Exception as exc:
                 parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
+        if parts["vectors"] == "ok" and (rebuilding := await self.rebuild.progress()):
+            parts["vectors"] = rebuilding
         return parts
 
     async def prune(self, now: float | None = None) -> dict[str, int]:

@@ -518,6 +518,15 @@ class Store:
         )
         return int(rows[0][0])
 
+    async def pending_between(self, first: int, last: int) -> int:
+        """How many jobs with ids from `first` to `last` are queued or running."""
+        rows = await self._read(
+            "SELECT COUNT(*) FROM jobs WHERE id BETWEEN ? AND ?"
+            " AND status IN ('queued', 'running')",
+            (first, last),
+        )
+        return int(rows[0][0])
+
     async def job_counts(self) -> dict[str, int]:
         """Number of jobs in each status."""
         rows = await self._read("SELECT status, COUNT(*) FROM jobs GROUP BY status")
