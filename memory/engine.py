@@ -18,6 +18,7 @@ from memory.admin.manage import Management
 from memory.index.chunking import chunk_text
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
+from memory.index.rebuild import VectorRebuild
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
 from memory.jobs.worker import JobWorker
@@ -135,6 +136,11 @@ class MemoryEngine:
             db, lifetimes_days=settings.fact_lifetimes_days(),
             max_pinned=settings.fact_max_pinned, redact=self.redact, notify=self._notify,
         )
+        # Vectors lost under the running engine are rebuilt from the database.
+        self.rebuild = VectorRebuild(
+            db, vectors, index_job=INDEX_JOB, max_attempts=settings.job_max_attempts,
+            notify=self._notify,
+        )
         self.summaries = SummaryStore(db, redact=self.redact, notify=self._notify)
         self.profiles = ProfileStore(db, redact=self.redact, notify=self._notify)
         self.learned_vectors = LearnedVectors(db, self.profiles, vectors, embedder.embed)
@@ -203,6 +209,7 @@ class MemoryEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.worker.stop(timeout)
+        await self.rebuild.close()
         await asyncio.to_thread(self.vectors.close)
         await self.db.close()
 
@@ -220,6 +227,8 @@ class MemoryEngine:
                 parts[name] = "ok"
             except Exception as exc:
                 parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
+        if parts["vectors"] == "ok" and (rebuilding := await self.rebuild.progress()):
+            parts["vectors"] = rebuilding
         return parts
 
     async def prune(self, now: float | None = None) -> dict[str, int]:

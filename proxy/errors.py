@@ -11,6 +11,7 @@
     ├── PayloadTooLarge                 413  invalid_request_error
     ├── RateLimited                     429  rate_limit_error
     ├── MemoryUnavailable               503  api_error
+    ├── ShuttingDown                    503  api_error (a stream the shutdown cut)
     └── UpstreamError
         ├── UpstreamUnreachable         502  api_error
         ├── UpstreamTimeout             504  api_error
@@ -93,6 +94,12 @@ class Conflict(ProxyError):
 
 class MemoryUnavailable(ProxyError):
     status, type, code = 503, "api_error", "memory_unavailable"
+
+
+class ShuttingDown(ProxyError):
+    """memproxy is shutting down: sent as the last event of a stream it had to cut."""
+
+    status, type, code = 503, "api_error", "server_shutting_down"
 
 
 class PayloadTooLarge(ProxyError):

@@ -1,8 +1,10 @@
 """The streaming response: relay upstream bytes as they arrive, untouched.
 
 Once the first byte went out the status can no longer change, so a failure after that is
-one SSE `error` event and the end of the stream. A client that disconnects cancels the
-upstream request. At the shutdown's cut (proxy/shutdown.py) a stream still open ends too.
+one SSE `error` event and the end of the stream; so is the shutdown's cut (proxy/shutdown.py)
+of a stream still open. The route gives the event's bytes in its API format's own shape
+(`error_event`; chat completions: proxy.errors.sse_error_event). A client that disconnects
+cancels the upstream request.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import ProxyError, sse_error_event
+from proxy.errors import ProxyError, ShuttingDown, sse_error_event
 from proxy.shutdown import Shutdown
 
 SHUTDOWN_STATE = "memproxy.shutdown"  # the lifespan state key of the app's Shutdown
@@ -42,6 +44,7 @@ class RelayResponse:
         on_error: Callable[[Exception], ProxyError] | None = None,
         on_done: Callable[[StreamOutcome], None] | None = None,
         sse: bool = True,
+        error_event: Callable[[ProxyError], bytes] = sse_error_event,
     ) -> None:
         self.body = body
         self.status = status
@@ -50,6 +53,7 @@ class RelayResponse:
         self.on_error = on_error
         self.on_done = on_done
         self.sse = sse
+        self.error_event = error_event
         self.outcome = StreamOutcome()
         self._started = False
 
@@ -90,14 +94,16 @@ class RelayResponse:
             task.cancel()
 
     async def _end_cut(self, send: Send) -> None:
-        """End a stream the shutdown cut: an SSE stream ends cleanly; a plain body cannot
-        say it is incomplete, so its connection is aborted instead."""
+        """End a stream the shutdown cut with one error event; a plain body cannot say it is
+        incomplete, so its connection is aborted instead."""
         if not self.sse:
             raise asyncio.CancelledError
         if not self._started:
             await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        cut = ShuttingDown("memproxy is shutting down: the reply was cut before its end")
         try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": self.error_event(cut),
+                        "more_body": False})
         except OSError:
             self.outcome.client_disconnected = True
 
@@ -120,7 +126,7 @@ class RelayResponse:
                 self.outcome.error = self.on_error(exc)
                 if not self.sse:
                     raise  # a plain body cannot carry an error: abort the connection instead
-                tail = sse_error_event(self.outcome.error)
+                tail = self.error_event(self.outcome.error)
                 break
             try:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

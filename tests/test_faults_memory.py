@@ -1,9 +1,12 @@
 """Memory-side faults through a real running server: the vector store, the database, the
 embedding model. The chat always goes through; failing jobs retry with backoff and end in the
-dead letters with their error; /readyz names the degraded part."""
+dead letters with their error; /readyz names the degraded part. A vector store lost under the
+server is created again and rebuilt from the database."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import sqlite3
 import threading
 import time
@@ -44,31 +47,88 @@ def assert_degraded_but_answered(reply: ChatReply, stage: str) -> None:
     assert stage in reply.headers["x-memory-error"], reply.headers
 
 
-def test_vector_collection_deleted_under_the_server(
+def import_notes(proxy: RunningProxy, count: int) -> None:
+    lines = "\n".join(json.dumps({
+        "type": "turn", "session_id": f"notes-{i // 10}", "role": "user",
+        "content": f"Note {i}: the {('amber', 'cobalt', 'jade')[i % 3]} service runs on host"
+                   f" h{i}.",
+    }) for i in range(count))
+    imported = httpx.post(f"{proxy.url}/v1/memory/import", content=lines, timeout=60)
+    assert imported.json()["added"]["turns"] == count, imported.text
+
+
+def damage(settings: Settings, how: str) -> None:
+    """What an operator or a failing disk does to the vector store under the server."""
+    if how == "collection deleted":
+        other = chromadb.PersistentClient(
+            path=str(settings.vectors_path),
+            settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False),
+        )
+        other.delete_collection(collection_name(settings))
+    elif how == "directory deleted":
+        shutil.rmtree(settings.vectors_path)
+    else:  # its database overwritten
+        (settings.vectors_path / "chroma.sqlite3").write_bytes(b"\x00 not a database" * 4096)
+
+
+@pytest.mark.parametrize("how", ["collection deleted", "directory deleted", "database damaged"])
+def test_a_vector_store_lost_under_the_server_is_rebuilt_from_the_database(
+    start_proxy: Callable[..., RunningProxy], how: str
+) -> None:
+    proxy = start_proxy(memory=True, weight_bm25=0.0)  # recall by meaning only
+    settings: Settings = proxy.state.settings
+    import_notes(proxy, 60)
+    wait_for_jobs(proxy)
+    vectors = proxy.state.memory.vectors
+    assert vectors.count() == rows(settings, "SELECT count(*) FROM chunks")[0][0] == 60
+
+    damage(settings, how)
+    # /readyz notices, the collection is created again and the rebuild is queued: it says so.
+    status, parts = readiness(proxy)
+    assert status == 503 and parts["vectors"].startswith("rebuilding: "), parts
+    assert parts["database"] == parts["embeddings"] == "ok"
+    seen = {parts["vectors"].split(";")[-1].strip()}
+    # The chat goes through meanwhile, and memory is not reported broken.
+    reply = chat(proxy, "Which host does note 7 say the cobalt service runs on?", session="q")
+    assert reply.status == 200 and "x-memory-error" not in reply.headers, reply.headers
+    deadline = time.monotonic() + 120
+    while (answer := readiness(proxy))[0] != 200:
+        assert answer[1]["vectors"].startswith("rebuilding: "), answer
+        seen.add(answer[1]["vectors"].split(";")[-1].strip())
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
+    assert answer[1]["vectors"] == "ok" and any(s.endswith("job(s) left") for s in seen), seen
+
+    # Every chunk has its vector again, once, and recall by meaning finds old turns.
+    wait_for_jobs(proxy)
+    assert vectors.count() == rows(settings, "SELECT count(*) FROM chunks")[0][0] == 62
+    dry = httpx.post(f"{proxy.base_url}/chat/completions", timeout=30, headers={
+        "X-Memory-Dry-Run": "on", "X-Memory-Session-Id": "q2"}, json={"model": "gpt-4o",
+        "messages": [{"role": "user", "content": "Where does the jade service of note 5 run?"}]})
+    assert "h5." in dry.json()["block"] and not dry.json()["errors"], dry.json()
+    assert rows(settings, "SELECT count(*) FROM jobs WHERE status = 'dead'") == [(0,)]
+    aside = [p.name for p in settings.data_dir.iterdir() if p.name.startswith("vectors.damaged-")]
+    assert len(aside) == (1 if how == "database damaged" else 0), aside
+
+
+def test_a_lost_collection_found_by_an_index_job_is_rebuilt_too(
     start_proxy: Callable[..., RunningProxy]
 ) -> None:
-    proxy = start_proxy(memory=True, **FAST_JOBS)
+    proxy = start_proxy(memory=True)
     settings: Settings = proxy.state.settings
-    # Another client (an operator, a second process) deletes the collection.
-    other = chromadb.PersistentClient(
-        path=str(settings.vectors_path),
-        settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False),
-    )
-    other.delete_collection(collection_name(settings))
-
-    reply = chat(proxy, "What did we decide about the invoice schema migration?", session="s1")
-    assert_degraded_but_answered(reply, "recall:")
-    status, parts = readiness(proxy)
-    assert status == 503 and parts["vectors"].startswith("error:") and parts["database"] == "ok"
-    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
-    # The turns are kept; their index jobs (the request's, the reply's) retried and are now
-    # dead letters with the error.
-    assert wait_for_jobs(proxy, later=True) == {"dead": 2}
-    for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
-        assert attempts == 3 and "does not exist" in error, error
-    turns = rows(settings, "SELECT role, content FROM turns ORDER BY id")
-    assert turns == [("user", "What did we decide about the invoice schema migration?"),
-                     ("assistant", "echo: What did we decide about the invoice schema migration?")]
+    import_notes(proxy, 20)
+    wait_for_jobs(proxy)
+    damage(settings, "collection deleted")
+    # No recall and no probe: the new turns' index jobs are the first to meet the loss.
+    reply = chat(proxy, "Note 20: the onyx service runs on host h20.", session="new",
+                 headers={"X-Memory-Read": "off"})
+    assert reply.status == 200
+    deadline = time.monotonic() + 120
+    while readiness(proxy)[0] != 200 or proxy.state.memory.vectors.count() < 22:
+        assert time.monotonic() < deadline, readiness(proxy)
+        time.sleep(0.1)
+    assert wait_for_jobs(proxy, later=True).keys() == {"done"}  # nothing died or waits
+    assert proxy.state.memory.vectors.count() == rows(settings, "SELECT count(*) FROM chunks")[0][0]
 
 
 @pytest.mark.parametrize("broken", ["empty", "corrupt"])

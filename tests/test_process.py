@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from memory.learning.prompts import EXTRACT_SYSTEM
@@ -394,3 +395,51 @@ def test_sigterm_drains_streams_and_jobs_together_within_the_grace(
         ("queued", "interrupted: the worker stopped during this attempt"), ("queued", None)]
     print(f"\nSIGTERM with a stream and a job in flight: jobs stopped after {stopped:.2f}s,"
           f" exit after {took:.2f}s (grace {grace}s)")
+
+
+def test_a_stream_cut_by_shutdown_ends_with_one_error_event(
+    spawn: Callable[..., Process], upstream: ScriptedUpstream
+) -> None:
+    server = spawn(shutdown_grace_seconds="1.5")
+    raw_q, sdk_q = "Tell me a very long story.", "Tell me another very long story."
+    long_text = " ".join(f"word{i}" for i in range(40))
+    upstream.respond_with(scripted_by_message({
+        q: SSEReply(chat_chunks(long_text, split=40), delay=0.5) for q in (raw_q, sdk_q)
+    }))
+    raw = stream_chat(server, raw_q, "raw")
+    sdk_error: list[BaseException] = []
+    sdk_text: list[str] = []
+    sdk_started = threading.Event()
+
+    def sdk_stream() -> None:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-test", max_retries=0)
+        try:
+            for chunk in client.chat.completions.create(
+                model="gpt-4o", stream=True, messages=[{"role": "user", "content": sdk_q}]
+            ):
+                sdk_text.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+                sdk_started.set()
+        except BaseException as exc:  # what the client sees: asserted below
+            sdk_error.append(exc)
+        finally:
+            sdk_started.set()
+            client.close()
+
+    reader = threading.Thread(target=sdk_stream, daemon=True)
+    reader.start()
+    assert sdk_started.wait(30) and not sdk_error, sdk_error
+    stop(server)
+    raw.join(5)
+    reader.join(5)
+
+    # The raw stream: relayed chunks, then one error event in OpenAI's envelope, then the end.
+    assert raw.error is None, raw.error
+    errors = [i for i, line in enumerate(raw.lines) if line == "event: error"]
+    assert errors == [len(raw.lines) - 2], raw.lines[-4:]
+    error = json.loads(raw.lines[-1].removeprefix("data: "))["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
+    assert "data: [DONE]" not in raw.lines and raw.text()
+    # The official SDK turns it into an APIError carrying that message.
+    assert len(sdk_error) == 1 and isinstance(sdk_error[0], openai.APIError), sdk_error
+    assert "shutting down" in str(sdk_error[0]) and "".join(sdk_text)

@@ -6,9 +6,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import chromadb
 import numpy as np
 import numpy.typing as npt
 import pytest
+from chromadb.config import Settings as ChromaSettings
 
 from memory.index.vectors import VectorIndex, where_clause
 
@@ -246,3 +248,24 @@ def test_user_copies_stay_within_their_memory(tmp_path: Path, rng: np.random.Gen
         assert sum(v.nbytes for v in held.values()) <= int(2.5 * one_user)
     finally:
         index.close()
+
+
+def test_a_lost_collection_is_created_again_and_the_owner_told(
+    index: VectorIndex, rng: np.random.Generator
+) -> None:
+    vectors = unit_vectors(rng, 4)
+    index.add(["a0", "a1"], vectors[:2], [{"user_id": "A"}] * 2)
+    assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["a0", "a1"]
+    told: list[str] = []
+    index.on_lost = told.append
+    chromadb.PersistentClient(path=str(index.path), settings=ChromaSettings(
+        anonymized_telemetry=False, allow_reset=False)).delete_collection(index.name)
+
+    index.add(["a2"], vectors[2:3], [{"user_id": "A"}])  # runs again on the new collection
+    assert told == ["the collection was deleted"]
+    assert index.count() == 1
+    assert [i for i, _ in index.query(vectors[2], k=5, where={"user_id": "A"})] == ["a2"]
+    # A failure that is not a loss is the caller's to see, and nothing is created again.
+    with pytest.raises(ValueError, match="metadata value"):
+        index.add(["a3"], vectors[3:4], [{"user_id": {"not": "a scalar"}}])  # type: ignore[dict-item]
+    assert told == ["the collection was deleted"] and index.count() == 1

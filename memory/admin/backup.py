@@ -19,18 +19,14 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from memory.learning.fact_model import SYNC_JOB
+from memory.index.rebuild import queue_vector_rebuild
 from memory.log.turn_log import INDEX_JOB
-from memory.storage import facts, jobs, profiles, summaries, turns
+from memory.storage import turns
 from memory.storage.database import Database, DatabaseError
 from memory.storage.snapshot import copy_database, integrity_problems, sidecars
-
-BATCH = 64  # items per rebuild job: one embedding batch each
 
 
 class BackupError(Exception):
@@ -93,22 +89,13 @@ async def _queue_rebuild(path: Path) -> tuple[int, int]:
     db = await Database.open(path)
     try:
         turn_count = await turns.count(db)
-        payloads: list[tuple[str, dict[str, Any]]] = [
-            *((INDEX_JOB, {"turn_ids": ids}) for ids in _batches(await turns.chunked_turn_ids(db))),
-            *((SYNC_JOB, {"facts": ids}) for ids in _batches(await facts.current_ids(db))),
-            *((SYNC_JOB, {"summaries": ids}) for ids in _batches(await summaries.current_ids(db))),
-            *((SYNC_JOB, {"profiles": ids}) for ids in _batches(await profiles.user_ids(db))),
-        ]
-        async with db.write() as tx:
-            for kind, payload in payloads:
-                await jobs.enqueue(tx, kind, payload)
+        # Turns not chunked yet have their own index jobs in the copy.
+        queued = await queue_vector_rebuild(
+            db, index_job=INDEX_JOB, turn_ids=await turns.chunked_turn_ids(db)
+        )
     finally:
         await db.close()
-    return turn_count, len(payloads)
-
-
-def _batches(items: Sequence[Any]) -> list[list[Any]]:
-    return [list(items[i : i + BATCH]) for i in range(0, len(items), BATCH)]
+    return turn_count, len(queued)
 
 
 def _remove(path: Path) -> None:

@@ -3,14 +3,22 @@
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
 Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on.
+
+The index heals itself: when a call fails because the collection was deleted, or its
+directory is gone or damaged, the collection is created again (empty; a damaged directory is
+moved aside first), the call runs once more, and `on_lost` is told, so the owner can queue
+the jobs that rebuild the vectors from the database (index/rebuild.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import chromadb
 import numpy as np
@@ -18,24 +26,34 @@ import numpy.typing as npt
 from chromadb.api.client import Client
 from chromadb.api.models.Collection import Collection
 from chromadb.config import Settings
+from chromadb.errors import NotFoundError
 
 from memory.index.vector_cache import Row, VectorCache
 
 Metadata = Mapping[str, str | int | float | bool]
 PAGE = 5000  # vectors per read when loading a user's copy
+DB_FILE = "chroma.sqlite3"
+T = TypeVar("T")
+# Why a collection is lost: the first two leave the client working, the others do not.
+DELETED, REPLACED = "the collection was deleted", "the collection was replaced"
+GONE, DAMAGED = "its directory is gone", "its database is damaged"
 
 
 class VectorIndex:
     """A persistent cosine-space collection of vectors with metadata filters."""
 
-    def __init__(self, client: Client, collection: Collection, cache_bytes: int = 0) -> None:
-        self._client = client
-        self._collection = collection
+    def __init__(self, path: Path, name: str, cache_bytes: int = 0) -> None:
+        self.path = path
+        self.name = name
+        self._client = _connect(path)
+        self._collection = _collection(self._client, name)
         self._cache = VectorCache(cache_bytes, self._user_rows)
         # Chroma survives concurrent calls (2 writers + 1 reader: no errors, no leaks), but
         # measured with one thread upserting batches of 64 nonstop, a query waited p50 110-200
         # ms and up to 6 s without this lock, against p50 25-60 ms and at most 1.3 s with it.
         self._lock = threading.Lock()
+        # Told (in the calling thread, under the lock) why the collection was created again.
+        self.on_lost: Callable[[str], None] | None = None
 
     @classmethod
     def open(cls, path: Path, collection: str = "memory", *, cache_bytes: int = 0) -> VectorIndex:
@@ -44,21 +62,7 @@ class VectorIndex:
         `cache_bytes` bounds the in-memory copies that user-scoped queries search (0: every
         query goes to Chroma with a metadata filter).
         """
-        path.mkdir(parents=True, exist_ok=True)
-        # PersistentClient is typed as the ClientAPI protocol but builds a Client, which adds
-        # close(); telemetry off (with it off chromadb makes no network calls of its own).
-        client = cast(
-            Client,
-            chromadb.PersistentClient(
-                path=str(path), settings=Settings(anonymized_telemetry=False, allow_reset=False)
-            ),
-        )
-        handle = client.get_or_create_collection(
-            collection,
-            configuration={"hnsw": {"space": "cosine"}},
-            embedding_function=None,
-        )
-        return cls(client, handle, cache_bytes)
+        return cls(path, collection, cache_bytes)
 
     def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
@@ -72,11 +76,11 @@ class VectorIndex:
         if not ids:
             return
         with self._lock:
-            self._collection.upsert(
+            self._healing(lambda: self._collection.upsert(
                 ids=list(ids),
                 embeddings=np.asarray(vectors, dtype=np.float32),
                 metadatas=[dict(metadata) for metadata in metadatas],
-            )
+            ))
             self._cache.upsert(ids, np.asarray(vectors, dtype=np.float32), metadatas)
 
     def query(
@@ -88,13 +92,13 @@ class VectorIndex:
         with self._lock:
             if self._cache.enabled and "user_id" in where:
                 rest = {key: value for key, value in where.items() if key != "user_id"}
-                return self._cache.search(where["user_id"], vector, k, rest)
-            result = self._collection.query(
+                return self._healing(lambda: self._cache.search(where["user_id"], vector, k, rest))
+            result = self._healing(lambda: self._collection.query(
                 query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
                 n_results=k,
                 where=where_clause(where),
                 include=["distances"],
-            )
+            ))
         ids = result["ids"][0]
         distances = (result["distances"] or [[]])[0]
         # Chroma's cosine space reports distance = 1 - cosine similarity.
@@ -109,18 +113,19 @@ class VectorIndex:
         if ids is not None and not ids:
             return
         with self._lock:
-            self._collection.delete(
+            self._healing(lambda: self._collection.delete(
                 ids=list(ids) if ids is not None else None,
                 where=where_clause(where) if where is not None else None,
-            )
+            ))
             self._cache.forget(ids=ids, user_id=where.get("user_id") if where else None)
 
     def count(self, where: Mapping[str, str] | None = None) -> int:
         """Number of vectors in the collection, or of those matching `where`."""
         with self._lock:
             if not where:
-                return self._collection.count()
-            return len(self._collection.get(where=where_clause(where), include=[])["ids"])
+                return self._healing(lambda: self._collection.count())
+            clause = where_clause(where)
+            return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
 
     def _user_rows(self, user_id: str) -> list[Row]:
         """Every vector of one user, read from Chroma in pages (the cache's loader)."""
@@ -139,6 +144,74 @@ class VectorIndex:
         """Release chroma's resources (its SQLite handles and segment files)."""
         with self._lock:
             self._client.close()
+
+    def _healing(self, call: Callable[[], T]) -> T:
+        """Run a Chroma call (holding the lock); when the collection turns out to be lost,
+        create it again and run the call once more, on the new, empty collection."""
+        lost = None if (self.path / DB_FILE).is_file() else GONE
+        if lost is None:
+            try:
+                return call()
+            except Exception:
+                lost = self._lost()
+                if lost is None:
+                    raise  # a failure of the call itself: the caller sees it
+        self._recreate(lost)
+        if self.on_lost is not None:
+            self.on_lost(lost)
+        return call()
+
+    def _lost(self) -> str | None:
+        """Why the collection is unusable for good, or None when it is still there."""
+        try:
+            found = self._client.get_collection(self.name)
+        except NotFoundError:
+            return DELETED
+        except Exception:
+            return DAMAGED if _damaged(self.path / DB_FILE) else None
+        return None if found.id == self._collection.id else REPLACED
+
+    def _recreate(self, lost: str) -> None:
+        """A working, empty collection again; a damaged directory is kept aside for a look."""
+        self._cache.forget(ids=None, user_id=None)
+        if lost in (GONE, DAMAGED):
+            with contextlib.suppress(Exception):
+                self._client.close()
+            if self.path.exists():
+                self.path.rename(self.path.with_name(f"{self.path.name}.damaged-{time.time():.0f}"))
+            self._client = _connect(self.path)
+        self._collection = _collection(self._client, self.name)
+
+
+def _connect(path: Path) -> Client:
+    path.mkdir(parents=True, exist_ok=True)
+    # PersistentClient is typed as the ClientAPI protocol but builds a Client, which adds
+    # close(); telemetry off (with it off chromadb makes no network calls of its own).
+    return cast(
+        Client,
+        chromadb.PersistentClient(
+            path=str(path), settings=Settings(anonymized_telemetry=False, allow_reset=False)
+        ),
+    )
+
+
+def _collection(client: Client, name: str) -> Collection:
+    return client.get_or_create_collection(
+        name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None
+    )
+
+
+def _damaged(db_file: Path) -> bool:
+    """Whether Chroma's SQLite file fails its own check (a lock or a busy file does not count:
+    those pass)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db_file}?mode=ro", uri=True, timeout=5)) as db:
+            checked: tuple[str, ...] = tuple(db.execute("PRAGMA quick_check").fetchone() or ())
+            return checked != ("ok",)
+    except sqlite3.OperationalError:
+        return False  # locked or busy: not damaged
+    except sqlite3.DatabaseError:
+        return True  # "file is not a database", "malformed"
 
 
 def where_clause(filters: Mapping[str, str] | None) -> dict[str, Any] | None:

@@ -135,6 +135,15 @@ async def pending(conn: Connection, due_before: float) -> int:
     return int(rows[0][0])
 
 
+async def pending_between(conn: Connection, first: int, last: int) -> int:
+    """How many jobs with ids from `first` to `last` are queued or running."""
+    rows = await conn.fetch(
+        "SELECT COUNT(*) FROM jobs WHERE id BETWEEN ? AND ? AND status IN ('queued', 'running')",
+        (first, last),
+    )
+    return int(rows[0][0])
+
+
 async def counts(conn: Connection) -> dict[str, int]:
     """Number of jobs in each status."""
     rows = await conn.fetch("SELECT status, COUNT(*) FROM jobs GROUP BY status")

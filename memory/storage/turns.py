@@ -321,6 +321,11 @@ async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:
     return {int(row[0]) for row in rows}
 
 
+async def all_ids(conn: Connection) -> list[int]:
+    """Every turn's id, oldest first (a full rebuild of the vectors)."""
+    return [int(row[0]) for row in await conn.fetch("SELECT id FROM turns ORDER BY id")]
+
+
 async def chunked_turn_ids(conn: Connection) -> list[int]:
     """Ids of every turn that has chunks, ascending."""
     rows = await conn.fetch("SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id")
