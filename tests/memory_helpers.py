@@ -30,7 +30,7 @@ def assert_error(response: httpx.Response, status: int, param: str | None = "") 
     """The response is OpenAI's error envelope with this status (and param, when given)."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
+    error: dict[str, Any] = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     if param != "":
         assert error["param"] == param, error

@@ -19,11 +19,12 @@ from tests.support.scripted_upstream import (
     chat_completion,
 )
 
-MESSAGES = [
+# Plain dicts as a client builds them; Any so the SDK's TypedDict overloads accept them.
+MESSAGES: Any = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Hi there", "name": "ada"},
 ]
-TOOLS = [{"type": "function", "function": {
+TOOLS: Any = [{"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }}]
 
@@ -52,7 +53,7 @@ def test_sdk_non_streaming_round_trip(proxy: RunningProxy, upstream: ScriptedUps
                             n=2, logprobs=True)
     upstream.enqueue(JSONReply(reply))
     completion = sdk(proxy).chat.completions.create(
-        model="gpt-4o-mini", messages=MESSAGES, tools=TOOLS, n=2, logprobs=True,  # type: ignore[arg-type]
+        model="gpt-4o-mini", messages=MESSAGES, tools=TOOLS, n=2, logprobs=True,
         response_format={"type": "text"}, extra_body={"unknown_knob": True},
     )
     sent = upstream.history[-1].json
@@ -65,7 +66,7 @@ def test_sdk_streaming_chunk_for_chunk(proxy: RunningProxy, upstream: ScriptedUp
     chunks = chat_chunks("The quick brown fox", split=4, include_usage=True)
     upstream.enqueue(SSEReply(chunks))
     stream = sdk(proxy).chat.completions.create(
-        model="gpt-4o-mini", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        model="gpt-4o-mini", messages=MESSAGES, stream=True,
         stream_options={"include_usage": True},
     )
     received = [chunk.model_dump(exclude_unset=True) for chunk in stream]
@@ -101,9 +102,9 @@ def _strip_ids(data: bytes) -> bytes:
 async def test_async_sdk_streaming_and_not(proxy: RunningProxy, upstream: ScriptedUpstream) -> None:
     client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
     upstream.enqueue(JSONReply(chat_completion("one")), SSEReply(chat_chunks("two parts", split=2)))
-    first = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)  # type: ignore[arg-type]
+    first = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini", messages=MESSAGES, stream=True  # type: ignore[arg-type]
+        model="gpt-4o-mini", messages=MESSAGES, stream=True
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert first.choices[0].message.content == "one"

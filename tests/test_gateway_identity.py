@@ -15,7 +15,7 @@ from tests.support.scripted_upstream import ScriptedUpstream
 BODY = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
 
 
-def dry_run(client: httpx.Client, body: dict[str, Any] = BODY, **headers: str) -> httpx.Response:
+def dry_run(client: httpx.Client, body: dict[str, Any] = BODY, /, **headers: str) -> httpx.Response:
     return client.post("/v1/chat/completions", json=body, headers={"X-Memory-Dry-Run": "on", **headers})
 
 
@@ -39,7 +39,7 @@ def dry_run(client: httpx.Client, body: dict[str, Any] = BODY, **headers: str) -
 def test_invalid_header_values_are_400_naming_the_header(
     client: httpx.Client, upstream: ScriptedUpstream, header: str, value: str
 ) -> None:
-    raw = {header: value.encode("latin-1")}  # bytes: httpx would refuse non-ASCII text
+    raw = {header.encode(): value.encode("latin-1")}  # bytes: httpx would refuse non-ASCII text
     response = client.post("/v1/chat/completions", json=BODY, headers=raw)
     assert response.status_code == 400
     error = response.json()["error"]

@@ -35,8 +35,9 @@ def api(memproxy: RunningProxy) -> Iterator[httpx.Client]:
 def add(api: httpx.Client, text: str, category: str = "preference", **extra: Any) -> dict[str, Any]:
     response = api.post("/facts", json={"text": text, "category": category, **extra})
     assert response.status_code == 201, response.text
-    check_schema("Fact", response.json())
-    return response.json()
+    fact: dict[str, Any] = response.json()
+    check_schema("Fact", fact)
+    return fact
 
 
 def test_facts_add_get_edit_history_pin_delete(api: httpx.Client) -> None:
@@ -334,8 +335,10 @@ def test_stats_and_metrics(memproxy: RunningProxy, api: httpx.Client) -> None:
     assert len(one["data"]) == 1 and one["has_more"]
     assert api.get("/metrics", params={"since": 0, "until": 1}).json()["data"] == []
     assert api.get("/metrics", params={"since": 10, "until": 5}).json()["data"] == []
-    for params, param in [({"since": "yesterday"}, "since"), ({"until": "-5"}, "until"),
-                          ({"limit": 0}, "limit")]:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"since": "yesterday"}, "since"), ({"until": "-5"}, "until"), ({"limit": 0}, "limit"),
+    ]
+    for params, param in cases:
         assert_error(api.get("/metrics", params=params), 400, param)
 
 

@@ -73,7 +73,7 @@ async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
 
 
 def test_import_accepts_openai_conversations_with_timestamps(memproxy_quiet: RunningProxy) -> None:
-    conversations = [
+    conversations: list[dict[str, Any]] = [
         {"messages": [
             {"role": "system", "content": "You are helpful."},
             {"role": "user", "content": "My dog is called Biscuit.", "timestamp": "2024-03-01T10:00:00Z"},
@@ -110,7 +110,7 @@ def test_import_accepts_openai_conversations_with_timestamps(memproxy_quiet: Run
 def test_import_rejects_bad_records_and_writes_nothing(memproxy_quiet: RunningProxy) -> None:
     good = {"type": "turn", "session_id": "s", "role": "user", "content": "fine"}
     with memory_api(memproxy_quiet) as api:
-        for body, param in [
+        bodies: list[tuple[str | bytes, str | None]] = [
             (b"", None),
             (b"not json at all", None),
             (json.dumps(good) + "\n{broken", None),
@@ -133,7 +133,8 @@ def test_import_rejects_bad_records_and_writes_nothing(memproxy_quiet: RunningPr
             (json.dumps({"type": "photo"}), "type"),
             (json.dumps([1, 2]), None),
             (b"\xff\xfe", None),
-        ]:
+        ]
+        for body, param in bodies:
             response = api.post("/import", content=body)
             error = assert_error(response, 400, param)
             if param is not None:

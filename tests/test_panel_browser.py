@@ -84,7 +84,8 @@ def open_panel(browser: Browser, proxy: RunningProxy, width: int = 1100) -> Page
 
 
 def facts_api(proxy: RunningProxy) -> list[dict[str, Any]]:
-    return httpx.get(f"{proxy.url}/v1/memory/facts", headers=KIM).json()["data"]
+    facts: list[dict[str, Any]] = httpx.get(f"{proxy.url}/v1/memory/facts", headers=KIM).json()["data"]
+    return facts
 
 
 def card(page: Page, text: str) -> Any:

@@ -136,7 +136,10 @@ class VectorIndex:
                 limit=PAGE, offset=len(rows),
             )
             embeddings = page["embeddings"] if page["embeddings"] is not None else []
-            rows.extend(zip(page["ids"], embeddings, page["metadatas"] or [], strict=True))
+            # Stored by add() from float32 vectors and scalar metadata, so they come back so.
+            rows.extend(cast(list[Row], list(
+                zip(page["ids"], embeddings, page["metadatas"] or [], strict=True)
+            )))
             if len(page["ids"]) < PAGE:
                 return rows
 
