@@ -28,6 +28,7 @@ from proxy.sse import ChatReplyTee, reply_text
 from proxy.state import AppState
 from proxy.upstream import (
     Target,
+    UpstreamReply,
     forward_headers,
     map_transport_error,
     relay_headers,
@@ -128,27 +129,35 @@ async def _handle(request: Request, state: AppState) -> Response | RelayResponse
     step.lend_client_key(request.headers, call.target)
     step.start_remembering()
     try:
-        if call.target.via_litellm:
-            from proxy.litellm_adapter import forward_litellm
-
-            return await forward_litellm(state, call, body, step)
-        return await _forward(request, state, call, payload, step)
+        upstream = await _send(request, state, call, payload, body)
+        return await _relay(state, call, upstream, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
         raise
 
 
-async def _forward(
-    request: Request, state: AppState, call: ChatCall, payload: bytes, step: MemoryStep
-) -> Response | RelayResponse:
+async def _send(
+    request: Request, state: AppState, call: ChatCall, payload: bytes, body: dict[str, Any]
+) -> UpstreamReply:
+    """Open the reply: raw bytes to an OpenAI-compatible upstream, or through litellm."""
+    if call.target.via_litellm:
+        from proxy.litellm_adapter import open_chat
+
+        return await open_chat(call.target, body, timeout=state.settings.upstream_timeout)
     headers = forward_headers(
         request.headers.items(), call.target,
         strip_auth=bool(state.settings.api_keys), identity_encoding=True,
     )
-    upstream = await state.upstream.open_ok(
+    return await state.upstream.open_ok(
         "POST", url_for(call.target, "/v1/chat/completions"), headers, payload,
         retries=state.settings.upstream_retries,
     )
+
+
+async def _relay(
+    state: AppState, call: ChatCall, upstream: UpstreamReply, step: MemoryStep
+) -> Response | RelayResponse:
+    """Relay the reply (streamed or whole) and remember what it said."""
     # Memory headers last, once the request's turns are stored (MemoryStep.stored).
     await step.stored()
     out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
@@ -165,7 +174,7 @@ async def _forward(
 
 
 def _relay_stream(
-    state: AppState, upstream: Any, headers: dict[str, str], step: MemoryStep
+    state: AppState, upstream: UpstreamReply, headers: dict[str, str], step: MemoryStep
 ) -> RelayResponse:
     # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
     # checks) it only when it remembers the reply; otherwise the bytes go through as sent.

@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -67,7 +67,8 @@ class Target:
 
 
 class UpstreamHeaders:
-    """The httpx-like view chat.py and passthrough.py read."""
+    """The httpx-like view of response headers the routes read (an aiohttp multidict, or a
+    plain dict with lower-case names for replies made in-process)."""
 
     def __init__(self, headers: Any) -> None:
         self._headers = headers
@@ -77,6 +78,23 @@ class UpstreamHeaders:
 
     def multi_items(self) -> list[tuple[str, str]]:
         return list(self._headers.items())
+
+
+class UpstreamReply(Protocol):
+    """What a transport returns: a status, headers and a body still to read. The raw
+    upstream (`UpstreamResponse`) and litellm (`proxy.litellm_adapter.LitellmReply`) both
+    have this shape, so forwarding, relaying and remembering exist once per API format."""
+
+    status_code: int
+    headers: UpstreamHeaders
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a failure is raised as a ProxyError or a transport error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (or the provider's stream)."""
+        ...
 
 
 class UpstreamResponse:
@@ -251,7 +269,7 @@ def retry_after(headers: dict[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def raise_for_status(response: UpstreamResponse) -> None:
+async def raise_for_status(response: UpstreamReply) -> None:
     """Turn an upstream error status into UpstreamStatus, keeping its body."""
     if response.status_code < 400:
         return
@@ -262,7 +280,7 @@ async def raise_for_status(response: UpstreamResponse) -> None:
     raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()))
 
 
-async def read_body(response: UpstreamResponse, *, limit: int | None = None) -> bytes:
+async def read_body(response: UpstreamReply, *, limit: int | None = None) -> bytes:
     """Read a whole response body, mapping transport failures to our errors."""
     try:
         parts = []

@@ -73,3 +73,29 @@ def test_litellm_upstream_errors_keep_their_status(
         assert exc.status_code == 429
     else:
         raise AssertionError("expected a 429")
+
+
+def test_litellm_stream_cut_midway_is_one_error_event_and_counted(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    # The same relay as OpenAI-compatible upstreams: an error event, the upstream error counted.
+    import httpx
+
+    from tests.support.scripted_upstream import SSEReply, chat_chunks
+
+    proxy = start_proxy(routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    upstream.enqueue(SSEReply(chat_chunks("one two three four", split=4), cut_after=3))
+    with httpx.Client(base_url=proxy.url, timeout=20) as http:
+        reply = http.post("/v1/chat/completions", json={
+            "model": "via-litellm-x", "stream": True, "messages": [{"role": "user", "content": "x"}],
+        })
+        metrics = http.get("/metrics").text
+    assert reply.status_code == 200
+    events = reply.text.strip().split("\n\n")
+    assert events[-1].startswith("event: error\ndata: ")
+    assert sum(e.startswith("event: error") for e in events) == 1
+    assert "[DONE]" not in reply.text
+    counted = [line for line in metrics.splitlines() if line.startswith("memproxy_upstream_errors_total")]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 1, counted
