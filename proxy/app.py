@@ -26,6 +26,7 @@ from proxy.management import routes as management_routes
 from proxy.metrics import Metrics, metrics_endpoint
 from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
+from proxy.responses_api import create_response
 from proxy.state import AppState
 from proxy.upstream import Upstream
 from proxy.upstream_embeddings import UpstreamEmbedder
@@ -84,6 +85,8 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        # Other methods (GET/DELETE /v1/responses/{id}, ...) fall through to the pass-through.
+        Route("/v1/responses", create_response, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
         *panel_routes(),

@@ -75,6 +75,21 @@ async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> 
     return LitellmReply(_chat_events(result), "text/event-stream", close=_closer(result))
 
 
+async def open_responses(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send a Responses API request through litellm; the answer in the Responses format."""
+    params = {k: v for k, v in body.items() if k != "model"}
+    try:
+        result = await litellm.aresponses(
+            model=_model_name(target, body["model"]), api_key=target.api_key,
+            api_base=target.base_url or None, timeout=timeout, **params,
+        )
+    except Exception as exc:  # litellm raises its own tree; map it
+        raise to_proxy_error(exc) from None
+    if not body.get("stream"):
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
+    return LitellmReply(_named_events(result), "text/event-stream", close=_closer(result))
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
@@ -84,6 +99,21 @@ async def _chat_events(stream: Any) -> AsyncIterator[bytes]:
     async for chunk in stream:
         yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+async def _named_events(stream: Any) -> AsyncIterator[bytes]:
+    """litellm's event objects as named SSE events (`event: <type>`), as the APIs send them."""
+    async for event in stream:
+        data = _plain(event)
+        name = data.get("type") if isinstance(data, dict) else None
+        head = b"event: " + str(name).encode() + b"\n" if isinstance(name, str) else b""
+        yield head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic object as plain data (litellm returns both models and dicts)."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
 
 
 def _closer(stream: Any) -> Callable[[], Awaitable[None]] | None:

@@ -38,6 +38,7 @@ class RelayResponse:
         on_error: Callable[[Exception], ProxyError] | None = None,
         on_done: Callable[[StreamOutcome], None] | None = None,
         sse: bool = True,
+        error_event: Callable[[ProxyError], bytes] = sse_error_event,
     ) -> None:
         self.body = body
         self.status = status
@@ -46,6 +47,7 @@ class RelayResponse:
         self.on_error = on_error
         self.on_done = on_done
         self.sse = sse
+        self.error_event = error_event  # the route's format renders its own error event
         self.outcome = StreamOutcome()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -88,7 +90,7 @@ class RelayResponse:
                 self.outcome.error = self.on_error(exc)
                 if not self.sse:
                     raise  # a plain body cannot carry an error: abort the connection instead
-                tail = sse_error_event(self.outcome.error)
+                tail = self.error_event(self.outcome.error)
                 break
             try:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
