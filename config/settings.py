@@ -80,6 +80,18 @@ class Settings:
         "only before any byte reached the client (0: off).",
         min=0, max=10,
     )
+    anthropic_base_url: str | None = _setting(
+        None,
+        "Anthropic-compatible upstream for POST /v1/messages (e.g. https://api.anthropic.com): "
+        "requests and replies go through as bytes. Unset: /v1/messages goes to the model's "
+        "route through litellm's translation (to the default upstream when no route matches).",
+    )
+    anthropic_api_key: str | None = _setting(
+        None,
+        "x-api-key sent to anthropic_base_url. Unset: the client's own x-api-key (or "
+        "Authorization) is forwarded.",
+        secret=True,
+    )
     routes: tuple[Route, ...] = _setting_factory(
         tuple,
         "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
@@ -432,7 +444,8 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
     if "max" in meta and result > meta["max"]:
         raise ValueError(f"must be <= {meta['max']}, got {value!r}")
     if (
-        f.name in ("upstream_base_url", "extract_base_url") and result is not None
+        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
+        and result is not None
         and not str(result).startswith(("http://", "https://"))
     ):
         raise ValueError(f"must be an http(s) URL, got {value!r}")

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from proxy.errors import ProxyError
-from proxy.upstream import Target, UpstreamReply
+from proxy.upstream import Target, Upstream, UpstreamReply
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,8 @@ class ApiFormat(Protocol):
         """Decode and check a body; a malformed one is a 400 (an InvalidRequest)."""
         ...
 
-    def target(self, upstream_target: Target, headers: Mapping[str, str]) -> Target:
-        """Where this format's request goes, given the model's route."""
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """Where this format's request for `model` goes."""
         ...
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from proxy.errors import (
 from proxy.llm_client import LLMClient
 from proxy.logs import configure_logging, get_logger
 from proxy.management import routes as management_routes
+from proxy.messages_api import count_message_tokens, create_message
 from proxy.metrics import Metrics, metrics_endpoint
 from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
@@ -87,6 +88,8 @@ def create_app(
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         # Other methods (GET/DELETE /v1/responses/{id}, ...) fall through to the pass-through.
         Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/messages", create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
         *panel_routes(),

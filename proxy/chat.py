@@ -15,7 +15,7 @@ from proxy.errors import ProxyError, sse_error_event
 from proxy.exchange import handle
 from proxy.relay import RelayResponse
 from proxy.sse import ChatReplyTee, reply_text
-from proxy.upstream import Target, UpstreamReply
+from proxy.upstream import Target, Upstream, UpstreamReply
 
 
 class ChatFormat:
@@ -30,9 +30,9 @@ class ChatFormat:
         body = parse_chat_body(raw)
         return Parsed(body, body["messages"])
 
-    def target(self, upstream_target: Target, headers: Mapping[str, str]) -> Target:
-        """The model's route, as it is."""
-        return upstream_target
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """The model's route (the routing table, else the default upstream)."""
+        return upstream.target_for(model)
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """`memory.inject` on the messages."""

@@ -124,7 +124,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     )
     call = Call(
         fmt, parsed, raw, Identity(user_id, session_id), flags,
-        fmt.target(state.upstream.target_for(body["model"]), request.headers),
+        fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
     # Sent back as the UTF-8 bytes it arrived in (headers go out as latin-1).

@@ -23,6 +23,9 @@ import litellm
 
 litellm.telemetry = False
 litellm.drop_params = True
+# Anthropic Messages to an OpenAI-compatible upstream as chat completions (litellm's default
+# is the Responses API, which most OpenAI-compatible servers do not have).
+litellm.use_chat_completions_url_for_anthropic_messages = True
 
 
 async def close_clients() -> None:
@@ -88,6 +91,27 @@ async def open_responses(target: Target, body: dict[str, Any], *, timeout: float
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
     return LitellmReply(_named_events(result), "text/event-stream", close=_closer(result))
+
+
+async def open_messages(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send an Anthropic Messages request through litellm; the answer in that format."""
+    params = {k: v for k, v in body.items() if k != "model"}
+    try:
+        result = await litellm.anthropic_messages(
+            model=_model_name(target, body["model"]), api_key=target.api_key,
+            api_base=target.base_url or None, timeout=timeout, **params,
+        )
+    except Exception as exc:  # litellm raises its own tree; map it
+        raise to_proxy_error(exc) from None
+    if not body.get("stream"):
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
+    # litellm streams these as the SSE bytes Anthropic sends.
+    return LitellmReply(_bytes(result), "text/event-stream", close=_closer(result))
+
+
+async def _bytes(stream: Any) -> AsyncIterator[bytes]:
+    async for chunk in stream:
+        yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

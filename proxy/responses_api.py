@@ -26,7 +26,7 @@ from proxy.errors import InvalidRequest, ProxyError
 from proxy.exchange import handle
 from proxy.relay import RelayResponse
 from proxy.sse import ServerSentEvent, SSEDecoder
-from proxy.upstream import Target, UpstreamReply
+from proxy.upstream import Target, Upstream, UpstreamReply
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -60,9 +60,9 @@ class ResponsesFormat:
                 raise InvalidRequest(f"{key} must be of type {_kind(kind)}", param=key)
         return Parsed(body, conversation(body), body.get("previous_response_id"))
 
-    def target(self, upstream_target: Target, headers: Mapping[str, str]) -> Target:
-        """The model's route, as for chat completions."""
-        return upstream_target
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """The model's route (the routing table, else the default upstream)."""
+        return upstream.target_for(model)
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """`instructions` + the block, or a system item before the last user item."""

@@ -59,6 +59,7 @@ class Target:
     base_url: str
     api_key: str | None
     provider: str | None = None  # set: translate through litellm
+    key_header: str = "authorization"  # "x-api-key": how Anthropic's API takes the key
 
     @property
     def via_litellm(self) -> bool:
@@ -311,7 +312,9 @@ def forward_headers(
         if identity_encoding and lower == "accept-encoding":
             continue
         out.append((name, value))
-    if target.api_key:
+    if target.api_key and target.key_header == "x-api-key":
+        out.append(("x-api-key", target.api_key))
+    elif target.api_key:
         out.append(("authorization", f"Bearer {target.api_key}"))
     if identity_encoding:
         # Chat replies are read by memproxy (to remember them), so ask for plain bytes.

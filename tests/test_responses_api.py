@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import Any
 
@@ -19,9 +19,22 @@ from tests.support.scripted_upstream import Drop, JSONReply, RawReply, ScriptedU
 ADA = {"X-Memory-User-Id": "ada"}
 
 
-def sdk(proxy: RunningProxy, **headers: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
-                         default_headers=headers)
+Sdk = Callable[..., openai.OpenAI]
+
+
+@pytest.fixture
+def sdk() -> Iterator[Sdk]:
+    """Make openai clients aimed at a proxy: sdk(proxy, **headers); closed after the test."""
+    made: list[openai.OpenAI] = []
+
+    def make(proxy: RunningProxy, **headers: str) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0,
+                                  default_headers=headers))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
 
 
 def turns(proxy: RunningProxy, user: str = "ada") -> list[tuple[str, str, str, int]]:
@@ -47,7 +60,7 @@ def test_create_relays_the_body_untouched_without_memory(
     assert reply.headers["x-memory-session-id"].startswith("fp-")
 
 
-def test_sdk_create_and_stream(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+def test_sdk_create_and_stream(memproxy: RunningProxy, upstream: ScriptedUpstream, sdk: Sdk) -> None:
     client = sdk(memproxy, **ADA)
     response = client.responses.create(model="gpt-4o-mini", input="My cat is called Miso.")
     assert response.output_text == "echo: My cat is called Miso."
@@ -77,7 +90,7 @@ def test_stream_is_relayed_byte_for_byte(memproxy: RunningProxy, upstream: Scrip
 
 @pytest.mark.parametrize("placement", ["system", "last_user"])
 def test_memory_goes_into_instructions_or_before_the_last_user_item(
-    memproxy: RunningProxy, upstream: ScriptedUpstream, placement: str
+    memproxy: RunningProxy, upstream: ScriptedUpstream, placement: str, sdk: Sdk
 ) -> None:
     client = sdk(memproxy, **ADA)
     client.chat.completions.create(model="gpt-4o", messages=[
@@ -104,7 +117,7 @@ def test_memory_goes_into_instructions_or_before_the_last_user_item(
 
 
 def test_previous_response_id_chains_store_each_turn_once_in_one_session(
-    memproxy: RunningProxy, upstream: ScriptedUpstream
+    memproxy: RunningProxy, upstream: ScriptedUpstream, sdk: Sdk
 ) -> None:
     client = sdk(memproxy, **ADA)
     first = client.responses.with_raw_response.create(model="gpt-4o-mini", input="I live in Lisbon.")
@@ -175,7 +188,7 @@ def test_a_malformed_event_is_replaced_by_the_error_event(
     (b'{"model": "m", "input": "x", "stream": "yes"}', "stream"),
 ])
 def test_malformed_bodies_get_a_400_in_openais_envelope_and_nothing_is_stored(
-    memproxy: RunningProxy, upstream: ScriptedUpstream, body: bytes, param: str | None
+    memproxy: RunningProxy, upstream: ScriptedUpstream, body: bytes, param: str | None, sdk: Sdk
 ) -> None:
     client = sdk(memproxy, **ADA)
     with pytest.raises(openai.BadRequestError) as caught:
@@ -188,7 +201,7 @@ def test_malformed_bodies_get_a_400_in_openais_envelope_and_nothing_is_stored(
 
 
 def test_upstream_errors_and_bad_bodies_come_back_as_openai_errors(
-    proxy: RunningProxy, upstream: ScriptedUpstream
+    proxy: RunningProxy, upstream: ScriptedUpstream, sdk: Sdk
 ) -> None:
     client = sdk(proxy)
     upstream.enqueue(JSONReply({"error": {"message": "slow down", "type": "requests",
@@ -205,7 +218,7 @@ def test_upstream_errors_and_bad_bodies_come_back_as_openai_errors(
 
 
 def test_get_and_delete_of_a_response_pass_through(
-    proxy: RunningProxy, upstream: ScriptedUpstream
+    proxy: RunningProxy, upstream: ScriptedUpstream, sdk: Sdk
 ) -> None:
     client = sdk(proxy)
     upstream.enqueue(JSONReply(response_object("stored", response_id="resp_abc")))
@@ -218,7 +231,7 @@ def test_get_and_delete_of_a_response_pass_through(
 
 
 def test_dry_run_returns_the_block_without_calling_the_upstream(
-    memproxy: RunningProxy, upstream: ScriptedUpstream
+    memproxy: RunningProxy, upstream: ScriptedUpstream, sdk: Sdk
 ) -> None:
     client = sdk(memproxy, **ADA)
     client.responses.create(model="gpt-4o-mini", input="My favourite editor is Helix.")

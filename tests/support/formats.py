@@ -132,7 +132,7 @@ def _output_message(text: str, status: str) -> dict[str, Any]:
 def message_object(
     text: str,
     *,
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-scripted-1",
     stop_reason: str = "end_turn",
     tool_uses: Sequence[Mapping[str, Any]] = (),
     input_tokens: int = 10,
@@ -149,7 +149,7 @@ def message_object(
 
 
 def message_events(
-    text: str, *, model: str = "claude-sonnet-4-5", split: int = 3, input_tokens: int = 10
+    text: str, *, model: str = "claude-scripted-1", split: int = 3, input_tokens: int = 10
 ) -> list[bytes]:
     """The events of a streamed Messages reply: message_start ... message_stop."""
     final = message_object(text, model=model, input_tokens=input_tokens)

@@ -324,7 +324,7 @@ class _Defaults:
         if not isinstance(body, dict):
             return JSONReply(formats.anthropic_error("the body must be a JSON object"), status=400)
         text = "echo: " + formats.messages_input_text(body)
-        model, (first, chunks, gap) = str(body.get("model") or "claude-sonnet-4-5"), self._sample()
+        model, (first, chunks, gap) = str(body.get("model") or "claude-scripted-1"), self._sample()
         tokens = len(req.body) // 4
         if body.get("stream"):
             events = formats.message_events(text, model=model, split=chunks, input_tokens=tokens)
