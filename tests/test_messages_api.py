@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -285,3 +286,15 @@ def test_count_tokens_passes_through_or_is_estimated(
     upstream.clear()
     estimated = claude(start_proxy()).messages.count_tokens(model=MODEL, messages=messages)
     assert 5 <= estimated.input_tokens <= 12 and upstream.history == []
+
+
+def test_the_readme_python_example_runs(
+    direct: RunningProxy, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("**Anthropic Messages**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
+    exec(example.replace("http://127.0.0.1:8080", direct.url), {})
+    assert capsys.readouterr().out == "echo: Where do I live?\n"
+    assert upstream.history[-1].path == "/v1/messages"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -242,3 +243,15 @@ def test_dry_run_returns_the_block_without_calling_the_upstream(
                        json={"model": "gpt-4o-mini", "input": "Which editor is my favourite?"})
     assert reply.json()["object"] == "memory.dry_run" and "Helix" in reply.json()["block"]
     assert upstream.history == []
+
+
+def test_the_readme_python_example_runs(
+    memproxy: RunningProxy, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("**Responses API**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
+    exec(example.replace("http://127.0.0.1:8080/v1", memproxy.base_url), {})
+    assert capsys.readouterr().out == "echo: Where do I live?\n"
+    assert upstream.history[-1].json["previous_response_id"].startswith("resp_")
