@@ -134,7 +134,8 @@ class Settings:
     )
     max_streams_per_key: int = _setting(
         0,
-        "Streamed chat completions each key may have open at once (0: no limit); one more "
+        "Streamed replies (chat completions, Responses, Messages) each key may have open at "
+        "once (0: no limit); one more "
         "gets 429 with Retry-After: 1.",
         min=0,
     )
