@@ -96,7 +96,8 @@ class Settings:
         tuple,
         "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
         "ending in `*`, then `base_url` (+ `api_key`) for an OpenAI-compatible upstream or "
-        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`.",
+        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`; "
+        "`context_window` (tokens) overrides litellm's figure for compaction.",
         env=False,
     )
 
@@ -170,6 +171,18 @@ class Settings:
         "message right before the last user message; keeps the prefix cacheable) "
         "(X-Memory-Placement).",
         choices=("system", "last_user"),
+    )
+    compact: bool = _setting(
+        False,
+        "Compact a conversation that, with its memory block, would pass compact_at of the "
+        "model's context window: its middle is replaced by the session's summary "
+        "(X-Memory-Compact). Off: such a request goes through unchanged.",
+    )
+    compact_at: float = _setting(
+        0.8, "Share of the model's context window at which compaction starts.", min=0.05, max=1.0
+    )
+    compact_keep_last: int = _setting(
+        8, "Messages at the end of the conversation that compaction always keeps.", min=1
     )
 
     # -- embeddings and indexing

@@ -271,6 +271,20 @@ class MemoryEngine:
             self.worker.notify()
         return result.last_id
 
+    async def session_summary(
+        self, user_id: str, session_id: str, *, through: int | None, model: str
+    ) -> str | None:
+        """The session's current summary; with none, one is made now of the conversation
+        ending at turn `through` (one call to the learning model). None when there is none."""
+        latest = await self.summaries.latest(user_id, session_id)
+        if latest is None and through is not None:
+            await self.learner.summarize({
+                "user_id": user_id, "session_id": session_id, "turn_id": through,
+                "model": self.settings.extract_model or model,
+            })
+            latest = await self.summaries.latest(user_id, session_id)
+        return latest.text if latest is not None else None
+
     async def reply_chain(self, user_id: str, reply_id: str, *, limit: int = 40) -> ReplyChain | None:
         """The stored conversation ending at the reply remembered under `reply_id`."""
         return await self.log.reply_chain(user_id, reply_id, limit)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
+from proxy.compaction import Shape
 from proxy.errors import ProxyError
 from proxy.upstream import Target, Upstream, UpstreamReply
 
@@ -79,6 +80,18 @@ class ApiFormat(Protocol):
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """A copy of `body` carrying the memory block; `body` is never changed."""
+        ...
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The body's conversation as chat messages (text only)."""
+        ...
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """The conversation's items for compaction (None: this body cannot be compacted)."""
+        ...
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """A copy of `body` whose items in `span` are replaced by one carrying `summary`."""
         ...
 
     def read_reply(self, body: dict[str, Any]) -> Reply:

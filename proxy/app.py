@@ -51,7 +51,8 @@ def create_app(
         configure_logging(settings.log_level)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
-        uses_litellm = any(route.provider for route in settings.routes)
+        # Compaction reads context windows from litellm's model map.
+        uses_litellm = any(route.provider for route in settings.routes) or settings.compact
         if uses_litellm:
             import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
         try:

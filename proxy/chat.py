@@ -11,6 +11,7 @@ from starlette.responses import Response
 from memory import inject
 from proxy.api_format import Parsed, Reply, ReplyTee
 from proxy.chat_body import parse_chat_body
+from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import ProxyError, sse_error_event
 from proxy.exchange import handle
 from proxy.relay import RelayResponse
@@ -37,6 +38,24 @@ class ChatFormat:
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """`memory.inject` on the messages."""
         return {**body, "messages": inject(body["messages"], block, placement)}
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The messages themselves."""
+        return list(body["messages"])
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Roles, and each tool message paired with the assistant message that called it."""
+        messages = body["messages"]
+        calls = [(i, c.get("id")) for i, m in enumerate(messages)
+                 for c in _list(m.get("tool_calls")) if isinstance(c, dict)]
+        results = [(i, m.get("tool_call_id")) for i, m in enumerate(messages) if m.get("role") == "tool"]
+        return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """The span becomes one system message holding the summary."""
+        messages, (start, end) = body["messages"], span
+        return {**body, "messages": [*messages[:start], {"role": "system", "content": summary},
+                                     *messages[end:]]}
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """Choice 0's content and tool calls."""
@@ -69,3 +88,7 @@ CHAT = ChatFormat()
 async def chat_completions(request: Request) -> Response | RelayResponse:
     """Handle one chat completion, streamed or not."""
     return await handle(request, CHAT)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

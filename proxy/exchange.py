@@ -24,6 +24,7 @@ from config import Flags
 from config.flags import FlagError
 from memory import Recalled, ReplyChain
 from proxy.api_format import ApiFormat, Parsed, ReplyTee
+from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.identity import Identity, authenticate, resolve_session, resolve_user
 from proxy.limits import StreamSlot, limit_key
@@ -140,21 +141,35 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     recalled = await step.recall()
     if flags.dry_run:
         return _dry_run(call, recalled, step)
-    payload = raw  # without an injection the client's own bytes go out: nothing re-encoded
-    if recalled is not None and recalled.items:
-        with_memory = fmt.inject(body, recalled.block, flags.placement)
-        try:
-            payload, body = orjson.dumps(with_memory), with_memory
-        except TypeError as exc:  # orjson writes 254 levels of nesting but reads 1024
-            step.failed("inject", exc)
     step.lend_client_key(request.headers, call.target)
     step.start_remembering()
+    # Without a change the client's own bytes go out: nothing re-encoded.
+    payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
     try:
         upstream = await _send(request, state, call, payload, body)
         return await _relay(state, call, upstream, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
         raise
+
+
+async def _outgoing(
+    state: AppState, call: Call, step: MemoryStep, recalled: Recalled | None
+) -> tuple[bytes, dict[str, Any]] | None:
+    """The bytes and body to send when memory changes the request (compaction, the
+    block); None when it goes as sent."""
+    body = call.body
+    if call.flags.compact:
+        body = await compact(state, call, step, body, recalled.tokens if recalled else 0) or body
+    if recalled is not None and recalled.items:
+        body = call.fmt.inject(body, recalled.block, call.flags.placement)
+    if body is call.body:
+        return None
+    try:
+        return orjson.dumps(body), body
+    except TypeError as exc:  # orjson writes 254 levels of nesting but reads 1024
+        step.failed("inject", exc)
+        return None
 
 
 async def _chain(

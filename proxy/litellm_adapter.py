@@ -166,6 +166,16 @@ async def complete_text(
     return reply_text(result.model_dump(exclude_none=True)) or ""
 
 
+def context_window(model: str, provider: str | None) -> int | None:
+    """The model's input window in tokens from litellm's model map, None when unknown."""
+    try:
+        info = litellm.get_model_info(_model_name(Target("", None, provider), model) if provider else model)
+    except Exception:  # litellm raises a bare Exception for a model it does not know
+        return None
+    window = info.get("max_input_tokens") or info.get("max_tokens")
+    return window if isinstance(window, int) and window > 0 else None
+
+
 def to_proxy_error(exc: Exception) -> ProxyError:
     """litellm's exceptions as memproxy's errors."""
     if isinstance(exc, ProxyError):

@@ -104,6 +104,14 @@ class MemoryStep:
         if self._stored is not None and not self._stored.done():
             await asyncio.wait({self._stored}, timeout=timeout)
 
+    async def stored_turn(self, timeout: float = STORE_WAIT_SECONDS) -> int | None:
+        """The id of the request's last stored turn, once stored (None if it is not)."""
+        await self.stored(timeout)
+        task = self._stored
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
     def remember_reply(
         self, text: str | None, *, incomplete: bool, reply_id: str | None = None
     ) -> None:

@@ -11,7 +11,7 @@ completions. Errors, before and during a stream, use Anthropic's envelope
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from starlette.responses import Response
 from memory import count_tokens
 from proxy.api_format import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.chat_body import parse_json_object
+from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import ProxyError, UpstreamStatus
 from proxy.exchange import handle
 from proxy.identity import authenticate, presented_key
@@ -54,9 +55,11 @@ class MessagesFormat:
     def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
         """`anthropic_base_url`, else the model's route translated by litellm."""
         settings = upstream.settings
-        if settings.anthropic_base_url:
-            return anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
         route = upstream.target_for(model)
+        if settings.anthropic_base_url:
+            # A route's context_window still counts here (compaction).
+            target = anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
+            return replace(target, context_window=route.context_window)
         if route.via_litellm:
             return route
         # litellm calls this upstream itself, so it needs the key a raw forward would send.
@@ -66,6 +69,26 @@ class MessagesFormat:
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """Into `system`, after the last cache_control breakpoint (`proxy.messages_body`)."""
         return inject_messages(body, block, placement)
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """`system` and the messages as chat messages."""
+        return conversation(body)
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Message roles; each tool_use paired with the message holding its tool_result."""
+        messages = body["messages"]
+        blocks = [(i, b) for i, m in enumerate(messages)
+                  for b in _list(m.get("content")) if isinstance(b, dict)]
+        calls = [(i, b.get("id")) for i, b in blocks if b.get("type") == "tool_use"]
+        results = [(i, b.get("tool_use_id")) for i, b in blocks if b.get("type") == "tool_result"]
+        return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """The span becomes one user message holding the summary (the API joins it with a
+        user message next to it)."""
+        messages, (start, end) = body["messages"], span
+        note = {"role": "user", "content": [{"type": "text", "text": summary}]}
+        return {**body, "messages": [*messages[:start], note, *messages[end:]]}
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """The message's text and tool uses."""

@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from proxy.api_format import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.chat_body import parse_json_object
+from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.exchange import handle
 from proxy.relay import RelayResponse
@@ -74,6 +75,29 @@ class ResponsesFormat:
         last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
         listed.insert(last_user, {"role": "system", "content": block})
         return {**body, "input": listed}
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """`instructions` and the input items as chat messages."""
+        return conversation(body)
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Input items with their roles; function calls paired with their outputs and
+        reasoning items with the item after them. None for a continuation (the upstream
+        holds its history) or a string input."""
+        items = body.get("input")
+        if body.get("previous_response_id") or not isinstance(items, list):
+            return None
+        calls = [(i, it.get("call_id")) for i, it in enumerate(items) if it.get("type") == "function_call"]
+        results = [(i, it.get("call_id")) for i, it in enumerate(items)
+                   if it.get("type") == "function_call_output"]
+        reasoning = [(i, i + 1) for i, it in enumerate(items[:-1]) if it.get("type") == "reasoning"]
+        return Shape([_role(it) for it in items], [*pairs_by_id(calls, results), *reasoning])
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """The span becomes one system input item holding the summary."""
+        items, (start, end) = body["input"], span
+        return {**body, "input": [*items[:start], {"role": "system", "content": summary},
+                                  *items[end:]]}
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """The response's output text and function calls; its id, for continuations."""

@@ -60,6 +60,7 @@ class Target:
     api_key: str | None
     provider: str | None = None  # set: translate through litellm
     key_header: str = "authorization"  # "x-api-key": how Anthropic's API takes the key
+    context_window: int | None = None  # the route's override of litellm's figure (tokens)
 
     @property
     def via_litellm(self) -> bool:
@@ -346,9 +347,11 @@ def map_transport_error(exc: Exception) -> ProxyError:
 def _target(route: Route, default: Target) -> Target:
     if route.provider is not None:
         # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
-        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider)
+        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
+                      context_window=route.context_window)
     # A route's own key only: the default key must never leak to another host.
-    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key)
+    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
+                  context_window=route.context_window)
 
 
 def _describe(exc: Exception) -> str:
