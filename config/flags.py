@@ -31,6 +31,7 @@ class Flags:
     scope: str
     placement: str
     dry_run: bool = False
+    compact: bool = False  # replace the middle of a conversation near the context window
 
     @property
     def active(self) -> bool:
@@ -46,6 +47,7 @@ class Flags:
             budget=settings.memory_budget,
             scope=settings.memory_scope,
             placement=settings.memory_placement,
+            compact=settings.memory and settings.compact,
         )
 
     @classmethod
@@ -55,6 +57,7 @@ class Flags:
         read = _on_off(headers, "x-memory-read")
         write = _on_off(headers, "x-memory-write")
         dry_run = _on_off(headers, "x-memory-dry-run")
+        compact = _on_off(headers, "x-memory-compact")
         enabled = settings.memory if master is None else master
         return cls(
             read=enabled and (settings.memory_read if read is None else read),
@@ -65,6 +68,7 @@ class Flags:
                 headers, "x-memory-placement", ("system", "last_user"), settings.memory_placement
             ),
             dry_run=bool(dry_run),
+            compact=enabled and (settings.compact if compact is None else compact),
         )
 
 

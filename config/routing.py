@@ -13,13 +13,15 @@ class Route:
 
     `match` is an exact model name, or a prefix when it ends in `*`. With `provider` set the
     request goes through litellm as `<provider>/<model>`; otherwise `base_url` names an
-    OpenAI-compatible upstream and the body is relayed as sent.
+    OpenAI-compatible upstream and the body is relayed as sent. `context_window` (tokens)
+    overrides litellm's figure for compaction.
     """
 
     match: str
     base_url: str | None = None
     api_key: str | None = None
     provider: str | None = None
+    context_window: int | None = None
 
     @property
     def is_prefix(self) -> bool:
@@ -55,7 +57,7 @@ def parse_routes(value: Any) -> tuple[Route, ...]:
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise ValueError(f"entry {i} must be a table")
-        unknown = set(item) - {"match", "base_url", "api_key", "provider"}
+        unknown = set(item) - {"match", "base_url", "api_key", "provider", "context_window"}
         if unknown:
             raise ValueError(f"entry {i} has unknown keys: {', '.join(sorted(unknown))}")
         match = item.get("match")
@@ -66,7 +68,10 @@ def parse_routes(value: Any) -> tuple[Route, ...]:
             raise ValueError(f"entry {i} ({match}) needs `base_url` or `provider`")
         if base_url is not None and not str(base_url).startswith(("http://", "https://")):
             raise ValueError(f"entry {i} ({match}): base_url must be an http(s) URL")
-        routes.append(Route(match, base_url, item.get("api_key"), provider))
+        window = item.get("context_window")
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ValueError(f"entry {i} ({match}): context_window must be a positive integer")
+        routes.append(Route(match, base_url, item.get("api_key"), provider, window))
     # Exact names win over prefixes; longer prefixes win over shorter ones.
     routes.sort(key=lambda r: (r.is_prefix, -len(r.match)))
     return tuple(routes)

@@ -80,11 +80,24 @@ class Settings:
         "only before any byte reached the client (0: off).",
         min=0, max=10,
     )
+    anthropic_base_url: str | None = _setting(
+        None,
+        "Anthropic-compatible upstream for POST /v1/messages (e.g. https://api.anthropic.com): "
+        "requests and replies go through as bytes. Unset: /v1/messages goes to the model's "
+        "route through litellm's translation (to the default upstream when no route matches).",
+    )
+    anthropic_api_key: str | None = _setting(
+        None,
+        "x-api-key sent to anthropic_base_url. Unset: the client's own x-api-key (or "
+        "Authorization) is forwarded.",
+        secret=True,
+    )
     routes: tuple[Route, ...] = _setting_factory(
         tuple,
         "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
         "ending in `*`, then `base_url` (+ `api_key`) for an OpenAI-compatible upstream or "
-        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`.",
+        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`; "
+        "`context_window` (tokens) overrides litellm's figure for compaction.",
         env=False,
     )
 
@@ -122,7 +135,8 @@ class Settings:
     )
     max_streams_per_key: int = _setting(
         0,
-        "Streamed chat completions each key may have open at once (0: no limit); one more "
+        "Streamed replies (chat completions, Responses, Messages) each key may have open at "
+        "once (0: no limit); one more "
         "gets 429 with Retry-After: 1.",
         min=0,
     )
@@ -157,6 +171,18 @@ class Settings:
         "message right before the last user message; keeps the prefix cacheable) "
         "(X-Memory-Placement).",
         choices=("system", "last_user"),
+    )
+    compact: bool = _setting(
+        False,
+        "Compact a conversation that, with its memory block, would pass compact_at of the "
+        "model's context window: its middle is replaced by the session's summary "
+        "(X-Memory-Compact). Off: such a request goes through unchanged.",
+    )
+    compact_at: float = _setting(
+        0.8, "Share of the model's context window at which compaction starts.", min=0.05, max=1.0
+    )
+    compact_keep_last: int = _setting(
+        8, "Messages at the end of the conversation that compaction always keeps.", min=1
     )
 
     # -- embeddings and indexing
@@ -433,7 +459,8 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
     if "max" in meta and result > meta["max"]:
         raise ValueError(f"must be <= {meta['max']}, got {value!r}")
     if (
-        f.name in ("upstream_base_url", "extract_base_url") and result is not None
+        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
+        and result is not None
         and not str(result).startswith(("http://", "https://"))
     ):
         raise ValueError(f"must be an http(s) URL, got {value!r}")

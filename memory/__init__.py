@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
-    from memory.log.turn_log import INDEX_JOB, TurnLog
+    from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
     from memory.recall.inject import inject
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
@@ -59,6 +59,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Recalled": ("memory.engine", "Recalled"),
     "RecalledItem": ("memory.engine", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
+    "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
     "message_text": ("memory.log.messages", "message_text"),
@@ -124,6 +125,7 @@ __all__ = [
     "Recalled",
     "RecalledItem",
     "RecordError",
+    "ReplyChain",
     "RequestMetrics",
     "TurnLog",
     "VectorIndex",

@@ -28,7 +28,7 @@ from memory.learning.lifecycle import prune_all, purge_expired
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
-from memory.log.turn_log import INDEX_JOB, TurnLog
+from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
 from memory.recall.block import pack_block
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
@@ -259,9 +259,13 @@ class MemoryEngine:
 
     async def remember_request(
         self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
-        model: str, request_id: str,
+        model: str, request_id: str, after: int | None = None,
     ) -> int | None:
-        """Store the request's turns (each once, however often resent); return the last id."""
+        """Store the request's turns (each once, however often resent); return the last id.
+
+        `after`: the stored turn these messages continue (a request that sends only its
+        new messages, like a Responses API call with `previous_response_id`).
+        """
         now = time.time()
         turns = [
             NewTurn(
@@ -272,14 +276,32 @@ class MemoryEngine:
             if m.get("role") in TURN_ROLES and (text := turn_text(m))
         ]
         if not turns:
-            return None
+            return after
         result = await self.log.append_turns(
-            user_id, session_id, turns, job_kind=INDEX_JOB,
+            user_id, session_id, turns, after=after, job_kind=INDEX_JOB,
             max_attempts=self.settings.job_max_attempts,
         )
         if result.new_ids:
             self.worker.notify()
         return result.last_id
+
+    async def session_summary(
+        self, user_id: str, session_id: str, *, through: int | None, model: str
+    ) -> str | None:
+        """The session's current summary; with none, one is made now of the conversation
+        ending at turn `through` (one call to the learning model). None when there is none."""
+        latest = await self.summaries.latest(user_id, session_id)
+        if latest is None and through is not None:
+            await self.learner.summarize({
+                "user_id": user_id, "session_id": session_id, "turn_id": through,
+                "model": self.settings.extract_model or model,
+            })
+            latest = await self.summaries.latest(user_id, session_id)
+        return latest.text if latest is not None else None
+
+    async def reply_chain(self, user_id: str, reply_id: str, *, limit: int = 40) -> ReplyChain | None:
+        """The stored conversation ending at the reply remembered under `reply_id`."""
+        return await self.log.reply_chain(user_id, reply_id, limit)
 
     async def remember_reply(
         self, user_id: str, session_id: str, after: int | None, text: str, *,

@@ -25,10 +25,12 @@ from proxy.errors import (
 from proxy.llm_client import LLMClient
 from proxy.logs import configure_logging, get_logger
 from proxy.management import routes as management_routes
+from proxy.messages_api import count_message_tokens, create_message
 from proxy.metrics import Metrics, metrics_endpoint
 from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
 from proxy.relay import SHUTDOWN_STATE
+from proxy.responses_api import create_response
 from proxy.shutdown import Shutdown
 from proxy.state import AppState
 from proxy.upstream import Upstream
@@ -53,7 +55,8 @@ def create_app(
         configure_logging(settings.log_level)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
-        uses_litellm = any(route.provider for route in settings.routes)
+        # Compaction reads context windows from litellm's model map.
+        uses_litellm = any(route.provider for route in settings.routes) or settings.compact
         if uses_litellm:
             import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
         jobs_stop: asyncio.Task[None] | None = None
@@ -97,6 +100,10 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        # Other methods (GET/DELETE /v1/responses/{id}, ...) fall through to the pass-through.
+        Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/messages", create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
         *panel_routes(),

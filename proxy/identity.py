@@ -81,12 +81,16 @@ def _bounded(user_id: str) -> str:
     return f"{user_id[: MAX_ID_LENGTH - 33]}~{digest}"
 
 
-def resolve_session(headers: Mapping[str, str], user_id: str, messages: Sequence[Any]) -> str:
-    """The X-Memory-Session-Id header, else a fingerprint of the conversation's start."""
+def resolve_session(
+    headers: Mapping[str, str], user_id: str, messages: Sequence[Any], *,
+    continued: str | None = None,
+) -> str:
+    """The X-Memory-Session-Id header, else the session of the stored conversation this
+    request continues (`continued`), else a fingerprint of the conversation's start."""
     header = _id_header(headers, "x-memory-session-id", "X-Memory-Session-Id")
     if header is not None:
         return header
-    return conversation_fingerprint(user_id, messages)
+    return continued or conversation_fingerprint(user_id, messages)
 
 
 def conversation_fingerprint(user_id: str, messages: Sequence[Any]) -> str:

@@ -7,21 +7,14 @@ import costs seconds and the OpenAI-compatible path never needs it.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from proxy.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
-from proxy.relay import RelayResponse, StreamOutcome
-from proxy.sse import ChatReplyTee, reply_text
-
-if TYPE_CHECKING:
-    from proxy.chat import ChatCall
-    from proxy.memory_step import MemoryStep
-    from proxy.state import AppState
-    from proxy.upstream import Target
+from proxy.sse import reply_text
+from proxy.upstream import Target, UpstreamHeaders
 
 # Never fetch the price map from the internet at import.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -30,64 +23,133 @@ import litellm
 
 litellm.telemetry = False
 litellm.drop_params = True
+# Anthropic Messages to an OpenAI-compatible upstream as chat completions (litellm's default
+# is the Responses API, which most OpenAI-compatible servers do not have).
+litellm.use_chat_completions_url_for_anthropic_messages = True
 
 
 async def close_clients() -> None:
     """Close the HTTP clients litellm caches per event loop."""
-    await litellm.close_litellm_async_clients()
+    # litellm neither re-exports nor types this function.
+    await litellm.close_litellm_async_clients()  # type: ignore[attr-defined, no-untyped-call]
 
 
-async def forward_litellm(
-    state: AppState, call: ChatCall, body: dict[str, Any], step: MemoryStep
-) -> Response | RelayResponse:
-    """Send a chat completion through litellm and answer in OpenAI's format."""
-    target = call.target
-    provider = target.provider or ""
-    model = body["model"] if body["model"].startswith(f"{provider}/") else f"{provider}/{body['model']}"
+class LitellmReply:
+    """litellm's answer in the raw transport's shape (`proxy.upstream.UpstreamReply`): a
+    status, headers and a body of bytes in OpenAI's wire format, so the route relays and
+    remembers it exactly as it does an OpenAI-compatible upstream's."""
+
+    status_code = 200
+
+    def __init__(
+        self, body: AsyncIterator[bytes], content_type: str,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.headers = UpstreamHeaders({"content-type": content_type})
+        self._body = body
+        self._close = close
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body; litellm's failures come out as memproxy's errors."""
+        try:
+            async for chunk in self._body:
+                yield chunk
+        except Exception as exc:  # litellm raises its own tree, mid-stream too; map it
+            raise to_proxy_error(exc) from None
+
+    async def aclose(self) -> None:
+        """Close the provider's stream (a whole body has nothing to close)."""
+        if self._close is not None:
+            await self._close()
+
+
+async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send a chat completion through litellm; the answer in OpenAI's chat format."""
     params = {k: v for k, v in body.items() if k not in ("model", "messages")}
     try:
         result = await litellm.acompletion(
-            model=model, messages=body["messages"], api_key=target.api_key,
-            api_base=target.base_url or None,
-            timeout=state.settings.upstream_timeout, **params,
+            model=_model_name(target, body["model"]), messages=body["messages"],
+            api_key=target.api_key, api_base=target.base_url or None, timeout=timeout, **params,
         )
     except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc) from None
-    await step.stored()  # the request's turns are committed before the reply starts
-    headers = {**call.headers, **step.headers()}
     if not body.get("stream"):
-        completion = result.model_dump(exclude_none=True)
-        step.remember_reply(reply_text(completion), incomplete=False)
-        return Response(orjson.dumps(completion), 200, headers, media_type="application/json")
-    return _stream(state, result, headers, step)
+        return LitellmReply(_once(orjson.dumps(result.model_dump(exclude_none=True))),
+                            "application/json")
+    return LitellmReply(_chat_events(result), "text/event-stream", close=_closer(result))
 
 
-def _stream(state: AppState, stream: Any, headers: dict[str, str], step: MemoryStep) -> RelayResponse:
-    tee = ChatReplyTee() if step.writing else None
+async def open_responses(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send a Responses API request through litellm; the answer in the Responses format."""
+    params = {k: v for k, v in body.items() if k != "model"}
+    try:
+        result = await litellm.aresponses(
+            model=_model_name(target, body["model"]), api_key=target.api_key,
+            api_base=target.base_url or None, timeout=timeout, **params,
+        )
+    except Exception as exc:  # litellm raises its own tree; map it
+        raise to_proxy_error(exc) from None
+    if not body.get("stream"):
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
+    return LitellmReply(_named_events(result), "text/event-stream", close=_closer(result))
 
-    async def events() -> AsyncIterator[bytes]:
-        async for chunk in stream:
-            data = b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
-            if tee is not None:
-                tee.feed(data)
-            yield data
-        yield b"data: [DONE]\n\n"
 
-    async def close() -> None:
-        closer = getattr(stream, "aclose", None)
-        if closer is not None:
-            await closer()
+async def open_messages(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send an Anthropic Messages request through litellm; the answer in that format."""
+    params = {k: v for k, v in body.items() if k != "model"}
+    try:
+        result = await litellm.anthropic_messages(
+            model=_model_name(target, body["model"]), api_key=target.api_key,
+            api_base=target.base_url or None, timeout=timeout, **params,
+        )
+    except Exception as exc:  # litellm raises its own tree; map it
+        raise to_proxy_error(exc) from None
+    if not body.get("stream"):
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
+    # litellm streams these as the SSE bytes Anthropic sends.
+    return LitellmReply(_bytes(result), "text/event-stream", close=_closer(result))
 
-    def done(outcome: StreamOutcome) -> None:
-        state.metrics.inflight_streams.dec()
-        if tee is not None:
-            step.remember_reply(tee.text, incomplete=not outcome.completed)
 
-    state.metrics.inflight_streams.inc()
-    return RelayResponse(
-        events(), status=200, headers={**headers, "content-type": "text/event-stream"},
-        close=close, on_error=to_proxy_error, on_done=done,
-    )
+async def _bytes(stream: Any) -> AsyncIterator[bytes]:
+    async for chunk in stream:
+        yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _chat_events(stream: Any) -> AsyncIterator[bytes]:
+    """litellm's chunk objects as the `data:` events an OpenAI upstream sends."""
+    async for chunk in stream:
+        yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+async def _named_events(stream: Any) -> AsyncIterator[bytes]:
+    """litellm's event objects as named SSE events (`event: <type>`), as the APIs send them."""
+    async for event in stream:
+        data = _plain(event)
+        name = data.get("type") if isinstance(data, dict) else None
+        head = b"event: " + str(name).encode() + b"\n" if isinstance(name, str) else b""
+        yield head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic object as plain data (litellm returns both models and dicts)."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
+
+
+def _closer(stream: Any) -> Callable[[], Awaitable[None]] | None:
+    closer = getattr(stream, "aclose", None)
+    return closer if callable(closer) else None
+
+
+def _model_name(target: Target, model: str) -> str:
+    """litellm's `provider/model` name for a routed model."""
+    provider = target.provider or ""
+    return model if model.startswith(f"{provider}/") else f"{provider}/{model}"
 
 
 async def complete_text(
@@ -95,16 +157,24 @@ async def complete_text(
     timeout: float,
 ) -> str:
     """One non-streaming completion through litellm (memory's learning calls): its text."""
-    provider = target.provider or ""
-    name = model if model.startswith(f"{provider}/") else f"{provider}/{model}"
     try:
         result = await litellm.acompletion(
-            model=name, messages=messages, api_key=api_key, api_base=target.base_url or None,
+            model=_model_name(target, model), messages=messages, api_key=api_key, api_base=target.base_url or None,
             timeout=timeout, temperature=0,
         )
     except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc) from None
     return reply_text(result.model_dump(exclude_none=True)) or ""
+
+
+def context_window(model: str, provider: str | None) -> int | None:
+    """The model's input window in tokens from litellm's model map, None when unknown."""
+    try:
+        info = litellm.get_model_info(_model_name(Target("", None, provider), model) if provider else model)
+    except Exception:  # litellm raises a bare Exception for a model it does not know
+        return None
+    window = info.get("max_input_tokens") or info.get("max_tokens")
+    return window if isinstance(window, int) and window > 0 else None
 
 
 def to_proxy_error(exc: Exception) -> ProxyError:

@@ -1,4 +1,4 @@
-"""Memory around one chat request: recall before forwarding, remember after the reply.
+"""Memory around one request of any format: recall before forwarding, remember after the reply.
 
 Memory never breaks the chat: every failure here is caught, counted, and reported in the
 `X-Memory-Error` response header while the request goes through.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from config import Flags
@@ -25,21 +25,31 @@ STORE_WAIT_SECONDS = 2.0
 
 
 class MemoryStep:
-    """The recall and remember steps of one chat request."""
+    """The recall and remember steps of one request.
+
+    `messages` is the request's conversation as chat messages. A request that sends only
+    its new messages and names the reply it continues (`previous_response_id`) passes the
+    stored conversation before them as `context` (recall reads it; it is not stored again)
+    and the stored reply's turn id as `after` (the new turns go on from it).
+    """
 
     def __init__(
-        self, state: AppState, identity: Identity, flags: Flags, request_id: str,
-        body: dict[str, Any],
+        self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
+        model: str, messages: Sequence[Mapping[str, Any]],
+        context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
     ) -> None:
         self.state = state
         self.identity = identity
         self.flags = flags
         self.request_id = request_id
-        self.body = body
-        self.model: str = body["model"]
+        self.model = model
+        self.messages = messages
+        self.context = context
+        self.after = after
         self.errors: list[str] = []
         self.recalled: Recalled | None = None
         self._stored: asyncio.Task[int | None] | None = None
+        self._reply: asyncio.Task[None] | None = None
 
     @property
     def writing(self) -> bool:
@@ -54,8 +64,8 @@ class MemoryStep:
         started = time.perf_counter()
         try:
             self.recalled = await memory.recall(RecallRequest(
-                self.identity.user_id, self.identity.session_id, self.body["messages"],
-                self.model, self.flags.budget, self.flags.scope,
+                self.identity.user_id, self.identity.session_id,
+                [*self.context, *self.messages], self.model, self.flags.budget, self.flags.scope,
             ))
         except Exception as exc:
             self.failed("recall", exc)
@@ -80,8 +90,8 @@ class MemoryStep:
         if memory is None or not self.writing:
             return
         self._stored = self.state.spawn(memory.remember_request(
-            self.identity.user_id, self.identity.session_id, self.body["messages"],
-            model=self.model, request_id=self.request_id,
+            self.identity.user_id, self.identity.session_id, self.messages,
+            model=self.model, request_id=self.request_id, after=self.after,
         ))
 
     async def stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
@@ -94,13 +104,36 @@ class MemoryStep:
         if self._stored is not None and not self._stored.done():
             await asyncio.wait({self._stored}, timeout=timeout)
 
-    def remember_reply(self, text: str | None, *, incomplete: bool) -> None:
-        """Store the assistant's reply once the request's turns are in, then the metrics row."""
-        if self.state.memory is None or not self.flags.active:
-            return
-        self.state.spawn(self._after_reply(text, incomplete))
+    async def stored_turn(self, timeout: float = STORE_WAIT_SECONDS) -> int | None:
+        """The id of the request's last stored turn, once stored (None if it is not)."""
+        await self.stored(timeout)
+        task = self._stored
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
 
-    async def _after_reply(self, text: str | None, incomplete: bool) -> None:
+    def remember_reply(
+        self, text: str | None, *, incomplete: bool, reply_id: str | None = None
+    ) -> None:
+        """Store the assistant's reply once the request's turns are in, then the metrics row.
+
+        `reply_id`: the upstream's id for the reply (a Responses API response id), stored
+        as the reply turn's request id so a request continuing from it finds it.
+        """
+        if self.state.memory is None or not self.flags.active or self._reply is not None:
+            return  # once: a stream may store its reply before it ends
+        self._reply = self.state.spawn(self._after_reply(text, incomplete, reply_id or self.request_id))
+
+    async def reply_stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
+        """Wait up to `timeout` seconds for the reply to be committed; never raises.
+
+        A client that continues from a reply by its id (`previous_response_id`) may send
+        that request the moment it has the reply: the reply must be findable by then.
+        """
+        if self._reply is not None and not self._reply.done():
+            await asyncio.wait({self._reply}, timeout=timeout)
+
+    async def _after_reply(self, text: str | None, incomplete: bool, reply_id: str) -> None:
         memory = self.state.memory
         assert memory is not None
         try:
@@ -108,7 +141,7 @@ class MemoryStep:
             if self._stored is not None and text:
                 await memory.remember_reply(
                     self.identity.user_id, self.identity.session_id, after, text,
-                    model=self.model, request_id=self.request_id, incomplete=incomplete,
+                    model=self.model, request_id=reply_id, incomplete=incomplete,
                 )
         except Exception as exc:
             self.failed("remember", exc)

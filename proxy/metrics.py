@@ -40,6 +40,14 @@ class Metrics:
             "memproxy_injected_tokens", "Tokens injected per request.",
             buckets=(0, 50, 100, 250, 500, 1000, 2000, 4000, 8000), registry=self.registry,
         )
+        self.compactions = Counter(
+            "memproxy_compactions", "Requests whose conversation was compacted, by route.",
+            ["route"], registry=self.registry,
+        )
+        self.compacted_tokens = Counter(
+            "memproxy_compacted_tokens", "Conversation tokens compaction took out of requests.",
+            registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,

@@ -14,6 +14,7 @@ from proxy.limits import limit_key
 from proxy.relay import RelayResponse
 from proxy.state import AppState
 from proxy.upstream import (
+    Target,
     forward_headers,
     map_transport_error,
     raise_for_status,
@@ -30,7 +31,7 @@ async def passthrough(request: Request) -> Response | RelayResponse:
     started = time.perf_counter()
     status = 500
     try:
-        response = await _forward(request, state)
+        response = await relay(request, state, state.upstream.default)
         status = response.status_code if isinstance(response, Response) else response.status
         return response
     except ProxyError as exc:
@@ -42,7 +43,8 @@ async def passthrough(request: Request) -> Response | RelayResponse:
         state.metrics.observe(ROUTE, status, time.perf_counter() - started)
 
 
-async def _forward(request: Request, state: AppState) -> Response | RelayResponse:
+async def relay(request: Request, state: AppState, target: Target) -> Response | RelayResponse:
+    """Forward `request` to `target` (same path, query and body) and stream the reply back."""
     settings = state.settings
     key = authenticate(request.headers, settings.api_keys)
     if state.limits.enabled:
@@ -52,7 +54,6 @@ async def _forward(request: Request, state: AppState) -> Response | RelayRespons
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
-    target = state.upstream.default
     headers = forward_headers(
         request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False
     )

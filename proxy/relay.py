@@ -53,7 +53,7 @@ class RelayResponse:
         self.on_error = on_error
         self.on_done = on_done
         self.sse = sse
-        self.error_event = error_event
+        self.error_event = error_event  # the route's format renders its own error event
         self.outcome = StreamOutcome()
         self._started = False
 

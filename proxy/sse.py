@@ -100,6 +100,7 @@ class ChatReplyTee:
     finished: bool = False
     errored: bool = False
     malformed: bool = False  # an unnamed event whose data is neither a JSON object nor [DONE]
+    reply_id: str | None = None  # chat replies are remembered under the request's id
 
     def feed(self, chunk: bytes) -> None:
         """Take relayed bytes."""

@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -59,6 +59,8 @@ class Target:
     base_url: str
     api_key: str | None
     provider: str | None = None  # set: translate through litellm
+    key_header: str = "authorization"  # "x-api-key": how Anthropic's API takes the key
+    context_window: int | None = None  # the route's override of litellm's figure (tokens)
 
     @property
     def via_litellm(self) -> bool:
@@ -67,7 +69,8 @@ class Target:
 
 
 class UpstreamHeaders:
-    """The httpx-like view chat.py and passthrough.py read."""
+    """The httpx-like view of response headers the routes read (an aiohttp multidict, or a
+    plain dict with lower-case names for replies made in-process)."""
 
     def __init__(self, headers: Any) -> None:
         self._headers = headers
@@ -77,6 +80,23 @@ class UpstreamHeaders:
 
     def multi_items(self) -> list[tuple[str, str]]:
         return list(self._headers.items())
+
+
+class UpstreamReply(Protocol):
+    """What a transport returns: a status, headers and a body still to read. The raw
+    upstream (`UpstreamResponse`) and litellm (`proxy.litellm_adapter.LitellmReply`) both
+    have this shape, so forwarding, relaying and remembering exist once per API format."""
+
+    status_code: int
+    headers: UpstreamHeaders
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a failure is raised as a ProxyError or a transport error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (or the provider's stream)."""
+        ...
 
 
 class UpstreamResponse:
@@ -251,7 +271,7 @@ def retry_after(headers: dict[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def raise_for_status(response: UpstreamResponse) -> None:
+async def raise_for_status(response: UpstreamReply) -> None:
     """Turn an upstream error status into UpstreamStatus, keeping its body."""
     if response.status_code < 400:
         return
@@ -262,7 +282,7 @@ async def raise_for_status(response: UpstreamResponse) -> None:
     raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()))
 
 
-async def read_body(response: UpstreamResponse, *, limit: int | None = None) -> bytes:
+async def read_body(response: UpstreamReply, *, limit: int | None = None) -> bytes:
     """Read a whole response body, mapping transport failures to our errors."""
     try:
         parts = []
@@ -293,7 +313,9 @@ def forward_headers(
         if identity_encoding and lower == "accept-encoding":
             continue
         out.append((name, value))
-    if target.api_key:
+    if target.api_key and target.key_header == "x-api-key":
+        out.append(("x-api-key", target.api_key))
+    elif target.api_key:
         out.append(("authorization", f"Bearer {target.api_key}"))
     if identity_encoding:
         # Chat replies are read by memproxy (to remember them), so ask for plain bytes.
@@ -325,9 +347,11 @@ def map_transport_error(exc: Exception) -> ProxyError:
 def _target(route: Route, default: Target) -> Target:
     if route.provider is not None:
         # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
-        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider)
+        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
+                      context_window=route.context_window)
     # A route's own key only: the default key must never leak to another host.
-    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key)
+    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
+                  context_window=route.context_window)
 
 
 def _describe(exc: Exception) -> str:

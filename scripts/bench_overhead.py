@@ -2,12 +2,14 @@
 
 Starts a zero-delay scripted upstream and memproxy (memory off) as subprocesses on
 127.0.0.1, then alternates direct and proxied phases (ABBA across rounds, medians taken)
-for JSON and streamed chat completions at several concurrencies. Per phase: p50/p99
-latency, time to first token (streams), requests per second, and the CPU milliseconds per
-request of memproxy (utime+stime from /proc), the upstream and this client::
+for JSON and streamed requests of each API format (chat completions, the Responses API,
+Anthropic Messages relayed to an Anthropic-compatible upstream) at several concurrencies.
+Per phase: p50/p99 latency, time to first token (streams), requests per second, and the CPU
+milliseconds per request of memproxy (utime+stime from /proc), the upstream and this client::
 
-    .venv/bin/python -m scripts.bench_overhead                 # full run, a few minutes
-    .venv/bin/python -m scripts.bench_overhead --quick         # smoke run, ~15 s
+    .venv/bin/python -m scripts.bench_overhead                 # full run, several minutes
+    .venv/bin/python -m scripts.bench_overhead --quick         # smoke run, ~45 s
+    .venv/bin/python -m scripts.bench_overhead --api chat      # one format only
     .venv/bin/python -m scripts.bench_overhead --json out.json
 
 The load generator is raw asyncio streams with keep-alive and pre-encoded requests, so the
@@ -41,10 +43,31 @@ MODEL_DIR = (ROOT / "../shared/models/all-MiniLM-L6-v2").resolve()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONCURRENCY = (1, 8, 32)
 KINDS = ("json", "stream")
-MESSAGES = [
-    {"role": "system", "content": "You are a concise assistant."},
-    {"role": "user", "content": "In one sentence, what does a reverse proxy do?"},
-]
+SYSTEM = "You are a concise assistant."
+QUESTION = "In one sentence, what does a reverse proxy do?"
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API format: its path, a request body, and how its replies end."""
+
+    path: str
+    body: dict[str, Any]
+    json_mark: bytes  # in every whole reply
+    stream_end: bytes  # the end of every streamed reply
+
+
+APIS = {
+    "chat": Api("/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MESSAGES},
+                b'"choices"', b"data: [DONE]\n\n"),
+    "responses": Api("/v1/responses", {"model": "gpt-4o-mini", "instructions": SYSTEM,
+                                       "input": [{"role": "user", "content": QUESTION}]},
+                     b'"output"', b"}\n\n"),
+    "messages": Api("/v1/messages", {"model": "claude-bench", "max_tokens": 256, "system": SYSTEM,
+                                     "messages": [{"role": "user", "content": QUESTION}]},
+                    b'"content"', b'{"type":"message_stop"}\n\n'),
+}
 
 
 class BenchError(RuntimeError):
@@ -67,11 +90,11 @@ class Phase:
     others_cores: float  # CPUs other processes kept busy meanwhile: noise
 
 
-def request_bytes(port: int, stream: bool) -> bytes:
-    """One pre-encoded keep-alive chat completion request."""
-    body = orjson.dumps({"model": "gpt-4o-mini", "messages": MESSAGES, "stream": stream})
+def request_bytes(port: int, api: Api, stream: bool) -> bytes:
+    """One pre-encoded keep-alive request of `api`."""
+    body = orjson.dumps({**api.body, "stream": stream})
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"POST {api.path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
         "content-type: application/json\r\nauthorization: Bearer sk-bench\r\n"
         f"x-memory: off\r\ncontent-length: {len(body)}\r\n\r\n"
     )
@@ -88,7 +111,7 @@ class Connection:
     async def open(cls, port: int) -> Connection:
         return cls(*await asyncio.open_connection("127.0.0.1", port))  # asyncio sets TCP_NODELAY
 
-    async def exchange(self, request: bytes) -> tuple[float, float]:
+    async def exchange(self, request: bytes, api: Api) -> tuple[float, float]:
         """Send one request; seconds to the first body byte and to the end of the body."""
         start = time.perf_counter()
         self.writer.write(request)
@@ -100,16 +123,16 @@ class Connection:
             length = int(head[marker + 17 : head.index(b"\r\n", marker + 2)])
             tail = await self.reader.readexactly(length)
             first = end = time.perf_counter()
-            if b'"choices"' not in tail:
-                raise BenchError(f"not a chat completion: {tail[:200]!r}")
+            if api.json_mark not in tail:
+                raise BenchError(f"not a {api.path} reply: {tail[:200]!r}")
             return first - start, end - start
         first, tail = 0.0, b""
         while size := int((await self.reader.readline()).split(b";")[0], 16):
             tail = (tail + (await self.reader.readexactly(size + 2))[:-2])[-64:]
             first = first or time.perf_counter()
         await self.reader.readuntil(b"\r\n")  # the (empty) trailer section
-        if not tail.endswith(b"data: [DONE]\n\n"):
-            raise BenchError(f"stream did not end with [DONE]: {tail[-200:]!r}")
+        if not tail.endswith(api.stream_end):
+            raise BenchError(f"stream did not end with {api.stream_end!r}: {tail[-200:]!r}")
         return first - start, time.perf_counter() - start
 
     async def close(self) -> None:
@@ -139,7 +162,8 @@ def busy_seconds() -> float:
 
 
 async def run_phase(
-    port: int, request: bytes, concurrency: int, total: int, cap: float, pids: tuple[int, int]
+    port: int, request: tuple[bytes, Api], concurrency: int, total: int, cap: float,
+    pids: tuple[int, int],
 ) -> Phase:
     """Send `total` requests over `concurrency` connections (or stop at `cap` seconds)."""
     connections = [await Connection.open(port) for _ in range(concurrency)]
@@ -151,7 +175,7 @@ async def run_phase(
         nonlocal remaining
         while remaining > 0 and time.perf_counter() < deadline:
             remaining -= 1
-            first, whole = await connection.exchange(request)
+            first, whole = await connection.exchange(*request)
             firsts.append(first)
             latencies.append(whole)
 
@@ -170,7 +194,7 @@ async def run_phase(
     spent = [b - a for a, b in zip(before, after, strict=True)]
     others = max(0.0, spent[3] - sum(spent[:3])) / seconds  # other processes on this machine
     proxy_ms, upstream_ms, client_ms = (cpu * 1000 / done for cpu in spent[:3])
-    ttft = percentile(firsts, 0.5) * 1000 if b'"stream":true' in request else None
+    ttft = percentile(firsts, 0.5) * 1000 if b'"stream":true' in request[0] else None
     return Phase(done, seconds, percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000,
                  ttft, done / seconds, proxy_ms, upstream_ms, client_ms, others)
 
@@ -219,18 +243,23 @@ def child_env(**extra: str) -> dict[str, str]:
 async def bench(args: argparse.Namespace, ports: dict[str, int], pids: tuple[int, int]) -> dict[str, list[Phase]]:
     """Warm up, then the rounds: every phase, keyed by kind/concurrency/arm."""
     arms = ("direct", "proxy")
-    requests = {(kind, arm): request_bytes(ports[arm], kind == "stream") for kind in KINDS for arm in arms}
+    kinds = [f"{api}-{kind}" for api in args.api for kind in KINDS]
+    requests = {
+        (kind, arm): (request_bytes(ports[arm], APIS[kind.split("-")[0]], kind.endswith("stream")),
+                      APIS[kind.split("-")[0]])
+        for kind in kinds for arm in arms
+    }
     for (_kind, arm), request in requests.items():
         await run_phase(ports[arm], request, 8, args.warmup, args.cap, pids)
     phases: dict[str, list[Phase]] = {}
     for round_no in range(args.rounds):
-        for kind in KINDS:
+        for kind in kinds:
             for c in args.concurrency:
                 for arm in arms if round_no % 2 == 0 else arms[::-1]:  # ABBA cancels drift
                     total = args.requests * (1 if c == 1 else 2)
                     phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap, pids)
                     phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
-                    print(f"  round {round_no + 1} {kind:6} c={c:<3} {arm:6} p50 {phase.p50_ms:7.2f} ms"
+                    print(f"  round {round_no + 1} {kind:16} c={c:<3} {arm:6} p50 {phase.p50_ms:7.2f} ms"
                           f" {phase.rps:6.0f} req/s  others {phase.others_cores:.1f} CPUs", file=sys.stderr)
     return phases
 
@@ -246,17 +275,18 @@ def summarise(phases: dict[str, list[Phase]]) -> dict[str, Any]:
             pairs = zip(phases[f"{kind}/{c}/direct"], runs, strict=True)
             figures["added_p50_ms"] = statistics.median(p.p50_ms - d.p50_ms for d, p in pairs)
         rows.append({"kind": kind, "concurrency": int(c), "arm": arm, "rounds": len(runs), **figures})
-    rows.sort(key=lambda r: (KINDS.index(r["kind"]), r["concurrency"], r["arm"]))
+    order = [f"{api}-{kind}" for api in APIS for kind in KINDS]
+    rows.sort(key=lambda r: (order.index(str(r["kind"])), r["concurrency"], r["arm"]))
     return {"rows": rows}
 
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
     """Print the figures table and the target lines; return the target lines."""
-    print(f"\n{'kind':6} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>8} {'req/s':>7} "
+    print(f"\n{'kind':16} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>8} {'req/s':>7} "
           f"{'added p50':>9} {'proxy cpu':>9} {'upstr cpu':>9} {'clnt cpu':>8} {'others':>6}")
     for r in rows:
         ttft, added = r["ttft_p50_ms"], r.get("added_p50_ms")
-        print(f"{r['kind']:6} {r['concurrency']:>3} {r['arm']:6} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+        print(f"{r['kind']:16} {r['concurrency']:>3} {r['arm']:6} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
               f"{'-' if ttft is None else f'{ttft:.2f}':>8} {r['rps']:7.0f} "
               f"{'' if added is None else f'{added:+.2f}':>9} "
               f"{r['proxy_cpu_ms'] if added is not None else 0:9.2f} {r['upstream_cpu_ms']:9.2f} "
@@ -265,12 +295,13 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
     proxy = {(r["kind"], r["concurrency"]): r for r in rows if r["arm"] == "proxy"}
     first = min(c for _, c in proxy)
     lines = []
-    for kind, label in (("json", "JSON"), ("stream", "stream")):
-        lines.append(f"added p50 at c={first} ({label}): {proxy[kind, first]['added_p50_ms']:.2f} ms (target <= 1.5)")
-    for kind, label in (("json", "JSON"), ("stream", "stream")):
+    kinds = list(dict.fromkeys(k for k, _ in proxy))
+    for kind in kinds:
+        lines.append(f"added p50 at c={first} ({kind}): {proxy[kind, first]['added_p50_ms']:.2f} ms (target <= 1.5)")
+    for kind in kinds:
         cpus = {c: r["proxy_cpu_ms"] for (k, c), r in proxy.items() if k == kind}
         detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in cpus.items())
-        lines.append(f"proxy CPU per request {label}: {max(cpus.values()):.2f} ms (target <= 2; {detail})")
+        lines.append(f"proxy CPU per request {kind}: {max(cpus.values()):.2f} ms (target <= 2; {detail})")
     print("\n".join(lines))
     return lines
 
@@ -283,7 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--warmup", type=int, default=300, help="warm-up requests per arm and kind")
     parser.add_argument("--cap", type=float, default=30.0, help="seconds at most per phase")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 100 requests, 1 round (~15 s)")
+    parser.add_argument("--api", nargs="+", choices=list(APIS), default=list(APIS),
+                        help="API formats to measure (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 100 requests, 1 round (~45 s)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:
@@ -294,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy_env = child_env(
             MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1", MEMPROXY_MEMORY="off",
             MEMPROXY_DATA_DIR=f"{tmp}/data", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
+            MEMPROXY_ANTHROPIC_BASE_URL=f"http://127.0.0.1:{up}",
             MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
         )

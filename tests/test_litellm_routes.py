@@ -73,3 +73,62 @@ def test_litellm_upstream_errors_keep_their_status(
         assert exc.status_code == 429
     else:
         raise AssertionError("expected a 429")
+
+
+def test_litellm_stream_cut_midway_is_one_error_event_and_counted(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    # The same relay as OpenAI-compatible upstreams: an error event, the upstream error counted.
+    import httpx
+
+    from tests.support.scripted_upstream import SSEReply, chat_chunks
+
+    proxy = start_proxy(routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    upstream.enqueue(SSEReply(chat_chunks("one two three four", split=4), cut_after=3))
+    with httpx.Client(base_url=proxy.url, timeout=20) as http:
+        reply = http.post("/v1/chat/completions", json={
+            "model": "via-litellm-x", "stream": True, "messages": [{"role": "user", "content": "x"}],
+        })
+        metrics = http.get("/metrics").text
+    assert reply.status_code == 200
+    events = reply.text.strip().split("\n\n")
+    assert events[-1].startswith("event: error\ndata: ")
+    assert sum(e.startswith("event: error") for e in events) == 1
+    assert "[DONE]" not in reply.text
+    counted = [line for line in metrics.splitlines() if line.startswith("memproxy_upstream_errors_total")]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 1, counted
+
+
+def test_responses_through_litellm_keep_their_format(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    response = client.responses.create(model="via-litellm-x", input="hello there")
+    assert response.output_text == "echo: hello there"
+    with client.responses.stream(model="via-litellm-x", input="stream please") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "echo: stream please"
+    assert [r.path for r in upstream.history] == ["/v1/responses", "/v1/responses"]
+    assert upstream.history[-1].headers["authorization"] == "Bearer sk-route"
+
+
+def test_responses_to_an_anthropic_route_are_translated(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    origin = upstream.base_url.removesuffix("/v1")
+    proxy = start_proxy(routes=(
+        Route("claude-*", base_url=origin, api_key="sk-ant-route", provider="anthropic"),
+    ))
+    upstream.enqueue(JSONReply(ANTHROPIC_REPLY), path="/v1/messages")
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    response = client.responses.create(model="claude-test", input="Hi", instructions="Be French.",
+                                       max_output_tokens=50)
+    assert response.output_text == "Bonjour from Claude"
+    sent = upstream.history[-1]
+    assert sent.path == "/v1/messages" and sent.headers["x-api-key"] == "sk-ant-route"

@@ -30,6 +30,15 @@ class AppendResult:
     job_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyChain:
+    """A stored conversation that ends at one reply: where a continuation goes on."""
+
+    session_id: str
+    last_turn_id: int
+    turns: list[Turn]  # the path up to and including the reply, oldest first
+
+
 def content_hash(role: str, name: str | None, content: str) -> str:
     """Identity of a message for exactly-once logging; whitespace-only edits keep it."""
     text = content.replace("\r\n", "\n").replace("\r", "\n").strip()
@@ -106,6 +115,14 @@ class TurnLog:
     async def path(self, user_id: str, turn_id: int, limit: int) -> list[Turn]:
         """The conversation path ending at `turn_id`, oldest first, at most `limit` turns."""
         return await turns.get_many(self.db, await turns.path_ids(self.db, user_id, turn_id, limit))
+
+    async def reply_chain(self, user_id: str, request_id: str, limit: int) -> ReplyChain | None:
+        """The conversation ending at the reply stored under `request_id` (its last `limit`
+        turns), or None when no such reply is stored for this user."""
+        reply = await turns.reply_by_request(self.db, user_id, request_id)
+        if reply is None:
+            return None
+        return ReplyChain(reply.session_id, reply.id, await self.path(user_id, reply.id, limit))
 
     async def add_chunks(self, turn_id: int, chunks: Sequence[ChunkSpec]) -> list[int]:
         """Store (ordinal, kind, text, tokens) chunks of a turn; re-adding one updates it."""

@@ -274,6 +274,9 @@ MIGRATIONS: list[Migration] = [
     ("0002_facts", _FACTS),
     ("0003_clears", _CLEARS),
     ("0004_recall", _RECALL),
+    # A Responses API request names the reply it continues (previous_response_id): the
+    # reply turn's request_id holds that response id, found per user by this index.
+    ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
 ]
 
 

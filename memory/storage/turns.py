@@ -153,6 +153,16 @@ async def get_many(conn: Connection, ids: Sequence[int]) -> list[Turn]:
     return [found[i] for i in ids if i in found]
 
 
+async def reply_by_request(conn: Connection, user_id: str, request_id: str) -> Turn | None:
+    """The user's latest assistant turn stored under `request_id`, if any."""
+    rows = await conn.fetch(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND request_id = ?"
+        " AND role = 'assistant' ORDER BY id DESC LIMIT 1",
+        (user_id, request_id),
+    )
+    return _turn(rows[0]) if rows else None
+
+
 async def of_session(conn: Connection, user_id: str, session_id: str) -> list[Turn]:
     """Every turn of a session, all branches, in insertion order."""
     sql = f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND session_id = ? ORDER BY id"

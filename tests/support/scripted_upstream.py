@@ -1,5 +1,8 @@
 """A scripted OpenAI-compatible upstream on 127.0.0.1: the only fake in the project.
 
+It also speaks OpenAI's Responses API and Anthropic's Messages (``/v1/messages``); their
+bodies and event streams are built in ``tests.support.formats``.
+
 Tests queue replies and read back what the server received (simonw/llm's fake model:
 ``enqueue()`` and ``history``). With nothing queued it answers like a fast, well-behaved
 model ("echo: <last user message>"), which is also the benchmark mode::
@@ -40,6 +43,8 @@ import orjson
 import uvicorn
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from tests.support import formats
 
 FINGERPRINT = "fp_scripted"
 
@@ -266,6 +271,9 @@ class _Defaults:
             ("POST", "/completions"): self.completions,
             ("POST", "/embeddings"): self.embeddings,
             ("GET", "/models"): self.models,
+            ("POST", "/responses"): self.responses,
+            ("POST", "/messages"): self.messages,
+            ("POST", "/messages/count_tokens"): lambda req: JSONReply(formats.count_tokens(req.json)),
         }
 
     def reply(self, req: Received) -> Reply:
@@ -294,6 +302,35 @@ class _Defaults:
             return SSEReply(events, first_delay=first, delay=gap)
         reply = chat_completion(text, model=model, n=n, prompt_tokens=prompt)
         return JSONReply(reply, delay=first + gap * (chunks - 1))
+
+    def responses(self, req: Received) -> Reply:
+        """The Responses API: "echo: <last user input>", as a response or its events."""
+        body = req.json
+        if not isinstance(body, dict):
+            return ErrorReply(400, "the body must be a JSON object")
+        text = "echo: " + formats.responses_input_text(body)
+        model, (first, chunks, gap) = str(body.get("model") or "gpt-4o-mini"), self._sample()
+        tokens = len(req.body) // 4
+        if body.get("stream"):
+            events = formats.response_events(text, model=model, split=chunks, request=body,
+                                             input_tokens=tokens)
+            return SSEReply(events, first_delay=first, delay=gap, done=False)
+        reply = formats.response_object(text, model=model, request=body, input_tokens=tokens)
+        return JSONReply(reply, delay=first + gap * (chunks - 1))
+
+    def messages(self, req: Received) -> Reply:
+        """Anthropic's Messages: "echo: <last user text>", as a message or its events."""
+        body = req.json
+        if not isinstance(body, dict):
+            return JSONReply(formats.anthropic_error("the body must be a JSON object"), status=400)
+        text = "echo: " + formats.messages_input_text(body)
+        model, (first, chunks, gap) = str(body.get("model") or "claude-scripted-1"), self._sample()
+        tokens = len(req.body) // 4
+        if body.get("stream"):
+            events = formats.message_events(text, model=model, split=chunks, input_tokens=tokens)
+            return SSEReply(events, first_delay=first, delay=gap, done=False)
+        return JSONReply(formats.message_object(text, model=model, input_tokens=tokens),
+                         delay=first + gap * (chunks - 1))
 
     def completions(self, req: Received) -> Reply:
         body = req.json if isinstance(req.json, dict) else {}

@@ -1,0 +1,148 @@
+"""Anthropic Messages request bodies: the checks, the conversation memory reads, and where
+the memory block goes (https://docs.anthropic.com/en/api/messages).
+
+Prompt caching reads the prompt in the order tools, system, messages, and a
+`cache_control` breakpoint caches everything before it. A block that changes per request
+must therefore come after the last breakpoint, or every later cached prefix misses:
+
+- placement `system`: a text block at the end of `system`, unless a breakpoint lies in the
+  messages; then, as below, in the last user message after that breakpoint.
+- placement `last_user`: a text block in the last user message, after its tool results
+  (Anthropic requires them first) and after any breakpoint in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy.chat_body import parse_json_object
+from proxy.errors import InvalidRequest
+
+ROLES = frozenset({"user", "assistant"})
+
+
+def parse_messages_body(raw: bytes) -> dict[str, Any]:
+    """Decode and check what memproxy relies on; the upstream judges the rest."""
+    body = parse_json_object(raw)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: a non-empty string is required", param="model")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidRequest("max_tokens: a positive integer is required", param="max_tokens")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: a non-empty array is required", param="messages")
+    for i, message in enumerate(messages):
+        _check_message(i, message)
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        _check_blocks("system", system)
+    for key, kind, name in (("stream", bool, "boolean"), ("metadata", dict, "object")):
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            raise InvalidRequest(f"{key}: must be a {name}", param=key)
+    return body
+
+
+def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`system` and the messages as chat messages (text, tool uses and tool results)."""
+    out: list[dict[str, Any]] = []
+    system = _text(body.get("system"))
+    if system:
+        out.append({"role": "system", "content": system})
+    for message in body["messages"]:
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        if message["role"] == "assistant":
+            calls = [{"function": {"name": b.get("name"), "arguments": _json(b.get("input"))}}
+                     for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+            out.append({"role": "assistant", "content": _text(blocks), "tool_calls": calls})
+            continue
+        out += [{"role": "tool", "content": _text(b.get("content"))}
+                for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        text = _text(blocks)
+        if text or not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+            out.append({"role": "user", "content": text})
+    return out
+
+
+def inject_messages(body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
+    """A copy of `body` carrying the memory block (see the module docstring)."""
+    messages: list[Any] = body["messages"]
+    last_user = next((i for i in range(len(messages) - 1, -1, -1)
+                      if messages[i].get("role") == "user"), None)
+    in_messages = _last_breakpoint(messages)
+    if last_user is None or (placement != "last_user" and in_messages is None):
+        return {**body, "system": _with_block(body.get("system"), block)}
+    message = messages[last_user]
+    content = message.get("content")
+    blocks: list[Any] = list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+    results = [j for j, part in enumerate(blocks)
+               if isinstance(part, dict) and part.get("type") == "tool_result"]
+    at = results[-1] + 1 if results else 0
+    if in_messages is not None and in_messages[0] == last_user:
+        at = max(at, in_messages[1] + 1)
+    blocks.insert(at, {"type": "text", "text": block})
+    changed = list(messages)
+    changed[last_user] = {**message, "content": blocks}
+    return {**body, "messages": changed}
+
+
+def _with_block(system: Any, block: str) -> Any:
+    if isinstance(system, list):
+        return [*system, {"type": "text", "text": block}]
+    return f"{system}\n\n{block}" if system else block
+
+
+def _last_breakpoint(messages: list[Any]) -> tuple[int, int] | None:
+    """(message, block) of the last `cache_control` breakpoint in the messages."""
+    found = None
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, dict) and part.get("cache_control"):
+                found = (i, j)
+    return found
+
+
+def _check_message(i: int, message: Any) -> None:
+    param = f"messages.{i}"
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"{param}: must be an object", param=param)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise InvalidRequest(f"{param}.role: must be 'user' or 'assistant', got {role!r}",
+                             param=f"{param}.role")
+    content = message.get("content")
+    if not isinstance(content, str):
+        _check_blocks(f"{param}.content", content)
+
+
+def _check_blocks(param: str, blocks: Any) -> None:
+    if not isinstance(blocks, list):
+        raise InvalidRequest(f"{param}: must be a string or an array of content blocks",
+                             param=param)
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise InvalidRequest(f"{param}.{j}: must be an object with a string type",
+                                 param=f"{param}.{j}")
+
+
+def _text(content: Any) -> str:
+    """The text of a string or of a list of blocks (text blocks only)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                     and isinstance(b.get("text"), str))
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return ""
