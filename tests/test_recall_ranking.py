@@ -186,3 +186,25 @@ def test_a_long_query_is_embedded_as_its_first_quarter_and_last_three_quarters()
     short = "What did Alice decide about   the billing\nservice?"
     assert for_embedding(short, 32) == short  # untouched, whitespace included
     assert for_embedding(query, 0) == query
+
+
+def test_a_day_is_written_once_and_its_other_excerpts_get_a_separator() -> None:
+    def count(text: str) -> int:
+        return count_tokens(text, "gpt-4o")
+
+    entries = [
+        Entry("Ana", T0 + 60, "Morning session answer.", "s1", 2),
+        Entry("Bo", T0 + 7200, "Afternoon session question.", "s2", 5),
+        Entry("Ana", T0 + DAY, "Next day.", "s3", 9),
+        Entry("Bo", T0 + 30, "Morning session question.", "s1", 1),
+    ]
+    packed = pack(entries, 1000, count)
+    assert packed.block.splitlines()[2:-1] == [
+        "[2023-11-14]", "Bo: Morning session question.", "Ana: Morning session answer.",
+        "---", "Bo: Afternoon session question.",
+        "[2023-11-15]", "Ana: Next day.",
+    ]
+    # The budget still holds exactly, whichever excerpts make it in.
+    for budget in range(40, 100, 2):
+        small = pack(entries, budget, count)
+        assert small.tokens == count(small.block) <= budget
