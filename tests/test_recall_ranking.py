@@ -194,14 +194,14 @@ def test_a_day_is_written_once_and_its_other_excerpts_get_a_separator() -> None:
 
     entries = [
         Entry("Ana", T0 + 60, "Morning session answer.", "s1", 2),
-        Entry("Bo", T0 + 7200, "Afternoon session question.", "s2", 5),
+        Entry("Bo", T0 + 600, "Later session question.", "s2", 5),
         Entry("Ana", T0 + DAY, "Next day.", "s3", 9),
         Entry("Bo", T0 + 30, "Morning session question.", "s1", 1),
     ]
     packed = pack(entries, 1000, count)
     assert packed.block.splitlines()[2:-1] == [
         "[2023-11-14]", "Bo: Morning session question.", "Ana: Morning session answer.",
-        "---", "Bo: Afternoon session question.",
+        "---", "Bo: Later session question.",
         "[2023-11-15]", "Ana: Next day.",
     ]
     # The budget still holds exactly, whichever excerpts make it in.
