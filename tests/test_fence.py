@@ -18,7 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory.recall.block import FACTS_HEADING, PROFILE_HEADING, TURNS_HEADING, fact_line
-from memory.recall.render import CLOSE, OPEN, PREAMBLE, Entry, excerpts, neutralise, wrap
+from memory.recall.render import (
+    CLOSE,
+    OPEN,
+    PREAMBLE,
+    SAME_DAY,
+    Entry,
+    excerpts,
+    neutralise,
+    wrap,
+)
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, wait_idle
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -42,7 +51,10 @@ PIECES = st.sampled_from([
 ])
 HOSTILE_TEXT = st.one_of(st.text(), st.lists(PIECES, max_size=30).map("".join))
 # A date line, or a line said by someone (dated when it is an excerpt of its own).
-SPEAKER_LINE = re.compile(r"\[\d{4}-\d{2}-\d{2}\]|(\[\d{4}-\d{2}-\d{2}\] )?(user|assistant|eve [^\n]*): .*")
+# A date line, the line between two excerpts of one day, or a turn.
+SPEAKER_LINE = re.compile(
+    r"\[\d{4}-\d{2}-\d{2}\]|" + re.escape(SAME_DAY) + r"|(user|assistant|eve [^\n]*): .*"
+)
 LINE_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 
