@@ -280,10 +280,7 @@ async def ask(
         result = response.json()
         if result.get("errors"):
             raise BenchError(f"recall degraded: {result['errors']}")
-        # Facts and summaries are credited to the turns they were learned from.
-        turns = [conv.dia_ids(item["text"]).union(
-            *(conv.turn_dia.get(t, set()) for t in item.get("turn_ids") or ())
-        ) for item in result["items"]]
+        turns = credited(conv, result["items"], result["block"])
         if budget == RANKING_BUDGET:
             answer.ranking = turns
         else:
@@ -339,6 +336,19 @@ def _client(port: int) -> httpx.AsyncClient:
 
 
 # -- scoring ----------------------------------------------------------------------------------
+
+
+def credited(conv: Conversation, items: Sequence[dict[str, Any]], block: str) -> list[set[str]]:
+    """The LoCoMo turns each item stands for, as a client sees them: an item whose text is
+    not in the injected block (whitespace aside) stands for nothing. Facts and summaries are
+    credited to the turns they were learned from."""
+    shown = " ".join(block.split())
+    return [
+        conv.dia_ids(item["text"]).union(
+            *(conv.turn_dia.get(t, set()) for t in item.get("turn_ids") or ())
+        ) if " ".join(item["text"].split()) in shown else set()
+        for item in items
+    ]
 
 
 def share(evidence: Iterable[str], found: set[str]) -> float:

@@ -23,6 +23,7 @@ from memory.recall.render import (
     CLOSE,
     OPEN,
     PREAMBLE,
+    SAME_DAY,
     TAG_OPENERS,
     Entry,
     excerpts,
@@ -82,8 +83,12 @@ def lookalike_tag(draw: st.DrawFn) -> str:
     parts.append(draw(st.sampled_from(CLOSES)))
     hidden = st.lists(st.sampled_from(ZERO_WIDTH), max_size=2).map("".join)
     return "".join(part + draw(hidden) for part in parts)
-# A date line, or a line said by someone (dated when it is an excerpt of its own).
-SPEAKER_LINE = re.compile(r"\[\d{4}-\d{2}-\d{2}\]|(\[\d{4}-\d{2}-\d{2}\] )?(user|assistant|eve [^\n]*): .*")
+
+
+# A date line, the line between two excerpts of one day, or a turn.
+SPEAKER_LINE = re.compile(
+    r"\[\d{4}-\d{2}-\d{2}\]|" + re.escape(SAME_DAY) + r"|(user|assistant|eve [^\n]*): .*"
+)
 LINE_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from memory.recall.block import FACTS_HEADING, TURNS_HEADING, pack_block
+from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.query import for_embedding
 from memory.recall.ranking import Candidate, Weights, add_context, add_conversation, fuse
-from memory.recall.render import CLOSE, OPEN, Entry, pack
+from memory.recall.render import CLOSE, OPEN, SAME_DAY, Entry, pack
 from memory.storage import migrations
 from memory.storage.fts import owner_token, session_token
 from memory.storage.turns import NewTurn
@@ -186,3 +188,64 @@ def test_a_long_query_is_embedded_as_its_first_quarter_and_last_three_quarters()
     short = "What did Alice decide about   the billing\nservice?"
     assert for_embedding(short, 32) == short  # untouched, whitespace included
     assert for_embedding(query, 0) == query
+
+
+def test_a_day_is_written_once_and_its_other_excerpts_get_a_separator() -> None:
+    def count(text: str) -> int:
+        return count_tokens(text, "gpt-4o")
+
+    entries = [
+        Entry("Ana", T0 + 60, "Morning session answer.", "s1", 2),
+        Entry("Bo", T0 + 600, "Later session question.", "s2", 5),
+        Entry("Ana", T0 + DAY, "Next day.", "s3", 9),
+        Entry("Bo", T0 + 30, "Morning session question.", "s1", 1),
+    ]
+    packed = pack(entries, 1000, count)
+    assert packed.block.splitlines()[2:-1] == [
+        "[2023-11-14]", "Bo: Morning session question.", "Ana: Morning session answer.",
+        "---", "Bo: Later session question.",
+        "[2023-11-15]", "Ana: Next day.",
+    ]
+    # The budget still holds exactly, whichever excerpts make it in.
+    for budget in range(40, 100, 2):
+        small = pack(entries, budget, count)
+        assert small.tokens == count(small.block) <= budget
+
+
+def count_4o(text: str) -> int:
+    return count_tokens(text, "gpt-4o")
+
+
+SAME_DAY_ENTRIES = [  # most relevant first; two conversations on one day, then another day
+    Entry("Bo", T0 + 60, "Tea or coffee?", "s2", 7),
+    Entry("Ana", T0, "I adopted a greyhound.", "s1", 3),
+    Entry("Ana", T0 + 120, "Coffee, always.", "s2", 8),
+    Entry("Bo", T0 + DAY, "Walked the greyhound.", "s2", 9),
+]
+SAME_DAY_LINES = [
+    "[2023-11-14]", "Ana: I adopted a greyhound.",
+    SAME_DAY, "Bo: Tea or coffee?", "Ana: Coffee, always.",
+    "[2023-11-15]", "Bo: Walked the greyhound.",
+]
+
+
+def test_packing_counts_a_line_with_its_newline() -> None:
+    # "greyhound.\n" is one token fewer than "greyhound." and "\n" apart: counted apart,
+    # packing thought the whole block too big for its own size.
+    full = pack(SAME_DAY_ENTRIES, 1000, count_4o)
+    assert full.block.splitlines()[2:-1] == SAME_DAY_LINES
+    assert pack(SAME_DAY_ENTRIES, full.tokens, count_4o).included == [0, 1, 2, 3]
+    assert len(pack(SAME_DAY_ENTRIES, full.tokens - 1, count_4o).included) == 3
+
+
+def test_with_learned_facts_turns_are_dated_excerpts_too() -> None:
+    fact = LearnedItem("fact", "f1", "Ana has a greyhound.", "identity", "s1", T0, [3])
+    packed = pack_block(Learned(facts=[fact]), SAME_DAY_ENTRIES, 1000, count_4o)
+    lines = packed.block.splitlines()
+    assert lines[2:4] == [FACTS_HEADING, "- (identity) Ana has a greyhound."]
+    assert lines[4:-1] == [TURNS_HEADING, *SAME_DAY_LINES]
+    assert packed.turns == [0, 1, 2, 3] and packed.tokens == count_4o(packed.block)
+    for budget in range(60, packed.tokens, 3):
+        small = pack_block(Learned(facts=[fact]), SAME_DAY_ENTRIES, budget, count_4o)
+        assert small.tokens == count_4o(small.block) <= budget
+        assert small.facts == [0]  # facts come first; turns take what is left

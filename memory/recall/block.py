@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from memory.recall.learned_recall import Learned, LearnedItem
-from memory.recall.render import MAX_SKIPPED, Entry, neutralise, pack, render_entry, wrap
+from memory.recall.render import (
+    MAX_SKIPPED,
+    Entry,
+    ExcerptCost,
+    excerpts,
+    neutralise,
+    pack,
+    render_line,
+    wrap,
+)
 
 FACTS_SHARE = 0.4
 PROFILE_SHARE = 0.15
@@ -96,35 +105,36 @@ def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: C
         text = fit_text(summary.text, int(SUMMARY_SHARE * budget) - head, count)
         if text and take(head + count(text) + 1, SUMMARY_SHARE * budget):
             result.summary, result.summary_index = text, index
-    turn_lines: list[str] = []  # rendered as tried; the untried are never shown
+    costs = ExcerptCost(count)  # turns are shown as dated excerpts, as without learned items
     skipped = 0
     for i, entry in enumerate(entries):
-        line = render_entry(entry)
-        turn_lines.append(line)
-        cost = count(line) + 1 + (0 if result.turns else count(TURNS_HEADING) + 1)
+        cost = costs.of(entry, render_line(entry)) + (
+            0 if result.turns else count(TURNS_HEADING) + 1
+        )
         if take(cost, room):
             result.turns.append(i)
+            costs.take(entry)
         elif (skipped := skipped + 1) >= MAX_SKIPPED:
             break
     for i, line in enumerate(fact_lines):  # the rest of the room goes to facts
         if i not in result.facts and take(count(line) + 1, room):
             result.facts.append(i)
-    return _finish(result, learned, fact_lines, turn_lines, len(entries), budget, count)
+    return _finish(result, learned, fact_lines, entries, budget, count)
 
 
 def _finish(
-    result: BlockPack, learned: Learned, fact_lines: list[str], turn_lines: list[str],
-    offered_turns: int, budget: int, count: Count,
+    result: BlockPack, learned: Learned, fact_lines: list[str], entries: Sequence[Entry],
+    budget: int, count: Count,
 ) -> BlockPack:
     while True:
-        lines = _render(result, learned, fact_lines, turn_lines)
+        lines = _render(result, learned, fact_lines, entries)
         if not lines:
             return BlockPack(truncated=True)
         block = wrap(lines)
         tokens = count(block)
         if tokens <= budget:
             shown = len(result.facts) + len(result.turns) + (result.summary is not None)
-            offered = len(learned.facts) + offered_turns + min(1, len(learned.summaries))
+            offered = len(learned.facts) + len(entries) + min(1, len(learned.summaries))
             result.block, result.tokens = block, tokens
             result.truncated = shown < offered or (
                 learned.profile is not None
@@ -142,7 +152,7 @@ def _finish(
 
 
 def _render(
-    result: BlockPack, learned: Learned, fact_lines: list[str], turn_lines: list[str]
+    result: BlockPack, learned: Learned, fact_lines: list[str], entries: Sequence[Entry]
 ) -> list[str]:
     lines: list[str] = []
     if result.facts:
@@ -154,7 +164,7 @@ def _render(
         summary = learned.summaries[result.summary_index]
         lines += [summary_heading(summary), "  " + result.summary.replace("\n", "\n  ")]
     if result.turns:
-        lines += [TURNS_HEADING, *(turn_lines[i] for i in sorted(result.turns))]
+        lines += [TURNS_HEADING, *excerpts([entries[i] for i in result.turns])]
     return lines
 
 
