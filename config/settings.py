@@ -145,6 +145,11 @@ class Settings:
     data_dir: Path = _setting_factory(
         _default_data_dir, "Where the database and the vector index live."
     )
+    chroma_url: str | None = _setting(
+        None,
+        "Address of a Chroma server (`chroma run`) that holds the vectors, such as "
+        "http://chroma:8000. Unset: embedded Chroma under data_dir.",
+    )
     redact: str = _setting(
         "secrets",
         "Replace secrets with a typed placeholder such as [REDACTED:api_key] before a turn, "

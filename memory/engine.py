@@ -182,10 +182,17 @@ class MemoryEngine:
         threadpool_limits(1, user_api="blas")
         db = await Database.open(settings.db_path)
         try:
-            vectors = await asyncio.to_thread(
-                VectorIndex.open, settings.vectors_path, collection_name(settings),
-                cache_bytes=settings.vector_cache_mb * 1024 * 1024,
-            )
+            cache_bytes = settings.vector_cache_mb * 1024 * 1024
+            if settings.chroma_url:
+                vectors = await asyncio.to_thread(
+                    VectorIndex.connect, settings.chroma_url, collection_name(settings),
+                    cache_bytes=cache_bytes,
+                )
+            else:
+                vectors = await asyncio.to_thread(
+                    VectorIndex.open, settings.vectors_path, collection_name(settings),
+                    cache_bytes=cache_bytes,
+                )
             if embedder is None:
                 embedder = _local_embedder(settings)
         except BaseException:

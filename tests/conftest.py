@@ -20,6 +20,7 @@ from config import Settings, load_settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.servers import ChromaServer, ServerUnavailable
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -163,3 +164,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for name, count in sorted(counts.items()):
             terminalreporter.write_line(f"{name}: {count} cases")
         terminalreporter.write_line(f"total: {sum(counts.values())} cases")
+
+
+@pytest.fixture(scope="session")
+def chroma_server() -> Iterator[ChromaServer]:
+    """One `chroma run` on 127.0.0.1 for the whole run; tests use their own collections."""
+    try:
+        server = ChromaServer()
+    except ServerUnavailable as exc:
+        # CI installs everything (.ci/run): there a missing server fails instead of skipping.
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    with server:
+        yield server

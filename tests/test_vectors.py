@@ -1,18 +1,18 @@
-"""Vector index on real embedded Chroma: filters, upserts, deletes, persistence, threads."""
+"""Vector index on real Chroma, embedded and a server: filters, upserts, deletes, persistence, threads."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import chromadb
 import numpy as np
 import numpy.typing as npt
 import pytest
-from chromadb.config import Settings as ChromaSettings
 
 from memory.index.vectors import VectorIndex, where_clause
+from tests.support.servers import ChromaServer
 
 DIM = 384
 Vectors = npt.NDArray[np.float32]
@@ -35,12 +35,29 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(7)
 
 
-@pytest.fixture(params=[0, 64 << 20], ids=["chroma-filter", "user-copies"])
+@pytest.fixture(
+    params=[("embedded", 0), ("embedded", 64 << 20), ("server", 0), ("server", 64 << 20)],
+    ids=["chroma-filter", "user-copies", "server-filter", "server-user-copies"],
+)
 def index(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VectorIndex]:
-    """Every test runs against both query paths: Chroma's filter and the per-user copies."""
-    opened = VectorIndex.open(tmp_path / "vectors", cache_bytes=request.param)
+    """Every test runs against both query paths (Chroma's filter and the per-user copies),
+    on embedded Chroma and on a Chroma server."""
+    where, cache_bytes = request.param
+    if where == "server":
+        server: ChromaServer = request.getfixturevalue("chroma_server")
+        # A collection per test keeps the tests apart on the one server.
+        opened = VectorIndex.connect(server.url, f"t-{uuid.uuid4().hex}", cache_bytes=cache_bytes)
+    else:
+        opened = VectorIndex.open(tmp_path / "vectors", cache_bytes=cache_bytes)
     yield opened
     opened.close()
+
+
+def same_chroma(index: VectorIndex) -> VectorIndex:
+    """Another client of the index's Chroma and collection, as another process would have."""
+    if index.path is not None:
+        return VectorIndex.open(index.path, index.name)
+    return VectorIndex.connect(str(index.url), index.name)
 
 
 def test_query_returns_cosine_similarity_best_first(
@@ -258,8 +275,9 @@ def test_a_lost_collection_is_created_again_and_the_owner_told(
     assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["a0", "a1"]
     told: list[str] = []
     index.on_lost = told.append
-    chromadb.PersistentClient(path=str(index.path), settings=ChromaSettings(
-        anonymized_telemetry=False, allow_reset=False)).delete_collection(index.name)
+    other = same_chroma(index)
+    other._client.delete_collection(index.name)
+    other.close()
 
     index.add(["a2"], vectors[2:3], [{"user_id": "A"}])  # runs again on the new collection
     assert told == ["the collection was deleted"]

@@ -1,4 +1,4 @@
-"""Dense vector index on embedded Chroma; the only module that imports chromadb.
+"""Dense vector index on Chroma, embedded or a server; the only module that imports chromadb.
 
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import chromadb
 import numpy as np
@@ -42,10 +43,12 @@ GONE, DAMAGED = "its directory is gone", "its database is damaged"
 class VectorIndex:
     """A persistent cosine-space collection of vectors with metadata filters."""
 
-    def __init__(self, path: Path, name: str, cache_bytes: int = 0) -> None:
-        self.path = path
+    def __init__(self, where: Path | str, name: str, cache_bytes: int = 0) -> None:
+        # A directory of embedded Chroma, or the address of a Chroma server.
+        self.path: Path | None = where if isinstance(where, Path) else None
+        self.url: str | None = where if isinstance(where, str) else None
         self.name = name
-        self._client = _connect(path)
+        self._client = self._connect()
         self._collection = _collection(self._client, name)
         self._cache = VectorCache(cache_bytes, self._user_rows)
         # Chroma survives concurrent calls (2 writers + 1 reader: no errors, no leaks), but
@@ -63,6 +66,12 @@ class VectorIndex:
         query goes to Chroma with a metadata filter).
         """
         return cls(path, collection, cache_bytes)
+
+    @classmethod
+    def connect(cls, url: str, collection: str = "memory", *, cache_bytes: int = 0) -> VectorIndex:
+        """Open (creating if needed) the collection on the Chroma server at `url`
+        (`chroma run`); replicas share it."""
+        return cls(url, collection, cache_bytes)
 
     def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
@@ -146,12 +155,12 @@ class VectorIndex:
     def close(self) -> None:
         """Release chroma's resources (its SQLite handles and segment files)."""
         with self._lock:
-            self._client.close()
+            self._close_client()
 
     def _healing(self, call: Callable[[], T]) -> T:
         """Run a Chroma call (holding the lock); when the collection turns out to be lost,
         create it again and run the call once more, on the new, empty collection."""
-        lost = None if (self.path / DB_FILE).is_file() else GONE
+        lost = GONE if self.path is not None and not (self.path / DB_FILE).is_file() else None
         if lost is None:
             try:
                 return call()
@@ -171,31 +180,54 @@ class VectorIndex:
         except NotFoundError:
             return DELETED
         except Exception:
-            return DAMAGED if _damaged(self.path / DB_FILE) else None
+            # A server that does not answer is an outage, not a loss: the call's error stands.
+            return DAMAGED if self.path is not None and _damaged(self.path / DB_FILE) else None
         return None if found.id == self._collection.id else REPLACED
 
     def _recreate(self, lost: str) -> None:
         """A working, empty collection again; a damaged directory is kept aside for a look."""
         self._cache.forget(ids=None, user_id=None)
-        if lost in (GONE, DAMAGED):
+        if lost in (GONE, DAMAGED) and self.path is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
+                self._close_client()
             if self.path.exists():
                 self.path.rename(self.path.with_name(f"{self.path.name}.damaged-{time.time():.0f}"))
-            self._client = _connect(self.path)
+            self._client = self._connect()
         self._collection = _collection(self._client, self.name)
 
+    def _connect(self) -> Client:
+        # PersistentClient and HttpClient are typed as the ClientAPI protocol but build a
+        # Client, which adds close(); telemetry off (then chromadb makes no calls of its own).
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            return cast(Client, chromadb.PersistentClient(
+                path=str(self.path), settings=_client_settings()
+            ))
+        assert self.url is not None
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"a Chroma server address is http(s)://host[:port], not {self.url!r}")
+        secure = parts.scheme == "https"
+        return cast(Client, chromadb.HttpClient(
+            host=parts.hostname, port=parts.port or (443 if secure else 8000), ssl=secure,
+            settings=_client_settings(),
+        ))
 
-def _connect(path: Path) -> Client:
-    path.mkdir(parents=True, exist_ok=True)
-    # PersistentClient is typed as the ClientAPI protocol but builds a Client, which adds
-    # close(); telemetry off (with it off chromadb makes no network calls of its own).
-    return cast(
-        Client,
-        chromadb.PersistentClient(
-            path=str(path), settings=Settings(anonymized_telemetry=False, allow_reset=False)
-        ),
-    )
+    def _close_client(self) -> None:
+        self._client.close()
+        # chromadb 1.x gives every HTTP client Systems of its own (the client's and its
+        # admin client's) and stops them on close, but never closes their httpx sessions:
+        # each would leak a socket to the server.
+        admin = getattr(self._client, "_admin_client", None)
+        for api in (self._client._server, getattr(admin, "_server", None)):
+            session = getattr(api, "_session", None)
+            if session is not None:
+                session.close()
+
+
+def _client_settings() -> Settings:
+    # A new object each time: chromadb's client factories write their arguments into it.
+    return Settings(anonymized_telemetry=False, allow_reset=False)
 
 
 def _collection(client: Client, name: str) -> Collection:
