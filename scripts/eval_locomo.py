@@ -13,12 +13,22 @@ items are mapped back to LoCoMo turns (``dia_id``) by their text. Reported, per 
 
 for the hybrid ranking and for BM25-only and dense-only ablations (memproxy restarted on the
 same data with MEMPROXY_WEIGHT_DENSE=0 or MEMPROXY_WEIGHT_BM25=0; nothing is re-ingested).
-Figures are means over questions, over categories 1-4 and over all five (category 5 is
-LoCoMo's adversarial set: questions about things that did not happen)::
+An item counts only if its text is in the injected block, as a client receives it; answers
+whose block exceeds the budget are counted (there must be none). Figures are means over
+questions, over categories 1-4 and over all five (category 5 is LoCoMo's adversarial set:
+questions about things that did not happen), for the whole set and per conversation.
+
+Leave-one-conversation-out: with ``--grid``, every combination of the settings is one hybrid
+arm; for each conversation, the arm that does best at 1000 tokens on the other conversations
+is chosen, and its figures on the held-out one are reported. With ``--baseline-src`` another
+checkout (say, main) serves a copy of the same store: its figures are reported too, and the
+recall latency of both is timed one question at a time, in turn, in the same run::
 
     .venv/bin/python -m scripts.eval_locomo                    # 5 conversations, ~10 minutes
     .venv/bin/python -m scripts.eval_locomo --quick            # 1 conversation, 30 questions
     .venv/bin/python -m scripts.eval_locomo --json out.json    # per-question details too
+    .venv/bin/python -m scripts.eval_locomo --arms hybrid --baseline-src /tmp/main \
+        --grid MEMPROXY_WEIGHT_CONTEXT=0.3,0.4,0.5
 
 The scripted upstream runs in this process; memproxy runs as a subprocess; both listen on
 127.0.0.1 only and are stopped at the end. The dataset stays outside the repository.
@@ -29,7 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -45,6 +57,7 @@ import httpx
 import orjson
 
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
+from scripts.locomo_figures import print_report, print_tables
 from tests.support.scripted_upstream import (
     JSONReply,
     Received,
@@ -307,25 +320,35 @@ async def ask_all(
     return dict(pairs)
 
 
-async def latency(port: int, conversations: Sequence[Conversation], samples: int) -> dict[str, float]:
-    """Recall latency of `samples` questions asked one at a time, at the target budget.
-
-    The figures under concurrent questions measure this machine's queueing, not recall.
-    """
+async def latency(
+    ports: dict[str, int], conversations: Sequence[Conversation], samples: int
+) -> dict[str, dict[str, float]]:
+    """Recall latency (`recall_ms`) of `samples` questions asked one at a time, at the target
+    budget, to every server in turn (the order alternates). Under concurrent questions the
+    figures would measure this machine's queueing, not recall."""
     questions = [(c, q) for c in conversations for q in c.questions]
     chosen = questions[:: max(1, len(questions) // max(1, samples))][:samples]
-    times = []
-    async with _client(port) as http:
-        for conv, question in chosen:
-            response = await http.post("/v1/chat/completions", headers={
-                "X-Memory-User-Id": conv.sample_id, "X-Memory-Session-Id": "latency",
-                "X-Memory-Dry-Run": "on", "X-Memory-Write": "off",
-                "X-Memory-Budget": str(TARGET_BUDGET),
-            }, json={"model": MODEL, "messages": [{"role": "user", "content": question.text}]})
-            times.append(float(response.json()["recall_ms"]))
-    if not times:
-        return {"n": 0, "p50": 0.0, "p95": 0.0}
-    return {"n": len(times), "p50": percentile(times, 0.5), "p95": percentile(times, 0.95)}
+    times: dict[str, list[float]] = {name: [] for name in ports}
+    clients = {name: _client(port) for name, port in ports.items()}
+    try:
+        # Untimed first: each server loads every user's vectors on its first recall for them.
+        warm_up = [(c, c.questions[0]) for c in conversations if c.questions]
+        for i, (conv, question) in enumerate([*warm_up, *chosen]):
+            order = list(ports) if i % 2 == 0 else list(ports)[::-1]
+            for name in order:
+                response = await clients[name].post("/v1/chat/completions", headers={
+                    "X-Memory-User-Id": conv.sample_id, "X-Memory-Session-Id": "latency",
+                    "X-Memory-Dry-Run": "on", "X-Memory-Write": "off",
+                    "X-Memory-Budget": str(TARGET_BUDGET),
+                }, json={"model": MODEL, "messages": [{"role": "user", "content": question.text}]})
+                if i >= len(warm_up):
+                    times[name].append(float(response.json()["recall_ms"]))
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return {name: {"n": len(v), "p50": percentile(v, 0.5) if v else 0.0,
+                   "p95": percentile(v, 0.95) if v else 0.0, "mean": statistics.fmean(v) if v else 0.0}
+            for name, v in times.items()}
 
 
 def _client(port: int) -> httpx.AsyncClient:
@@ -383,79 +406,51 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q * len(ordered)) - 1))]
 
 
-# -- report -----------------------------------------------------------------------------------
-
-
-def print_report(results: dict[str, Any], budgets: Sequence[int]) -> list[str]:
-    """Tables per arm and per category, then the target lines (returned too)."""
-    keys = [f"@{k}" for k in KS] + [f"B{b}" for b in budgets]
-    head = f"{'arm':11} {'group':8} {'n':>5} " + " ".join(f"{k:>6}" for k in keys)
-    print("\nrecall@k: evidence turns in the first k items; Bn: evidence turns in the block at "
-          "budget n tokens")
-    print(head)
-    for arm, result in results.items():
-        for group in ("cat 1-4", "all"):
-            row = result["summary"].get(group)
-            if row:
-                print(f"{arm:11} {group:8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
-    print("\nper category (category 5 = adversarial)")
-    print(head)
-    for arm, result in results.items():
-        for c in range(1, 6):
-            row = result["summary"].get(f"cat {c}")
-            if row:
-                print(f"{arm:11} {f'cat {c}':8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
-    print("\nblock size per budget (hybrid): mean items / mean tokens")
-    hybrid = results.get("hybrid") or next(iter(results.values()))
-    print("  " + "   ".join(f"B{b}: {hybrid['items'][str(b)]:.1f} / {hybrid['tokens'][str(b)]:.0f}"
-                            for b in budgets))
-    lines = []
-    for arm, result in results.items():
-        timing = result["recall_ms"]
-        lines.append(f"recall latency {arm}: p50 {timing['p50']:.1f} ms, p95 {timing['p95']:.1f} ms "
-                     f"({timing.get('n', 'all')} questions one at a time, budget {TARGET_BUDGET})")
-    if "hybrid" in results:
-        for group in ("cat 1-4", "all"):
-            row = results["hybrid"]["summary"].get(group)
-            if not row:
-                continue
-            beats = all(row[f"@{k}"] > DRAGON[k] for k in KS)
-            detail = ", ".join(f"@{k} {row[f'@{k}']:.3f} vs {DRAGON[k]}" for k in KS)
-            lines.append(f"hybrid {group}: beat DRAGON at every k: {'yes' if beats else 'NO'} ({detail})")
-            if f"B{TARGET_BUDGET}" in row:
-                value = row[f"B{TARGET_BUDGET}"]
-                lines.append(f"hybrid {group}: evidence recall at {TARGET_BUDGET} tokens {value:.3f} "
-                             f"(target >= {TARGET_RECALL}: {'yes' if value >= TARGET_RECALL else 'NO'})")
-    print("\n" + "\n".join(lines))
-    return lines
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
 def memproxy(port: int, upstream: str, data_dir: Path, logs: Path, arm: str,
-             extra: dict[str, str]) -> contextlib.AbstractContextManager[int]:
-    """memproxy serving `data_dir` on `port` with the arm's weights."""
+             extra: dict[str, str], source: Path | None = None) -> contextlib.AbstractContextManager[int]:
+    """memproxy serving `data_dir` on `port` with the arm's weights (from `source`, another
+    checkout, when given: `-P` keeps this one off its import path)."""
     env = child_env(
         MEMPROXY_UPSTREAM_BASE_URL=upstream, MEMPROXY_DATA_DIR=str(data_dir),
         MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
         MEMPROXY_SHUTDOWN_GRACE_SECONDS="5", LITELLM_LOCAL_MODEL_COST_MAP="True",
         # Turns only: learning stays off unless `extra` turns it on (eval_locomo_facts).
-        **{"MEMPROXY_EXTRACT_EVERY": "0", "MEMPROXY_SUMMARY_EVERY": "0", **extra, **ARMS[arm]},
+        **{"MEMPROXY_EXTRACT_EVERY": "0", "MEMPROXY_SUMMARY_EVERY": "0", **extra,
+           **ARMS.get(arm, {})},
     )
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
-    return serving(f"memproxy-{arm}", argv, env, f"http://127.0.0.1:{port}/readyz", logs)
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+        argv.insert(1, "-P")
+    name = "memproxy-" + _NAME_UNSAFE.sub("_", arm)
+    return serving(name, argv, env, f"http://127.0.0.1:{port}/readyz", logs)
+
+
+def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """arm name -> its settings: the hybrid ranking under every combination of the grid,
+    then the ablations asked for."""
+    axes = [[(name, v) for v in values.split(",")]
+            for name, values in (pair.split("=", 1) for pair in args.grid)]
+    out = {}
+    for combo in itertools.product(*axes):
+        label = ",".join(f"{n.removeprefix('MEMPROXY_').lower()}={v}" for n, v in combo)
+        out[f"hybrid[{label}]" if label else "hybrid"] = dict(combo)
+    return out | {arm: {} for arm in args.arms if arm != "hybrid"}
 
 
 def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, Any]:
     conversations = load(args.dataset, args.conversations, args.questions)
     timings: dict[str, float] = {}
     results: dict[str, Any] = {}
+    arms = configurations(args)
     with ScriptedUpstream(keep_history=False) as upstream:
         replies = Replies(upstream)
-        for n, arm in enumerate(args.arms):
+        for n, (arm, settings) in enumerate(arms.items()):
             port = free_port()
-            with memproxy(port, upstream.base_url, data_dir, logs, arm, args.env):
+            with memproxy(port, upstream.base_url, data_dir, logs, arm, {**args.env, **settings}):
                 if n == 0:
                     started = time.perf_counter()
                     done = ingested_users(data_dir / "memproxy.db") if args.reuse else set()
@@ -466,16 +461,43 @@ def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, 
                     timings["replay_and_index_s"] = time.perf_counter() - started
                     print(f"replayed {len(todo)} conversations ({requests} requests; "
                           f"{len(conversations) - len(todo)} reused); stored {stats}", file=sys.stderr)
-                started = time.perf_counter()
-                answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
-                timings[f"questions_{arm}_s"] = time.perf_counter() - started
-                alone = asyncio.run(latency(port, conversations, args.latency_samples))
-            results[arm] = collect(conversations, answers, args.budgets)
-            results[arm]["recall_ms"] = alone
-            print(f"{arm}: {len(answers)} questions in {timings[f'questions_{arm}_s']:.0f} s",
-                  file=sys.stderr)
+                results[arm] = _asked(port, conversations, args, timings, arm)
+        if args.baseline_src is not None:  # the same store, served by another checkout
+            shutil.copytree(data_dir, logs / "baseline-data")
+            port = free_port()
+            with memproxy(port, upstream.base_url, logs / "baseline-data", logs, "baseline",
+                          args.env, args.baseline_src.resolve()):
+                results["baseline"] = _asked(port, conversations, args, timings, "baseline")
+        timings_ms = asyncio.run(_paired_latency(args, upstream.base_url, data_dir, logs, conversations))
     return {"conversations": [c.sample_id for c in conversations], "timings": timings,
-            "unknown_evidence": sum(c.unknown_evidence for c in conversations), "arms": results}
+            "unknown_evidence": sum(c.unknown_evidence for c in conversations), "arms": results,
+            "latency": timings_ms}
+
+
+def _asked(port: int, conversations: Sequence[Conversation], args: argparse.Namespace,
+           timings: dict[str, float], arm: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
+    timings[f"questions_{arm}_s"] = time.perf_counter() - started
+    print(f"{arm}: {len(answers)} questions in {timings[f'questions_{arm}_s']:.0f} s", file=sys.stderr)
+    return collect(conversations, answers, args.budgets)
+
+
+async def _paired_latency(args: argparse.Namespace, upstream: str, data_dir: Path, logs: Path,
+                          conversations: Sequence[Conversation]) -> dict[str, dict[str, float]]:
+    """Recall latency, one question at a time, of this checkout (defaults) and, with
+    --baseline-src, of the baseline: both served at once and asked in turn (ABBA), so both see
+    the same machine load."""
+    servers = {"this": (data_dir, None)}
+    if args.baseline_src is not None:
+        servers["baseline"] = (logs / "baseline-data", args.baseline_src.resolve())
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name, (data, source) in servers.items():
+            ports[name] = free_port()
+            stack.enter_context(memproxy(ports[name], upstream, data, logs, f"latency-{name}",
+                                         args.env, source))
+        return await latency(ports, conversations, args.latency_samples)
 
 
 async def _ingest_all(port: int, replies: Replies, conversations: Sequence[Conversation]) -> int:
@@ -498,7 +520,9 @@ def collect(conversations: Sequence[Conversation], answers: dict[tuple[str, int]
                 "figures": score(q, answer, budgets), "recall_ms": answer.recall_ms,
             })
     latencies = [a.recall_ms for a in answers.values()]
+    over = sum(a.tokens[b] > b for a in answers.values() for b in budgets)
     return {
+        "over_budget": over,
         "summary": summarise(rows, [f"@{k}" for k in KS] + [f"B{b}" for b in budgets]),
         "items": {str(b): statistics.fmean(a.items[b] for a in answers.values()) for b in budgets},
         "tokens": {str(b): statistics.fmean(a.tokens[b] for a in answers.values()) for b in budgets},
@@ -518,7 +542,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 conversation, 30 questions")
     parser.add_argument("--concurrency", type=int, default=4, help="questions asked at once")
     parser.add_argument("--latency-samples", type=int, default=200,
-                        help="questions asked one at a time afterwards to time recall (per arm)")
+                        help="questions asked one at a time afterwards to time recall")
+    parser.add_argument("--grid", action="append", default=[], metavar="MEMPROXY_X=V1,V2",
+                        help="hybrid settings to try (repeatable; every combination is one arm, "
+                        "and leave-one-conversation-out picks among them)")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+                        help="another checkout (say, main) to serve the same store too: its "
+                        "figures, and recall latency of both timed in turn")
     parser.add_argument("--data-dir", type=Path, help="memproxy's data directory (kept); default a temporary one")
     parser.add_argument("--reuse", action="store_true",
                         help="with --data-dir: skip replaying conversations already stored there")
@@ -532,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reuse and args.data_dir is None:
         parser.error("--reuse needs --data-dir")
     args.env = dict(item.split("=", 1) for item in args.env)
-    if bad := [k for k in args.env if not k.startswith("MEMPROXY_")]:
+    if bad := [k for k in [*args.env, *(g.split("=")[0] for g in args.grid)]
+               if not k.startswith("MEMPROXY_")]:
         parser.error(f"--env takes MEMPROXY_* settings only, got {bad}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
@@ -545,7 +576,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
     run["timings"]["wall_s"] = time.perf_counter() - started
-    targets = print_report(run["arms"], args.budgets)
+    hybrid = {arm: r["questions"] for arm, r in run["arms"].items()
+              if not arm.startswith(("bm25", "dense"))}
+    print_tables(hybrid, [f"B{b}" for b in args.budgets], f"B{TARGET_BUDGET}")
+    targets = print_report(run["arms"], args.budgets, KS, DRAGON, (TARGET_BUDGET, TARGET_RECALL))
+    for name, t in run["latency"].items():
+        line = (f"recall latency {name}: p50 {t['p50']:.1f} ms, p95 {t['p95']:.1f} ms, mean "
+                f"{t['mean']:.1f} ms ({t['n']:.0f} questions one at a time, budget {TARGET_BUDGET})")
+        targets.append(line)
+        print(line)
+    if {"this", "baseline"} <= set(run["latency"]):
+        this, base = run["latency"]["this"], run["latency"]["baseline"]
+        line = (f"recall latency this / baseline, same run: p50 {this['p50'] / base['p50']:.2f}, "
+                f"mean {this['mean'] / base['mean']:.2f} (limit 1.10)")
+        targets.append(line)
+        print(line)
     print(f"conversations {', '.join(run['conversations'])}; evidence ids not in the "
           f"conversation (skipped): {run['unknown_evidence']}; wall time {run['timings']['wall_s']:.0f} s")
     if args.json:

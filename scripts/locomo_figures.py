@@ -90,3 +90,48 @@ def print_tables(
         for sample, (best, row) in leave_one_out(configs, keys, group, select_on).items():
             print(f"{sample:14} {row['n']:>5.0f} " + " ".join(f"{row[k]:6.3f}" for k in keys)
                   + f"  {best}")
+
+
+def print_report(results: Mapping[str, Any], budgets: Sequence[int], ks: Sequence[int],
+                 dragon: Mapping[int, float], target: tuple[int, float]) -> list[str]:
+    """The main table per arm and group, per category, block sizes; the target lines
+    (returned too)."""
+    keys = [f"@{k}" for k in ks] + [f"B{b}" for b in budgets]
+    head = f"{'arm':24} {'group':8} {'n':>5} " + " ".join(f"{k:>6}" for k in keys)
+    print("\nrecall@k: evidence turns in the first k items; Bn: evidence turns in the block at "
+          "budget n tokens")
+    print(head)
+    for arm, result in results.items():
+        for group in ("cat 1-4", "all"):
+            if row := result["summary"].get(group):
+                print(f"{arm:24} {group:8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
+    print("\nper category (category 5 = adversarial)")
+    print(head)
+    for arm, result in results.items():
+        for c in range(1, 6):
+            if row := result["summary"].get(f"cat {c}"):
+                print(f"{arm:24} {f'cat {c}':8} {row['n']:>5} " + " ".join(f"{row[k]:6.3f}" for k in keys))
+    print("\nblock size per budget: mean items / mean tokens; answers over their budget")
+    for arm, result in results.items():
+        print(f"  {arm:24} " + "   ".join(
+            f"B{b}: {result['items'][str(b)]:.1f} / {result['tokens'][str(b)]:.0f}" for b in budgets
+        ) + f"   over budget: {result['over_budget']}")
+    lines = []
+    budget, goal = target
+    for arm, result in results.items():
+        if arm.startswith(("bm25", "dense")):
+            continue
+        for group in ("cat 1-4", "all"):
+            row = result["summary"].get(group)
+            if not row:
+                continue
+            beats = all(row[f"@{k}"] > dragon[k] for k in ks)
+            lines.append(f"{arm} {group}: beat DRAGON at every k: {'yes' if beats else 'NO'} ("
+                         + ", ".join(f"@{k} {row[f'@{k}']:.3f} vs {dragon[k]}" for k in ks) + ")")
+            if f"B{budget}" in row:
+                value = row[f"B{budget}"]
+                lines.append(f"{arm} {group}: evidence recall at {budget} tokens {value:.3f} "
+                             f"(target >= {goal}: {'yes' if value >= goal else 'NO'})")
+        lines.append(f"{arm}: answers over budget: {result['over_budget']} (must be 0)")
+    print("\n" + "\n".join(lines))
+    return lines
