@@ -63,16 +63,23 @@ class LitellmReply:
             await self._close()
 
 
-async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
-    """Send a chat completion through litellm; the answer in OpenAI's chat format."""
-    params = {k: v for k, v in body.items() if k not in ("model", "messages")}
+async def _call(
+    function: Callable[..., Awaitable[Any]], target: Target, body: dict[str, Any], timeout: float
+) -> Any:
+    """Call one of litellm's entry points with the request's fields and the route's key."""
+    params = {k: v for k, v in body.items() if k != "model"}
     try:
-        result = await litellm.acompletion(
-            model=_model_name(target, body["model"]), messages=body["messages"],
-            api_key=target.api_key, api_base=target.base_url or None, timeout=timeout, **params,
+        return await function(
+            model=_model_name(target, body["model"]), api_key=target.api_key,
+            api_base=target.base_url or None, timeout=timeout, **params,
         )
     except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc) from None
+
+
+async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+    """Send a chat completion through litellm; the answer in OpenAI's chat format."""
+    result = await _call(litellm.acompletion, target, body, timeout)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(result.model_dump(exclude_none=True))),
                             "application/json")
@@ -81,14 +88,7 @@ async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> 
 
 async def open_responses(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
     """Send a Responses API request through litellm; the answer in the Responses format."""
-    params = {k: v for k, v in body.items() if k != "model"}
-    try:
-        result = await litellm.aresponses(
-            model=_model_name(target, body["model"]), api_key=target.api_key,
-            api_base=target.base_url or None, timeout=timeout, **params,
-        )
-    except Exception as exc:  # litellm raises its own tree; map it
-        raise to_proxy_error(exc) from None
+    result = await _call(litellm.aresponses, target, body, timeout)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
     return LitellmReply(_named_events(result), "text/event-stream", close=_closer(result))
@@ -96,14 +96,7 @@ async def open_responses(target: Target, body: dict[str, Any], *, timeout: float
 
 async def open_messages(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
     """Send an Anthropic Messages request through litellm; the answer in that format."""
-    params = {k: v for k, v in body.items() if k != "model"}
-    try:
-        result = await litellm.anthropic_messages(
-            model=_model_name(target, body["model"]), api_key=target.api_key,
-            api_base=target.base_url or None, timeout=timeout, **params,
-        )
-    except Exception as exc:  # litellm raises its own tree; map it
-        raise to_proxy_error(exc) from None
+    result = await _call(litellm.anthropic_messages, target, body, timeout)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
     # litellm streams these as the SSE bytes Anthropic sends.
