@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from config.settings import Settings
 
 MAX_BUDGET = 100_000
+# Recall's widest scope, narrowest first (X-Memory-Scope).
+SCOPES = ("session", "user", "organization")
 _ON_OFF = {"on": True, "off": False}
 
 
@@ -63,7 +65,7 @@ class Flags:
             read=enabled and (settings.memory_read if read is None else read),
             write=enabled and (settings.memory_write if write is None else write),
             budget=_budget(headers, settings.memory_budget),
-            scope=_choice(headers, "x-memory-scope", ("session", "user"), settings.memory_scope),
+            scope=_choice(headers, "x-memory-scope", SCOPES, settings.memory_scope),
             placement=_choice(
                 headers, "x-memory-placement", ("system", "last_user"), settings.memory_placement
             ),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.flags import SCOPES
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
 
 ENV_PREFIX = "MEMPROXY_"
@@ -104,8 +105,10 @@ class Settings:
     # -- access
     api_keys: tuple[ApiKey, ...] = _setting_factory(
         tuple,
-        "Proxy keys, comma-separated; `key:user` binds a key to a user id. When set, a "
-        "request without a valid key gets 401.",
+        "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
+        "it in an organisation and `:org-writer` lets it change that organisation's shared "
+        "memory (`key[:user][:org=ORG][:org-writer]`). When set, a request without a valid "
+        "key gets 401.",
         secret=True,
     )
     admin_key: str | None = _setting(
@@ -167,8 +170,16 @@ class Settings:
         1000, "Token budget of the injected memory block (X-Memory-Budget).", min=0, max=100_000
     )
     memory_scope: str = _setting(
-        "user", "Widest scope recall may use: session or user (X-Memory-Scope).",
-        choices=("session", "user"),
+        "organization",
+        "Widest scope recall may use: session, user, or organization (the user's memory, "
+        "then what the user's organisation shares) (X-Memory-Scope).",
+        choices=SCOPES,
+    )
+    org_budget_share: float = _setting(
+        0.25,
+        "Share of the memory budget kept for an organisation's shared facts when some are "
+        "relevant; the rest of the budget is the user's, and either takes what the other "
+        "leaves.", min=0.0, max=1.0,
     )
     memory_placement: str = _setting(
         "system",

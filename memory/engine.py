@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +43,7 @@ from memory.recall.ranking import (
 )
 from memory.recall.render import Entry
 from memory.redact import Redactor
+from memory.scopes import organization_memory
 from memory.storage import metrics
 from memory.storage.database import Database
 from memory.storage.metrics import RequestMetrics
@@ -70,7 +71,8 @@ class RecallRequest:
     messages: Sequence[Mapping[str, Any]]
     model: str
     budget: int
-    scope: str
+    scope: str  # session | user | organization
+    org_id: str | None = None  # the organisation whose shared memory scope organization adds
 
 
 @dataclass(frozen=True)
@@ -382,14 +384,17 @@ class MemoryEngine:
                 if self.weights.dense else None
             )
             embed_ms = _ms(embedding) if vector is not None else 0.0
-            dense, learned = await asyncio.gather(
+            dense, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
                 self.learned_recall.gather(
                     request.user_id, request.session_id, query, vector,
                     session_only=session is not None, present=present,
                 ),
+                self.learned_recall.shared(
+                    organization_memory(request.org_id), query, vector, present=present
+                ) if request.scope == "organization" and request.org_id else _no_items(),
             )
-            return dense, learned, embed_ms
+            return dense, replace(learned, shared=shared), embed_ms
 
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
@@ -415,6 +420,7 @@ class MemoryEngine:
             learned,
             [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked],
             request.budget, lambda t: count_tokens(t, request.model),
+            shared_share=self.settings.org_budget_share,
         )
         items = [
             *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
@@ -538,6 +544,10 @@ def collection_name(settings: Settings) -> str:
         return "chunks-minilm-l6"
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
+
+
+async def _no_items() -> list[LearnedItem]:
+    return []
 
 
 def _ms(started: float) -> float:

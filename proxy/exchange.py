@@ -26,7 +26,7 @@ from memory import Recalled, ReplyChain
 from proxy.api_format import ApiFormat, Parsed, ReplyTee
 from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
-from proxy.identity import Identity, authenticate, resolve_session, resolve_user
+from proxy.identity import Identity, authenticate, resolve_org, resolve_session, resolve_user
 from proxy.limits import StreamSlot, limit_key
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
@@ -124,7 +124,8 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         continued=chain.session_id if chain is not None else None,
     )
     call = Call(
-        fmt, parsed, raw, Identity(user_id, session_id), flags,
+        fmt, parsed, raw, Identity(user_id, session_id, resolve_org(request.headers, key)),
+        flags,
         fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
