@@ -173,7 +173,7 @@ def test_the_organisation_keeps_its_share_of_the_budget(budget: int) -> None:
            for i in range(40)]
     shared = [_item("organization", f"f{100 + i}", f"Team rule {i}: deploys need two reviews.")
               for i in range(80)]
-    turns = [Entry("user", 1_700_000_000.0 + i, f"turn {i} about the rollout", "s1", f"c{i}")
+    turns = [Entry("user", 1_700_000_000.0 + i, f"turn {i} about the rollout", "s1", i)
              for i in range(80)]
     packed = pack_block(Learned(facts=own, shared=shared), turns, budget, count, shared_share=0.25)
     assert packed.tokens == count(packed.block) <= budget
