@@ -45,7 +45,7 @@ from memory.recall.render import Entry
 from memory.redact import Redactor
 from memory.scopes import organization_memory
 from memory.storage import metrics
-from memory.storage.database import Database
+from memory.storage.database import Database, Transaction
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
 from memory.tokens import count_tokens, ensure_offline_tiktoken
@@ -155,7 +155,7 @@ class MemoryEngine:
             k=settings.recall_candidates,
         )
         self.learner = Learner(
-            settings, self.log, self.facts, self.summaries, vectors, embedder.embed, self._notify
+            settings, self.log, self.facts, self.summaries, vectors, embedder.embed
         )
         self.worker = JobWorker(
             self.queue, {
@@ -321,14 +321,15 @@ class MemoryEngine:
             role="assistant", content=text, created_at=time.time(), model=model,
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
+        async def learn(tx: Transaction, turn_id: int) -> None:
+            await self.learner.queue_after_reply(tx, user_id, session_id, turn_id, model)
+
         result = await self.log.append_turns(
             user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,
-            max_attempts=self.settings.job_max_attempts,
+            max_attempts=self.settings.job_max_attempts, then=learn,
         )
         if result.new_ids:
             self.worker.notify()
-            if result.last_id is not None:
-                await self.learner.after_reply(user_id, session_id, result.last_id, model)
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""
