@@ -7,11 +7,13 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from proxy.memory_tool import FAILED, TOOL_NAME
 from proxy.memory_tool_stream import RoundFilter
@@ -31,7 +33,7 @@ from tests.support.scripted_upstream import (
 NOTE = "The billing service runs on Postgres 16 with the pgvector extension."
 QUESTION = "Which database does the billing service use in production these days?"
 SEARCH = {"name": TOOL_NAME, "arguments": {"query": "billing service database"}}
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {"name": "get_weather", "description": "Weather in a city.",
                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
@@ -122,29 +124,46 @@ def test_a_stream_hides_the_tool_round_and_relays_text_of_every_round(
     assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", text)]
 
 
+@dataclass
+class Answer:
+    """What the client got: the text, and the tool calls by index (id, name, arguments)."""
+
+    text: str = ""
+    calls: dict[int, list[str]] = field(default_factory=dict)
+
+
+def ask(sdk: openai.OpenAI, content: str, *, stream: bool) -> Answer:
+    """One chat completion offering the client's get_weather tool, streamed or not."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
+    answer = Answer()
+    if not stream:
+        message = sdk.chat.completions.create(model="gpt-4o", messages=messages,
+                                              tools=[WEATHER_TOOL]).choices[0].message
+        answer.text = message.content or ""
+        for i, call in enumerate(message.tool_calls or ()):
+            assert call.type == "function"
+            answer.calls[i] = [call.id, call.function.name, call.function.arguments]
+        return answer
+    for chunk in sdk.chat.completions.create(model="gpt-4o", messages=messages,
+                                             tools=[WEATHER_TOOL], stream=True):
+        delta = chunk.choices[0].delta
+        answer.text += delta.content or ""
+        for part in delta.tool_calls or ():
+            got = answer.calls.setdefault(part.index, ["", "", ""])
+            function = part.function
+            got[0] += part.id or ""
+            got[1] += function.name or "" if function else ""
+            got[2] += function.arguments or "" if function else ""
+    return answer
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_tools_pass_through_untouched(
     memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream, stream: bool
 ) -> None:
-    reply = chat_chunks(None, tool_calls=[WEATHER]) if stream else chat_completion(None, tool_calls=[WEATHER])
-    upstream.enqueue(SSEReply(reply) if stream else JSONReply(reply))
-    messages: Any = [{"role": "user", "content": "What is the weather in Lisbon right now?"}]
-    if stream:
-        calls: dict[int, Any] = {}
-        for chunk in client.chat.completions.create(model="gpt-4o", messages=messages,
-                                                    tools=[WEATHER_TOOL], stream=True):
-            for call in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
-                calls.setdefault(call.index, []).append(call)
-        assert list(calls) == [0]
-        got = (calls[0][0].id, calls[0][0].function.name,
-               "".join(c.function.arguments or "" for c in calls[0]))
-    else:
-        message = client.chat.completions.create(model="gpt-4o", messages=messages,
-                                                 tools=[WEATHER_TOOL]).choices[0].message
-        assert message.tool_calls is not None and len(message.tool_calls) == 1
-        call = message.tool_calls[0]
-        got = (call.id, call.function.name, call.function.arguments)  # type: ignore[union-attr]
-    assert got == ("call_weather", "get_weather", '{"city":"Lisbon"}')
+    upstream.enqueue(reply([WEATHER], stream=stream))
+    answer = ask(client, "What is the weather in Lisbon right now?", stream=stream)
+    assert answer.calls == {0: ["call_weather", "get_weather", '{"city":"Lisbon"}']}
     (sent,) = chat_requests(upstream)
     assert tool_names(sent) == ["get_weather", TOOL_NAME]
     assert sent.json["tools"][0] == WEATHER_TOOL
@@ -154,23 +173,10 @@ def test_client_tools_pass_through_untouched(
 def test_a_turn_calling_both_tools_runs_memory_search_first(
     memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream, stream: bool
 ) -> None:
-    both = [WEATHER, SEARCH]
-
-    def reply(calls: list[dict[str, Any]]) -> Reply:
-        return SSEReply(chat_chunks(None, tool_calls=calls)) if stream else JSONReply(
-            chat_completion(None, tool_calls=calls))
-
-    upstream.enqueue(reply(both), reply([WEATHER]))
-    messages: Any = [{"role": "user", "content": "Weather where the billing team sits, please?"}]
-    created = client.chat.completions.create(model="gpt-4o", messages=messages,
-                                             tools=[WEATHER_TOOL], stream=stream)
-    if stream:
-        names = [c.function.name for chunk in created for c in (chunk.choices[0].delta.tool_calls or ())
-                 if chunk.choices and c.function and c.function.name]  # type: ignore[union-attr]
-    else:
-        names = [c.function.name for c in created.choices[0].message.tool_calls or ()]  # type: ignore[union-attr]
-    assert names == ["get_weather"]
-    first, second = chat_requests(upstream)
+    upstream.enqueue(reply([WEATHER, SEARCH], stream=stream), reply([WEATHER], stream=stream))
+    answer = ask(client, "Weather where the billing team sits, please?", stream=stream)
+    assert [name for _, name, _ in answer.calls.values()] == ["get_weather"]
+    second = chat_requests(upstream)[1]
     asked = second.json["messages"][-2]
     # The client's call of the searching turn is withheld: only the client can answer it.
     assert [c["function"]["name"] for c in asked["tool_calls"]] == [TOOL_NAME]
@@ -182,30 +188,24 @@ def test_rounds_are_bounded_and_a_late_call_is_stripped(
     start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, stream: bool
 ) -> None:
     proxy = start_proxy(memory=True, memory_tool_rounds=2, memory_mode="tool")
-
-    def always_search(received: Received) -> Reply | None:
-        if received.path != "/v1/chat/completions":
-            return None
-        calls = [SEARCH, WEATHER]
-        return SSEReply(chat_chunks("Thinking.", tool_calls=calls)) if stream else JSONReply(
-            chat_completion("Thinking.", tool_calls=calls))
-
-    upstream.respond_with(always_search)
+    upstream.respond_with(lambda received: reply(
+        [SEARCH, WEATHER], stream=stream, content="Thinking. ",
+    ) if received.path == "/v1/chat/completions" else None)
     with openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0, timeout=60) as sdk:
-        created = sdk.chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER_TOOL],
-            stream=stream)
-        if stream:
-            calls = [(c.index, c.function.name) for chunk in created if chunk.choices
-                     for c in chunk.choices[0].delta.tool_calls or () if c.function and c.function.name]  # type: ignore[union-attr]
-        else:
-            calls = [(i, c.function.name) for i, c in  # type: ignore[union-attr]
-                     enumerate(created.choices[0].message.tool_calls or ())]  # type: ignore[union-attr]
-    # The last round's memory_search is taken out, and the client's call renumbered from 0.
-    assert calls == [(0, "get_weather")]
+        answer = ask(sdk, QUESTION, stream=stream)
+    # The last round's memory_search is taken out, and the client's call numbered from 0.
+    assert [(i, name) for i, (_, name, _) in answer.calls.items()] == [(0, "get_weather")]
+    assert answer.text == ("Thinking. " * 3 if stream else "Thinking. ")
     sent = chat_requests(upstream)
     assert [tool_names(r) for r in sent] == [["get_weather", TOOL_NAME]] * 2 + [["get_weather"]]
     assert sum(m["role"] == "tool" for m in sent[-1].json["messages"]) == 2
+
+
+def reply(calls: list[dict[str, Any]], *, stream: bool, content: str | None = None) -> Reply:
+    """The scripted model calling `calls`, as a stream or a whole completion."""
+    if stream:
+        return SSEReply(chat_chunks(content, tool_calls=calls))
+    return JSONReply(chat_completion(content, tool_calls=calls))
 
 
 def test_a_failing_recall_inside_the_loop_still_answers(
