@@ -185,8 +185,8 @@ class Settings:
         choices=("inject", "tool"),
     )
     memory_tool_rounds: int = _setting(
-        3, "Most memory_search calls the proxy answers in one request (mode tool); after them "
-        "the tool is no longer offered.", min=1, max=10,
+        3, "Most rounds of memory_search calls the proxy answers in one request (mode tool; up "
+        "to 4 parallel calls a round); after them the tool is no longer offered.", min=1, max=10,
     )
     memory_tool_prefetch: int = _setting(
         200, "Token budget of the block pre-fetched into the prompt in mode tool (at most "
