@@ -21,7 +21,6 @@ client tool of the same name, `tool_choice: none`), get the normal injection, an
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +153,7 @@ class MemoryTool:
         if query is None:
             return BAD_CALL
         self.searches += 1
-        started = time.perf_counter()
+        counted = step.state.metrics.memory_tool_searches
         # The conversation as sent so far (pre-fetched block and earlier answers included):
         # recall leaves out what it already holds.
         asked = [*step.context, *messages, {"role": "user", "content": query}]
@@ -165,9 +164,9 @@ class MemoryTool:
             ))
         except Exception as exc:  # memory never breaks the chat: the model goes on without it
             step.failed(TOOL_NAME, exc)
+            counted.labels("failed").inc()
             return FAILED
-        finally:
-            step.state.metrics.recall_latency.observe(time.perf_counter() - started)
+        counted.labels("found" if recalled.block else "nothing").inc()
         return recalled.block or NO_MATCH
 
 
@@ -237,6 +236,8 @@ def _unsupported(call: Call) -> str | None:
         return "tools is not an array"
     if any(_name(t) == TOOL_NAME for t in tools or ()):
         return f"the request has its own {TOOL_NAME} tool"
+    if body.get("functions") is not None:
+        return "the request uses the legacy functions field"
     if body.get("tool_choice") == "none":
         return "tool_choice is none"
     return None

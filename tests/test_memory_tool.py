@@ -102,6 +102,8 @@ def test_the_proxy_answers_memory_search_and_the_client_gets_only_the_answer(
     assert "x-memory-error" not in raw.headers
     # The turn log holds what the client sent and received, not the internal round.
     assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "Postgres 16.")]
+    metrics = httpx.get(f"{memproxy.url}/metrics").text
+    assert 'memproxy_memory_tool_searches_total{outcome="found"} 1.0' in metrics
 
 
 def test_a_stream_hides_the_tool_round_and_relays_text_of_every_round(
@@ -227,6 +229,23 @@ def test_a_failing_recall_inside_the_loop_still_answers(
     assert response.json()["choices"][0]["message"]["content"] == "I could not look that up."
     assert response.headers["x-memory-error"].startswith(f"{TOOL_NAME}: ")
     assert chat_requests(upstream)[1].json["messages"][-1]["content"] == FAILED
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert 'memproxy_memory_tool_searches_total{outcome="failed"} 1.0' in metrics
+
+
+def test_an_upstream_failing_in_a_later_round_ends_the_stream_with_one_error_event(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(SSEReply(chat_chunks("Let me check. ", tool_calls=[SEARCH])),
+                     ErrorReply(500, "the model fell over"))
+    pieces: list[str] = []
+    with pytest.raises(openai.APIError, match="upstream returned 500"):
+        for chunk in client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": QUESTION}], stream=True,
+        ):
+            pieces += [chunk.choices[0].delta.content or ""] if chunk.choices else []
+    assert "".join(pieces) == "Let me check. "
+    assert len(chat_requests(upstream)) == 2
 
 
 def test_the_prefetched_block_is_small_and_the_setting_is_the_default(
