@@ -15,8 +15,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from proxy.memory_tool import FAILED, TOOL_NAME
-from proxy.memory_tool_stream import RoundFilter
+from proxy.memory_tool import FAILED
+from proxy.memory_tool_chat import ChatRound
+from proxy.memory_tool_dialect import TOOL_NAME
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import (
@@ -276,7 +277,7 @@ def test_other_formats_fall_back_to_injection_and_say_so(
     response = httpx.post(f"{memproxy.base_url}/responses", headers=TOOL_HEADERS, timeout=60,
                           json={"model": "gpt-4o", "input": QUESTION})
     assert response.status_code == 200
-    assert response.headers["x-memory-mode"].startswith("inject (tool mode serves chat completions")
+    assert response.headers["x-memory-mode"].startswith("inject (tool mode serves chat completions and Messages")
     (sent,) = [r for r in upstream.history if r.path == "/v1/responses"]
     assert NOTE in sent.json["instructions"] and "tools" not in sent.json
 
@@ -284,12 +285,13 @@ def test_other_formats_fall_back_to_injection_and_say_so(
 def test_the_round_filter_reads_events_split_at_any_byte() -> None:
     events = chat_chunks("Hi there.", tool_calls=[WEATHER, SEARCH], include_usage=True)
     wire = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-    whole = RoundFilter(TOOL_NAME)
-    expected = whole.feed(wire) + whole.end(None)
+    whole = ChatRound(None)
+    expected = whole.feed(wire) + whole.end()
     for size in (1, 7):
-        split = RoundFilter(TOOL_NAME)
+        split = ChatRound(None)
         out = b"".join(split.feed(wire[i:i + size]) for i in range(0, len(wire), size))
-        assert out + split.end(None) == expected
-        assert [c["function"]["name"] for c in split.ours()] == [TOOL_NAME]
+        assert out + split.end() == expected
+        calls = split.reply()["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["get_weather", TOOL_NAME]
     assert b"get_weather" in expected and TOOL_NAME.encode() not in expected
     assert expected.endswith(b"data: [DONE]\n\n")
