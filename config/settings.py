@@ -181,7 +181,7 @@ class Settings:
         "inject",
         "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
         "(a small pre-fetched block, plus a memory_search tool the proxy answers itself; chat "
-        "completions only) (X-Memory-Mode).",
+        "completions and Messages) (X-Memory-Mode).",
         choices=("inject", "tool"),
     )
     memory_tool_rounds: int = _setting(
