@@ -157,7 +157,7 @@ class MessagesRound:
                 self._stop_reason = _dict(payload.get("delta")).get("stop_reason")
                 self._usage.update(_dict(payload.get("usage")))
             return "hold"
-        if not isinstance(index, int) or not kind or not kind.startswith("content_block"):
+        if not isinstance(index, int) or not str(kind).startswith("content_block"):
             return "relay"  # ping, error, anything new
         if kind == "content_block_start":
             self._blocks[index] = {**_dict(payload.get("content_block"))}
