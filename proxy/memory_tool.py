@@ -94,14 +94,14 @@ class MemoryTool:
 
     async def open(self, send: Send, body: dict[str, Any], step: MemoryStep) -> UpstreamReply:
         """The reply the client gets: the last round's, with memory_search taken out."""
-        first = await self._send(send, body, list(body["messages"]), offer=True)
+        first = await self._send(send, body, self.dialect.items(body), offer=True)
         if first.headers.get("content-type", "").startswith("text/event-stream"):
             return _Rounds(self, send, body, step, first)
         return await self._whole(send, body, step, first)
 
     def _body(self, body: dict[str, Any], messages: list[Any], *, offer: bool) -> dict[str, Any]:
-        out = {**body, "messages": messages}
-        return self.dialect.offer(out) if offer else self.dialect.last_round(out, messages)
+        out = self.dialect.with_items(body, messages)
+        return self.dialect.offer(out) if offer else self.dialect.last_round(out)
 
     async def _send(
         self, send: Send, body: dict[str, Any], messages: list[Any], *, offer: bool
@@ -112,7 +112,7 @@ class MemoryTool:
     async def _whole(
         self, send: Send, body: dict[str, Any], step: MemoryStep, reply: UpstreamReply
     ) -> UpstreamReply:
-        messages = list(body["messages"])
+        messages = self.dialect.items(body)
         usage: dict[str, Any] | None = None  # of the rounds before this one
         for round_ in range(self.rounds + 1):
             if round_:
@@ -185,7 +185,7 @@ class _Rounds:
 
     async def aiter_raw(self) -> Any:
         tool = self._tool
-        messages = list(self._body["messages"])
+        messages = tool.dialect.items(self._body)
         usage: dict[str, Any] | None = None
         events = None
         for round_ in range(tool.rounds + 1):

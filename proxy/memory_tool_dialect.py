@@ -60,11 +60,19 @@ class Dialect(Protocol):
         """Why the loop cannot serve this body (None: it can)."""
         ...
 
+    def items(self, body: dict[str, Any]) -> list[Any]:
+        """The body's conversation as the format lists it (chat: `messages`)."""
+        ...
+
+    def with_items(self, body: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The body carrying `items` as its conversation."""
+        ...
+
     def offer(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with memory_search among its tools."""
         ...
 
-    def last_round(self, body: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    def last_round(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body of a round where memory_search is no longer offered."""
         ...
 

@@ -51,11 +51,19 @@ class MessagesDialect:
             return "tool_choice is none"
         return None
 
+    def items(self, body: Payload) -> list[Any]:
+        """`messages`."""
+        return list(body["messages"])
+
+    def with_items(self, body: Payload, items: list[Any]) -> Payload:
+        """`messages` replaced."""
+        return {**body, "messages": items}
+
     def offer(self, body: Payload) -> Payload:
         """memory_search after the client's tools."""
         return {**body, "tools": [*(body.get("tools") or ()), TOOL]}
 
-    def last_round(self, body: Payload, messages: list[Any]) -> Payload:
+    def last_round(self, body: Payload) -> Payload:
         """Still defined (the conversation holds its tool_use blocks), not to be called."""
         if body.get("tools") or "tool_choice" in body:
             return self.offer(body)
