@@ -14,9 +14,11 @@ model, now holding what memory found, makes its next move (usually the same call
 which then reaches the client).
 
 Each API format speaks the loop in its own dialect (how the tool is offered, how calls and
-answers look, how a stream is filtered): chat completions (`proxy.memory_tool_chat`) and
-Anthropic Messages (`proxy.memory_tool_messages`). Other formats, and requests a dialect
-cannot serve, get the normal injection, and the `X-Memory-Mode` response header says so.
+answers look, how a stream is filtered): chat completions (`proxy.memory_tool_chat`),
+Anthropic Messages (`proxy.memory_tool_messages`) and Responses
+(`proxy.memory_tool_responses`). A request its dialect cannot serve (n > 1, a client tool of
+the same name, `tool_choice: none`, ...) gets the normal injection, and the `X-Memory-Mode`
+response header says why.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import orjson
 from config import Flags
 from memory import MemoryEngine, RecallRequest
 from proxy.memory_tool_chat import ChatDialect
-from proxy.memory_tool_dialect import TOOL_NAME, Dialect, Search, add_usage
+from proxy.memory_tool_dialect import TOOL_NAME, Dialect, Search, StreamingDialect, add_usage
 from proxy.memory_tool_messages import MessagesDialect
+from proxy.memory_tool_responses import ResponsesDialect
 from proxy.upstream import UpstreamHeaders, UpstreamReply
 from proxy.upstream import read_body as read_upstream_body
 
@@ -46,7 +49,10 @@ NO_MATCH = "Nothing in memory matched this query."
 FAILED = "Memory search failed; answer without it."
 BAD_CALL = 'memory_search takes a JSON object with a string "query".'
 SKIPPED = f"Not searched: at most {MAX_SEARCHES_PER_ROUND} memory searches per turn."
-DIALECTS: dict[str, Dialect] = {"chat": ChatDialect(), "messages": MessagesDialect()}
+# Every API format's, by route.
+DIALECTS: dict[str, Dialect] = {
+    "chat": ChatDialect(), "messages": MessagesDialect(), "responses": ResponsesDialect(),
+}
 
 # Sends one round upstream: the body's bytes and the body.
 Send = Callable[[bytes, dict[str, Any]], Awaitable[UpstreamReply]]
@@ -78,12 +84,9 @@ class MemoryTool:
         flags, memory = call.flags, state.memory
         if flags.mode != "tool" or not flags.read or memory is None:
             return None
-        dialect = DIALECTS.get(call.fmt.route)
-        reason = (
-            f"tool mode serves chat completions and Messages, not {call.fmt.path}"
-            if dialect is None else dialect.unsupported(call.body)
-        )
-        if dialect is None or reason is not None:
+        dialect = DIALECTS[call.fmt.route]
+        reason = dialect.unsupported(call.body)
+        if reason is not None:
             call.headers["X-Memory-Mode"] = f"inject ({reason})"
             return None
         call.headers["X-Memory-Mode"] = "tool"
@@ -95,8 +98,9 @@ class MemoryTool:
     async def open(self, send: Send, body: dict[str, Any], step: MemoryStep) -> UpstreamReply:
         """The reply the client gets: the last round's, with memory_search taken out."""
         first = await self._send(send, body, self.dialect.items(body), offer=True)
-        if first.headers.get("content-type", "").startswith("text/event-stream"):
-            return _Rounds(self, send, body, step, first)
+        streamed = first.headers.get("content-type", "").startswith("text/event-stream")
+        if streamed and isinstance(self.dialect, StreamingDialect):
+            return _Rounds(self, self.dialect, send, body, step, first)
         return await self._whole(send, body, step, first)
 
     def _body(self, body: dict[str, Any], messages: list[Any], *, offer: bool) -> dict[str, Any]:
@@ -175,17 +179,17 @@ class _Rounds:
     come, except memory_search's calls and the ends of rounds that searched."""
 
     def __init__(
-        self, tool: MemoryTool, send: Send, body: dict[str, Any], step: MemoryStep,
-        first: UpstreamReply,
+        self, tool: MemoryTool, dialect: StreamingDialect, send: Send, body: dict[str, Any],
+        step: MemoryStep, first: UpstreamReply,
     ) -> None:
         self.status_code = first.status_code
         self.headers = first.headers
-        self._tool, self._send, self._body, self._step = tool, send, body, step
+        self._tool, self._dialect, self._send, self._body, self._step = tool, dialect, send, body, step
         self._current = first
 
     async def aiter_raw(self) -> Any:
-        tool = self._tool
-        messages = tool.dialect.items(self._body)
+        tool, dialect = self._tool, self._dialect
+        messages = dialect.items(self._body)
         usage: dict[str, Any] | None = None
         events = None
         for round_ in range(tool.rounds + 1):
@@ -194,18 +198,18 @@ class _Rounds:
                 self._current = await tool._send(
                     self._send, self._body, messages, offer=round_ < tool.rounds
                 )
-            events = tool.dialect.stream_round(events, usage)
+            events = dialect.stream_round(events, usage)
             async for chunk in self._current.aiter_raw():
                 if relayed := events.feed(chunk):
                     yield relayed
             whole = events.reply()
-            ours = tool.dialect.searches(whole)
+            ours = dialect.searches(whole)
             if not ours or round_ == tool.rounds:
                 if end := events.end():
                     yield end
                 return
             messages += await tool.answer(whole, ours, self._body, messages, self._step)
-            usage = add_usage(usage, tool.dialect.usage(whole))
+            usage = add_usage(usage, dialect.usage(whole))
 
     async def aclose(self) -> None:
         await self._current.aclose()

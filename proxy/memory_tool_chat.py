@@ -23,6 +23,7 @@ from proxy.memory_tool_dialect import (
     add_usage,
     encoded,
     event_payload,
+    search_query,
 )
 from proxy.sse import ServerSentEvent, SSEDecoder
 
@@ -70,8 +71,8 @@ class ChatDialect:
 
     def searches(self, reply: Payload) -> list[Search]:
         """Choice 0's memory_search calls."""
-        return [Search(_str(c.get("id")), _query(c)) for c in _calls(_message(reply))
-                if _name(c) == TOOL_NAME]
+        return [Search(_str(c.get("id")), search_query(_dict(c.get("function")).get("arguments")))
+                for c in _calls(_message(reply)) if _name(c) == TOOL_NAME]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The assistant message with memory_search's calls only, then a tool message each."""
@@ -257,17 +258,6 @@ def _name(tool_or_call: Any) -> str | None:
     function = tool_or_call.get("function") if isinstance(tool_or_call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     return name if isinstance(name, str) else None
-
-
-def _query(call: Payload) -> str | None:
-    """A memory_search call's query (None when its arguments do not hold one)."""
-    arguments = _dict(call.get("function")).get("arguments")
-    try:
-        parsed = orjson.loads(arguments) if isinstance(arguments, str) else None
-    except orjson.JSONDecodeError:
-        return None
-    query = parsed.get("query") if isinstance(parsed, dict) else None
-    return query.strip() or None if isinstance(query, str) else None
 
 
 def _str(value: Any) -> str:

@@ -2,14 +2,15 @@
 offered, how its calls and their answers look, and how a stream's round is filtered.
 
 A streamed round is rebuilt into the shape of a whole reply (`StreamRound.reply`), so the
-loop reads calls, usage and the turn that goes on the same way for both.
+loop reads calls, usage and the turn that goes on the same way for both. A format whose
+streams the loop cannot serve is a `Dialect` without `stream_round` (Responses).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -93,6 +94,12 @@ class Dialect(Protocol):
         """A whole reply's usage object."""
         ...
 
+
+
+@runtime_checkable
+class StreamingDialect(Dialect, Protocol):
+    """A format whose streams the loop serves, round after round."""
+
     def stream_round(self, previous: Any, usage_before: dict[str, Any] | None) -> StreamRound:
         """A filter for the next round of a stream (`previous`: the round before, or None)."""
         ...
@@ -129,3 +136,15 @@ def event_payload(event: ServerSentEvent) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def search_query(arguments: Any) -> str | None:
+    """A memory_search call's query, from its arguments as JSON text (chat, Responses) or
+    as an object (Messages); None when they hold none."""
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return None
+    query = arguments.get("query") if isinstance(arguments, dict) else None
+    return query.strip() or None if isinstance(query, str) else None

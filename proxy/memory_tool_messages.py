@@ -27,6 +27,7 @@ from proxy.memory_tool_dialect import (
     add_usage,
     encoded,
     event_payload,
+    search_query,
 )
 from proxy.sse import ServerSentEvent, SSEDecoder
 
@@ -71,7 +72,7 @@ class MessagesDialect:
 
     def searches(self, reply: Payload) -> list[Search]:
         """The message's memory_search tool_use blocks."""
-        return [Search(str(b.get("id") or ""), _query(b.get("input"))) for b in _blocks(reply)
+        return [Search(str(b.get("id") or ""), search_query(b.get("input"))) for b in _blocks(reply)
                 if _ours(b)]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
@@ -241,11 +242,6 @@ def _tool_uses(blocks: list[Payload]) -> bool:
 
 def _ours(block: Payload) -> bool:
     return block.get("type") == "tool_use" and block.get("name") == TOOL_NAME
-
-
-def _query(value: Any) -> str | None:
-    query = _dict(value).get("query")
-    return query.strip() or None if isinstance(query, str) else None
 
 
 def _dict(value: Any) -> Payload:

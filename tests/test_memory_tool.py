@@ -271,15 +271,16 @@ def test_the_prefetched_block_is_small_and_the_setting_is_the_default(
     assert bad.status_code == 400 and "X-Memory-Mode" in bad.json()["error"]["message"]
 
 
-def test_other_formats_fall_back_to_injection_and_say_so(
+def test_a_request_the_loop_cannot_serve_gets_injection_and_says_why(
     memproxy: RunningProxy, upstream: ScriptedUpstream
 ) -> None:
-    response = httpx.post(f"{memproxy.base_url}/responses", headers=TOOL_HEADERS, timeout=60,
-                          json={"model": "gpt-4o", "input": QUESTION})
+    response = httpx.post(f"{memproxy.base_url}/chat/completions", headers=TOOL_HEADERS, timeout=60,
+                          json={"model": "gpt-4o", "n": 2,
+                                "messages": [{"role": "user", "content": QUESTION}]})
     assert response.status_code == 200
-    assert response.headers["x-memory-mode"].startswith("inject (tool mode serves chat completions and Messages")
-    (sent,) = [r for r in upstream.history if r.path == "/v1/responses"]
-    assert NOTE in sent.json["instructions"] and "tools" not in sent.json
+    assert response.headers["x-memory-mode"] == "inject (tool mode needs n=1)"
+    (sent,) = chat_requests(upstream)
+    assert NOTE in sent.json["messages"][0]["content"] and "tools" not in sent.json
 
 
 def test_the_round_filter_reads_events_split_at_any_byte() -> None:
