@@ -341,7 +341,7 @@ def _dry_run(call: Call, recalled: Recalled | None, step: MemoryStep) -> Respons
         "user_id": call.identity.user_id,
         "session_id": call.identity.session_id,
         "placement": call.flags.placement,
-        "budget": call.flags.budget,
+        "budget": step.flags.budget,  # in tool mode the pre-fetch's
         **(recalled.as_dict() if recalled is not None else {"block": "", "items": [], "tokens": 0}),
         "errors": step.errors,
     }

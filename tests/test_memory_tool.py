@@ -261,6 +261,9 @@ def test_the_prefetched_block_is_small_and_the_setting_is_the_default(
     assert 0 < int(tool.headers["x-memory-injected-tokens"]) <= 60
     (sent,) = chat_requests(upstream)
     assert NOTE in sent.json["messages"][0]["content"] and tool_names(sent) == [TOOL_NAME]
+    dry = httpx.post(f"{proxy.base_url}/chat/completions", timeout=60,
+                     headers={"X-Memory-Dry-Run": "on"}, json={"model": "gpt-4o", "messages": [message]})
+    assert dry.json()["budget"] == 60 and 0 < dry.json()["tokens"] <= 60
     injected = httpx.post(f"{proxy.base_url}/chat/completions", timeout=60,
                           headers={"X-Memory-Mode": "inject"},
                           json={"model": "gpt-4o", "messages": [message]})
