@@ -34,6 +34,7 @@ class Flags:
     placement: str
     dry_run: bool = False
     compact: bool = False  # replace the middle of a conversation near the context window
+    mode: str = "inject"  # "tool": memory_search offered to the model (proxy/memory_tool.py)
 
     @property
     def active(self) -> bool:
@@ -50,6 +51,7 @@ class Flags:
             scope=settings.memory_scope,
             placement=settings.memory_placement,
             compact=settings.memory and settings.compact,
+            mode=settings.memory_mode,
         )
 
     @classmethod
@@ -71,6 +73,7 @@ class Flags:
             ),
             dry_run=bool(dry_run),
             compact=enabled and (settings.compact if compact is None else compact),
+            mode=_choice(headers, "x-memory-mode", ("inject", "tool"), settings.memory_mode),
         )
 
 

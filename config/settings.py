@@ -188,6 +188,21 @@ class Settings:
         "(X-Memory-Placement).",
         choices=("system", "last_user"),
     )
+    memory_mode: str = _setting(
+        "inject",
+        "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
+        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself; "
+        "streamed Responses requests get inject) (X-Memory-Mode).",
+        choices=("inject", "tool"),
+    )
+    memory_tool_rounds: int = _setting(
+        3, "Most rounds of memory_search calls the proxy answers in one request (mode tool; up "
+        "to 4 parallel calls a round); after them the tool is no longer offered.", min=1, max=10,
+    )
+    memory_tool_prefetch: int = _setting(
+        200, "Token budget of the block pre-fetched into the prompt in mode tool (at most "
+        "memory_budget; each memory_search answer gets memory_budget).", min=0, max=100_000,
+    )
     compact: bool = _setting(
         False,
         "Compact a conversation that, with its memory block, would pass compact_at of the "
