@@ -18,6 +18,7 @@ from memory.admin.manage import Management
 from memory.index.chunking import chunk_text
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
+from memory.index.quantized import int8_model_dir
 from memory.index.rebuild import VectorRebuild
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
@@ -200,6 +201,7 @@ class MemoryEngine:
             raise
         engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
+        await engine.rebuild.fill_if_new(vectors)
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
@@ -526,8 +528,10 @@ def _local_embedder(settings: Settings) -> Embedder:
     still serves, instead of not starting at all."""
     try:
         model_dir = find_model_dir(settings.embedding_model_dir)
+        if settings.embedding_precision == "int8":
+            model_dir = int8_model_dir(model_dir, settings.data_dir)
         return LocalEmbedder(model_dir, threads=settings.embedding_threads)
-    except Exception as exc:  # missing files, or onnxruntime/tokenizers refusing them
+    except Exception as exc:  # missing files, onnxruntime/tokenizers refusing them, a bad int8 copy
         log.error("embedding model unavailable; memory runs degraded: %s", exc)
         return UnavailableEmbedder(exc)
 
@@ -535,7 +539,7 @@ def _local_embedder(settings: Settings) -> Embedder:
 def collection_name(settings: Settings) -> str:
     """One collection per embedding model: vectors of different models never mix."""
     if settings.embedding_backend == "local":
-        return "chunks-minilm-l6"
+        return "chunks-minilm-l6" + ("-int8" if settings.embedding_precision == "int8" else "")
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
 
