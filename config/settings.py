@@ -214,6 +214,10 @@ class Settings:
         "the CPU a text). Each has its own collection: switching re-indexes from the database.",
         choices=("float32", "int8"),
     )
+    index_batch_jobs: int = _setting(
+        32, "Index jobs that are ready together run as one, in one embedding batch (a chat "
+        "request queues one job for its new turns); 1 runs each alone.", min=1, max=1024,
+    )
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000
     )

@@ -162,6 +162,7 @@ class MemoryEngine:
                 EXTRACT_JOB: self.learner.extract, SUMMARY_JOB: self.learner.summarize,
                 **self.manage.handlers,
             },
+            batch_handlers={INDEX_JOB: self._index_jobs}, batch_size=settings.index_batch_jobs,
             concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
         )
 
@@ -336,7 +337,12 @@ class MemoryEngine:
             await metrics.insert(tx, row)
 
     async def _index_job(self, payload: dict[str, Any]) -> None:
-        turns = await self.log.get_turns(payload["turn_ids"])
+        await self._index_jobs([payload])
+
+    async def _index_jobs(self, payloads: list[dict[str, Any]]) -> None:
+        """Chunk the jobs' turns, embed every chunk in one call and add them in one write."""
+        turn_ids = dict.fromkeys(i for payload in payloads for i in payload["turn_ids"])
+        turns = await self.log.get_turns(list(turn_ids))
         ids: list[str] = []
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []
