@@ -48,7 +48,7 @@ from memory.storage import metrics
 from memory.storage.database import Database
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
-from memory.tokens import count_tokens, ensure_offline_tiktoken
+from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
 
 MAINTENANCE_INTERVAL = 3600.0
 DONE_JOB_RETENTION = 7 * 86400.0
@@ -184,6 +184,8 @@ class MemoryEngine:
         threadpool_limits(1, user_api="blas")
         db = await Database.open(settings.db_path)
         try:
+            # The first recall after a start waited 2.3 s for these (counting its block).
+            await asyncio.to_thread(load_encodings)
             cache_bytes = settings.vector_cache_mb * 1024 * 1024
             if settings.chroma_url:
                 vectors = await asyncio.to_thread(
