@@ -53,7 +53,6 @@ from memory import (
     for_embedding,
     turn_text,
 )
-from memory.index.quantized import int8_model_dir
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
 
 USER, MODEL, SESSION_TURNS, T0 = "bench-user", "gpt-4o-mini", 20, 1_700_000_000.0
@@ -229,12 +228,14 @@ async def grow(engine: MemoryEngine, corpus: Corpus, progress: dict[str, Any], u
     return {"turns_added": added, "seconds": seconds, "turns_per_s": added / seconds, "append_s": append_s}
 
 
-async def indexing_throughput(settings: Settings, embedder: LocalEmbedder, corpus: Corpus,
-                              turns: int, job_turns: int) -> dict[str, float]:
-    """Index the first `turns` turns into a fresh store; add up each component's busy time."""
+async def indexing_throughput(settings: Settings, corpus: Corpus, turns: int,
+                              job_turns: int) -> dict[str, float]:
+    """Index the first `turns` turns into a fresh store with the model the settings name
+    (an int8 one is built first); add up each component's busy time."""
     with tempfile.TemporaryDirectory(prefix="bench-recall-fresh-") as tmp:
-        timed, cpu = Timed(embedder), time.process_time()
-        engine = await MemoryEngine.open(settings.replace(data_dir=Path(tmp)), embedder=timed)
+        engine = await MemoryEngine.open(settings.replace(data_dir=Path(tmp)))
+        cpu = time.process_time()
+        timed = engine.embedder = Timed(engine.embedder)
         vectors = engine.vectors = Timed(engine.vectors)  # type: ignore[assignment]
         try:
             built = await grow(engine, corpus, {"user_turns": 0, "other_turns": 0}, turns, 0.0, 1,
@@ -362,10 +363,8 @@ async def run(args: argparse.Namespace, settings: Settings, data_dir: Path) -> d
         precision, batch = arm.split(":")
         print(f"indexing {args.index_turns} turns into a fresh store ({arm}) ...", file=sys.stderr)
         arm_settings = settings.replace(embedding_precision=precision, index_batch_jobs=int(batch))
-        model = embedder if precision == "float32" else LocalEmbedder(
-            int8_model_dir(MODEL_DIR, data_dir), threads=settings.embedding_threads)
         report.setdefault("indexing", {})[arm] = await indexing_throughput(
-            arm_settings, model, corpus, args.index_turns, args.index_job_turns)
+            arm_settings, corpus, args.index_turns, args.index_job_turns)
     config = {"seed": args.seed, "others": args.others, "share": args.share, "build": args.build_embedder}
     progress = {"user_turns": 0, "other_turns": 0, **config}
     if (data_dir / PROGRESS).exists():
