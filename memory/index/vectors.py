@@ -157,6 +157,11 @@ class VectorIndex:
             clause = where_clause(where)
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
 
+    def other_collections(self) -> list[str]:
+        """Names of the other collections in the same Chroma (another model's, say)."""
+        with self._lock:
+            return [c.name for c in self._client.list_collections() if c.name != self.name]
+
     def _owners(self, ids: Sequence[str]) -> set[str]:
         """Users who hold any of `ids` now (an id can move: SQLite reuses a deleted chunk's),
         asked only when their copies' files must be discarded."""
