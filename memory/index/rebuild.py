@@ -61,9 +61,10 @@ class VectorRebuild:
         """Rebuild an empty collection beside another one when the database holds indexed
         turns: each embedding model has a collection of its own, so a change of model starts
         with an empty one. (A backup's copy starts with no collection and its own rebuild.)"""
-        empty = await asyncio.to_thread(vectors.count) == 0
-        if empty and await asyncio.to_thread(vectors.other_collections) \
-                and await turns.chunked_turn_ids(self.db):
+        if await asyncio.to_thread(vectors.count) != 0:
+            return
+        others = await asyncio.to_thread(vectors.other_collections)
+        if others and await turns.chunked_turn_ids(self.db):
             self.reason = f"collection {vectors.name} is new but turns were indexed"
             log.warning("%s: indexing them again from the database", self.reason)
             await self._queue()
