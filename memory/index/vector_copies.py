@@ -24,7 +24,6 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
