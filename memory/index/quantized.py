@@ -85,6 +85,10 @@ def quantize(float_dir: Path, out: Path) -> None:
     # Imported here: it pulls in the onnx package, which only this one-off build needs.
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    root = logging.getLogger()
+    # The quantizer advises "pre-processing" on the root logger at every run; the graph is
+    # already optimised by onnxruntime at load, so the advice only confuses a first start.
+    root.addFilter(_quantizer_advice)
     try:
         quantize_dynamic(
             float_dir / "model.onnx", out / "model.onnx", weight_type=QuantType.QInt8,
@@ -92,9 +96,15 @@ def quantize(float_dir: Path, out: Path) -> None:
         )
     except Exception as exc:  # onnx's and onnxruntime's own errors, whatever they are
         raise QuantizedModelRejected(f"quantizing {float_dir / 'model.onnx'} failed: {exc}") from exc
+    finally:
+        root.removeFilter(_quantizer_advice)
     for name in MODEL_FILES:
         if name != "model.onnx":
             shutil.copyfile(float_dir / name, out / name)
+
+
+def _quantizer_advice(record: logging.LogRecord) -> bool:
+    return "onnxruntime" not in record.pathname or "pre-processing" not in record.getMessage()
 
 
 def agreement(float_dir: Path, int8_dir: Path) -> tuple[float, float]:
