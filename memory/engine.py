@@ -263,6 +263,8 @@ class MemoryEngine:
         while True:
             try:
                 await self.prune()
+                # After a crash, only users changed within the last interval load from Chroma.
+                await asyncio.to_thread(self.vectors.save_copies)
             except Exception:  # retried next round; never kills the engine
                 log.warning("pruning failed", exc_info=True)
             await asyncio.sleep(MAINTENANCE_INTERVAL)

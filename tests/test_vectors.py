@@ -300,33 +300,40 @@ def test_user_copies_are_kept_in_files_across_restarts(
         index.add([f"a{i}" for i in range(20)], vectors[:20], [{"user_id": "A", "source": "turn"}] * 20)
         index.add([f"b{i}" for i in range(10)], vectors[20:30], [{"user_id": "B"}] * 10)
         index.query(vectors[0], k=3, where={"user_id": "A"})  # loaded from Chroma, then saved
+        folder = tmp_path / "vector-copies" / "memory"
+        assert len(list(folder.glob("*.vectors"))) == 1
         # Changed after it was saved: the file goes at once, the copy in memory follows.
         index.add(["a20"], vectors[30:31], [{"user_id": "A", "source": "fact"}])
-        index.delete(ids=["a3"])
+        assert list(folder.glob("*.vectors")) == []
+        index.save_copies()  # what the engine's maintenance does every hour
+        assert len(list(folder.glob("*.vectors"))) == 1
+        index.add(["a21"], vectors[31:32], [{"user_id": "A", "source": "fact"}])
+        index.delete(ids=["a3"])  # drops the copy in memory too: reloaded below
         assert index.query(vectors[30], k=1, where={"user_id": "A"})[0][0] == "a20"
+        index.add(["a22"], vectors[32:33], [{"user_id": "A", "source": "fact"}])
     finally:
-        index.close()  # saves A's changed copy
+        index.close()  # saves A's copy, changed since its reload
 
     files = list((tmp_path / "vector-copies" / "memory").glob("*.vectors"))
     assert len(files) == 1  # A's; B's copy was never loaded
     saved = files[0].stat().st_mtime_ns
     index, chroma = VectorIndex.open(path, cache_bytes=64 << 20), VectorIndex.open(path)
     try:
-        for probe in [*vectors[:3], vectors[30]]:
+        for probe in [*vectors[:4], *vectors[30:33]]:
             for where in ({"user_id": "A"}, {"user_id": "A", "source": "turn"}):
                 got, expected = index.query(probe, k=8, where=where), chroma.query(probe, k=8, where=where)
                 assert [i for i, _ in got] == [i for i, _ in expected]
                 assert [s for _, s in got] == pytest.approx([s for _, s in expected], abs=1e-5)
         assert files[0].stat().st_mtime_ns == saved  # read from the file, not from Chroma
         # A write through an index without copies in memory still discards the file.
-        chroma.add(["a21"], vectors[31:32], [{"user_id": "A"}])
+        chroma.add(["a23"], vectors[33:34], [{"user_id": "A"}])
         assert not files[0].exists()
     finally:
         index.close()
         chroma.close()
     index = VectorIndex.open(path, cache_bytes=64 << 20)
     try:
-        assert index.query(vectors[31], k=1, where={"user_id": "A"})[0][0] == "a21"
+        assert index.query(vectors[33], k=1, where={"user_id": "A"})[0][0] == "a23"
     finally:
         index.close()
 

@@ -10,8 +10,8 @@ then the vectors as raw float32 and the metadata as int32 codes, so reading it i
 A file is only right while nothing has changed the user's vectors since it was written, so the
 index discards it before every write that may touch the user (before, not after: a crash
 between the two leaves no stale file behind). The copy in memory stays exact, and is written
-back when it is dropped from memory or the index closes; a copy loaded from Chroma is written
-at once.
+back when it is dropped from memory, by the engine's hourly maintenance and when the index
+closes; a copy loaded from Chroma is written at once.
 """
 
 from __future__ import annotations

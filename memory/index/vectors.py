@@ -186,6 +186,11 @@ class VectorIndex:
             if len(page["ids"]) < PAGE:
                 return rows
 
+    def save_copies(self) -> None:
+        """Write the files of users' copies changed since they were loaded or last saved."""
+        with self._lock:
+            self._cache.save()
+
     def close(self) -> None:
         """Release chroma's resources (its SQLite handles and segment files)."""
         with self._lock:
