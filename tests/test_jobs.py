@@ -371,3 +371,23 @@ async def test_stop_requeues_every_job_of_an_unfinished_batch(
     await worker.stop(timeout=0.05)
 
     assert await store.queue.job_counts() == {"queued": 3, "running": 0, "done": 0, "dead": 0}
+
+
+async def test_a_batch_size_of_one_runs_each_job_alone(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    batches: list[list[int]] = []
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        batches.append([payload["n"] for payload in payloads])
+
+    for n in range(3):
+        await store.queue.enqueue("index", {"n": n})
+    handler = Recorder()
+    worker = make_worker({"index": handler}, batch_handlers={"index": batch}, batch_size=1,
+                         concurrency=3)
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert batches == []
+    assert sorted(payload["n"] for _, payload in handler.calls) == [0, 1, 2]

@@ -172,10 +172,12 @@ class JobWorker:
         for job in jobs:
             if job.kind not in self._batch_handlers:
                 groups.append([job])
-            elif job.kind in batches:
-                batches[job.kind].append(job)
-            else:
-                groups.append(batches.setdefault(job.kind, [job]))
+                continue
+            batch = batches.get(job.kind)
+            if batch is None or len(batch) >= self._batch_size:
+                batch = batches[job.kind] = []
+                groups.append(batch)
+            batch.append(job)
         for kind, batch in batches.items():
             if len(batch) < self._batch_size:
                 batch += await self._store.claim([kind], self._batch_size - len(batch), self._clock())
