@@ -353,6 +353,27 @@ async def test_a_failed_batch_runs_each_job_alone_so_only_the_bad_one_fails(
     assert [dead.payload["n"] for dead in await store.queue.dead_jobs()] == [2]
 
 
+async def test_after_a_failed_batch_each_job_is_retried_alone(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    batches: list[list[int]] = []
+    single = Recorder()
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        batches.append([payload["n"] for payload in payloads])
+        raise ValueError("embedding service overloaded")
+
+    for n in range(3):
+        await store.queue.enqueue("index", {"n": n}, max_attempts=3)
+    worker = make_worker({"index": single}, batch_handlers={"index": batch}, batch_size=8)
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert batches == [[0, 1, 2]]  # one call for the first attempt of all three
+    assert sorted(payload["n"] for _, payload in single.calls) == [0, 1, 2]  # then one each
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 3, "dead": 0}
+
+
 async def test_stop_requeues_every_job_of_an_unfinished_batch(
     store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:

@@ -8,7 +8,8 @@ A job is never lost: it is claimed and settled through the database, a job inter
 A kind with a batch handler is claimed in groups: the ready jobs of that kind (up to
 `batch_size`) run in one call, in one slot, so work that arrived together (one index job per
 chat request) is done together (one embedding batch). When the call fails, each job of the
-group runs again alone, so a bad job fails by itself.
+group is retried alone (after its backoff; at once if that was its last attempt), so a bad job
+fails by itself and an outage costs no more calls than without batches.
 """
 
 from __future__ import annotations
@@ -165,32 +166,41 @@ class JobWorker:
         return min(self._poll_interval, max(0.0, due - self._clock()))
 
     async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:
-        """One group per claimed job, except that the jobs of a batchable kind form one group,
-        topped up with more ready jobs of that kind up to `batch_size`."""
+        """One group per claimed job, except that first attempts of a batchable kind form
+        groups of up to `batch_size`, topped up with more ready jobs of that kind."""
         groups: list[list[Job]] = []
         batches: dict[str, list[Job]] = {}
-        for job in jobs:
-            if job.kind not in self._batch_handlers:
+
+        def place(job: Job) -> None:
+            # A retried job runs alone: it (or one batched with it) failed before.
+            if job.kind not in self._batch_handlers or job.attempts > 1:
                 groups.append([job])
-                continue
+                return
             batch = batches.get(job.kind)
             if batch is None or len(batch) >= self._batch_size:
                 batch = batches[job.kind] = []
                 groups.append(batch)
             batch.append(job)
-        for kind, batch in batches.items():
+
+        for job in jobs:
+            place(job)
+        for kind, batch in list(batches.items()):
             if len(batch) < self._batch_size:
-                batch += await self._store.claim([kind], self._batch_size - len(batch), self._clock())
+                for job in await self._store.claim([kind], self._batch_size - len(batch), self._clock()):
+                    place(job)
         return groups
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         try:
             await self._batch_handlers[jobs[0].kind]([job.payload for job in jobs])
-        except Exception as exc:  # which job caused it is unknown: each runs again alone
-            log.warning("a batch of %d %s jobs failed (%s: %s); running each alone", len(jobs),
+        except Exception as exc:  # which job caused it is unknown: each is retried alone
+            log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone", len(jobs),
                         jobs[0].kind, type(exc).__name__, str(exc)[:200])
             for job in jobs:
-                await self._run(job)
+                if job.attempts >= job.max_attempts:
+                    await self._run(job)  # its last attempt: it gets one of its own
+                else:
+                    await self._failed(job, exc)
             return
         for job in jobs:
             await self._store.complete(job.id)
