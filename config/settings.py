@@ -234,6 +234,16 @@ class Settings:
         2, "CPU threads one local embedding may use. Index jobs embed one at a time, so "
         "indexing never takes more; a query's embedding runs beside them.", min=1, max=64
     )
+    embedding_precision: str = _setting(
+        "float32", "Weights of the local model: float32 (the shipped model) or int8 (a copy "
+        "quantized at the first start into data_dir/models and checked against it; about half "
+        "the CPU a text). Each has its own collection: switching re-indexes from the database.",
+        choices=("float32", "int8"),
+    )
+    index_batch_jobs: int = _setting(
+        32, "Index jobs that are ready together run as one, in one embedding batch (a chat "
+        "request queues one job for its new turns); 1 runs each alone.", min=1, max=1024,
+    )
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000
     )

@@ -18,6 +18,7 @@ from memory.admin.manage import Management
 from memory.index.chunking import chunk_text
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
+from memory.index.quantized import int8_model_dir
 from memory.index.rebuild import VectorRebuild
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
@@ -48,7 +49,7 @@ from memory.storage import metrics
 from memory.storage.database import Database, Transaction
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
-from memory.tokens import count_tokens, ensure_offline_tiktoken
+from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
 
 MAINTENANCE_INTERVAL = 3600.0
 DONE_JOB_RETENTION = 7 * 86400.0
@@ -163,6 +164,7 @@ class MemoryEngine:
                 EXTRACT_JOB: self.learner.extract, SUMMARY_JOB: self.learner.summarize,
                 **self.manage.handlers,
             },
+            batch_handlers={INDEX_JOB: self._index_jobs}, batch_size=settings.index_batch_jobs,
             concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
         )
 
@@ -184,6 +186,8 @@ class MemoryEngine:
         threadpool_limits(1, user_api="blas")
         db = await Database.open(settings.db_path)
         try:
+            # The first recall after a start waited 2.3 s for these (counting its block).
+            await asyncio.to_thread(load_encodings)
             cache_bytes = settings.vector_cache_mb * 1024 * 1024
             if settings.chroma_url:
                 vectors = await asyncio.to_thread(
@@ -202,6 +206,7 @@ class MemoryEngine:
             raise
         engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
+        await engine.rebuild.fill_if_new(vectors)
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
@@ -260,6 +265,8 @@ class MemoryEngine:
         while True:
             try:
                 await self.prune()
+                # After a crash, only users changed within the last interval load from Chroma.
+                await asyncio.to_thread(self.vectors.save_copies)
             except Exception:  # retried next round; never kills the engine
                 log.warning("pruning failed", exc_info=True)
             await asyncio.sleep(MAINTENANCE_INTERVAL)
@@ -337,7 +344,12 @@ class MemoryEngine:
             await metrics.insert(tx, row)
 
     async def _index_job(self, payload: dict[str, Any]) -> None:
-        turns = await self.log.get_turns(payload["turn_ids"])
+        await self._index_jobs([payload])
+
+    async def _index_jobs(self, payloads: list[dict[str, Any]]) -> None:
+        """Chunk the jobs' turns, embed every chunk in one call and add them in one write."""
+        turn_ids = dict.fromkeys(i for payload in payloads for i in payload["turn_ids"])
+        turns = await self.log.get_turns(list(turn_ids))
         ids: list[str] = []
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []
@@ -533,8 +545,10 @@ def _local_embedder(settings: Settings) -> Embedder:
     still serves, instead of not starting at all."""
     try:
         model_dir = find_model_dir(settings.embedding_model_dir)
+        if settings.embedding_precision == "int8":
+            model_dir = int8_model_dir(model_dir, settings.data_dir)
         return LocalEmbedder(model_dir, threads=settings.embedding_threads)
-    except Exception as exc:  # missing files, or onnxruntime/tokenizers refusing them
+    except Exception as exc:  # missing files, onnxruntime/tokenizers refusing them, a bad int8 copy
         log.error("embedding model unavailable; memory runs degraded: %s", exc)
         return UnavailableEmbedder(exc)
 
@@ -542,7 +556,7 @@ def _local_embedder(settings: Settings) -> Embedder:
 def collection_name(settings: Settings) -> str:
     """One collection per embedding model: vectors of different models never mix."""
     if settings.embedding_backend == "local":
-        return "chunks-minilm-l6"
+        return "chunks-minilm-l6" + ("-int8" if settings.embedding_precision == "int8" else "")
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
 
