@@ -32,6 +32,9 @@ class Flags:
     placement: str
     dry_run: bool = False
     compact: bool = False  # replace the middle of a conversation near the context window
+    # stable: earlier blocks of the session go back where they were and a request adds only
+    # new items (the prompt prefix stays cacheable); fresh: one new block per request.
+    injection: str = "stable"
 
     @property
     def active(self) -> bool:
@@ -48,6 +51,7 @@ class Flags:
             scope=settings.memory_scope,
             placement=settings.memory_placement,
             compact=settings.memory and settings.compact,
+            injection=settings.memory_injection,
         )
 
     @classmethod
@@ -69,6 +73,9 @@ class Flags:
             ),
             dry_run=bool(dry_run),
             compact=enabled and (settings.compact if compact is None else compact),
+            injection=_choice(
+                headers, "x-memory-injection", ("stable", "fresh"), settings.memory_injection
+            ),
         )
 
 

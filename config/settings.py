@@ -177,6 +177,13 @@ class Settings:
         "(X-Memory-Placement).",
         choices=("system", "last_user"),
     )
+    memory_injection: str = _setting(
+        "stable",
+        "stable: within a session every earlier memory block goes back where it was, byte for "
+        "byte, and a request adds only items not shown yet, so provider prompt caches keep "
+        "hitting; fresh: each request gets one newly recalled block (X-Memory-Injection).",
+        choices=("stable", "fresh"),
+    )
     compact: bool = _setting(
         False,
         "Compact a conversation that, with its memory block, would pass compact_at of the "
@@ -213,6 +220,12 @@ class Settings:
     )
 
     # -- recall and ranking
+    recall_cache_entries: int = _setting(
+        1024,
+        "Recall results kept for retried and regenerated requests (same user, session, "
+        "messages and settings); any write to the user's memory invalidates theirs. 0: off.",
+        min=0,
+    )
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-    from memory.recall.inject import inject
+    from memory.recall.inject import Placed, inject, place, placing_order
+    from memory.storage.injections import Injection
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
     from memory.storage.database import Database
@@ -62,6 +63,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
+    "place": ("memory.recall.inject", "place"),
+    "Placed": ("memory.recall.inject", "Placed"),
+    "placing_order": ("memory.recall.inject", "placing_order"),
+    "Injection": ("memory.storage.injections", "Injection"),
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
@@ -118,9 +123,11 @@ __all__ = [
     "Fact",
     "FactError",
     "FactNotFound",
+    "Injection",
     "LocalEmbedder",
     "MemoryEngine",
     "NewTurn",
+    "Placed",
     "RecallRequest",
     "Recalled",
     "RecalledItem",
@@ -139,6 +146,8 @@ __all__ = [
     "for_embedding",
     "inject",
     "message_text",
+    "place",
+    "placing_order",
     "summarize",
     "turn_dict",
     "turn_text",

@@ -48,6 +48,15 @@ class Metrics:
             "memproxy_compacted_tokens", "Conversation tokens compaction took out of requests.",
             registry=self.registry,
         )
+        self.recall_cache_hits = Counter(
+            "memproxy_recall_cache_hits",
+            "Recalls answered from the recall cache (a retried or regenerated request).",
+            registry=self.registry,
+        )
+        self.recall_cache_misses = Counter(
+            "memproxy_recall_cache_misses", "Recalls the recall cache could not answer.",
+            registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,
