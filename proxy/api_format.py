@@ -83,6 +83,10 @@ class ApiFormat(Protocol):
         """A copy of `body` carrying the memory block; `body` is never changed."""
         ...
 
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where a conversation's first block goes under stable injection (it stays there)."""
+        ...
+
     def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
         """A copy of `body` carrying each block at its place (the user messages counted as
         in `conversation`); `body` is never changed."""

@@ -39,6 +39,10 @@ class ChatFormat:
         """`memory.inject` on the messages."""
         return {**body, "messages": inject(body["messages"], block, placement)}
 
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where the flags say."""
+        return placement
+
     def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
         """`memory.place` on the messages."""
         return {**body, "messages": place(body["messages"], placed)}

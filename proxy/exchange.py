@@ -199,6 +199,7 @@ def _memory_step(state: AppState, call: Call, chain: ReplyChain | None) -> Memor
     return MemoryStep(
         state, call.identity, call.flags, call.request_id, model=call.body["model"],
         messages=call.parsed.conversation, context=context, after=after, stable=stable,
+        first_placement=call.fmt.first_placement(call.body, call.flags.placement),
     )
 
 

@@ -34,14 +34,15 @@ class MemoryStep:
 
     `stable` (stable injection, DESIGN.md 8): the blocks earlier requests of the session
     injected go back at their places (`placed`), and this request's block holds only the
-    items they do not show; it is kept with the request's last user turn.
+    items they do not show; it is kept with the request's last user turn. The first block
+    of a conversation goes where `first_placement` says, the others before their turn.
     """
 
     def __init__(
         self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
         model: str, messages: Sequence[Mapping[str, Any]],
         context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
-        stable: bool = False,
+        stable: bool = False, first_placement: str = "system",
     ) -> None:
         self.state = state
         self.identity = identity
@@ -54,6 +55,7 @@ class MemoryStep:
         self.errors: list[str] = []
         self.recalled: Recalled | None = None
         self.stable = stable
+        self.first_placement = first_placement
         self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         # Stable injection: every block of the request at its place (None: fresh injection).
         self.placed: list[Placed] | None = None
@@ -113,7 +115,7 @@ class MemoryStep:
         if own is None and recalled.items:
             # Into the system prompt only as the conversation's first block: appended later,
             # it would change the prompt's start and lose the whole cached prefix.
-            placement = "system" if self.flags.placement == "system" and last == 0 else "last_user"
+            placement = self.first_placement if last == 0 else "last_user"
             own = Injection(placement, recalled.block, [item.id for item in recalled.items],
                             recalled.tokens)
             self._injected = (self._users[last], own)

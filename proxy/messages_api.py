@@ -25,7 +25,13 @@ from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import ProxyError, UpstreamStatus
 from proxy.exchange import handle
 from proxy.identity import authenticate, presented_key
-from proxy.messages_body import conversation, inject_messages, parse_messages_body, place_messages
+from proxy.messages_body import (
+    conversation,
+    has_message_breakpoint,
+    inject_messages,
+    parse_messages_body,
+    place_messages,
+)
 from proxy.passthrough import relay
 from proxy.relay import RelayResponse
 from proxy.requests import read_body
@@ -69,6 +75,11 @@ class MessagesFormat:
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """Into `system`, after the last cache_control breakpoint (`proxy.messages_body`)."""
         return inject_messages(body, block, placement)
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Not `system` when a breakpoint in the messages caches a prefix shared beyond
+        this conversation (`proxy.messages_body`)."""
+        return "last_user" if has_message_breakpoint(body) else placement
 
     def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
         """Each block in its user message, the first maybe in `system` (`proxy.messages_body`)."""

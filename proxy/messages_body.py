@@ -68,9 +68,15 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def has_message_breakpoint(body: Mapping[str, Any]) -> bool:
+    """Whether a `cache_control` breakpoint lies in the messages."""
+    return _last_breakpoint(body["messages"]) is not None
+
+
 def place_messages(body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
-    """A copy of `body` with each block at its place: the first at the end of `system`
-    (placement `system`), the others in their user message, after its tool results.
+    """A copy of `body` with each block at its place: at the end of `system` (placement
+    `system`), else at the end of its user message, after the tool results and any
+    breakpoint there, wherever the client's breakpoints move in later requests.
 
     In stable injection a block never changes once sent, so it may sit before a later
     cache_control breakpoint: each request's prompt starts with the previous one's.
@@ -84,7 +90,8 @@ def place_messages(body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, 
             system = _with_block(system, p.block)
         elif p.user < len(users):
             message = messages[users[p.user]]
-            messages[users[p.user]] = {**message, "content": _after_results(message, p.block)}
+            content = [*_blocks(message.get("content")), {"type": "text", "text": p.block}]
+            messages[users[p.user]] = {**message, "content": content}
     changed = {**body, "messages": messages}
     if system is not None:
         changed["system"] = system
@@ -106,7 +113,7 @@ def inject_messages(body: dict[str, Any], block: str, placement: str) -> dict[st
     return {**body, "messages": changed}
 
 
-def _after_results(message: Mapping[str, Any], block: str, after: int = -1) -> list[Any]:
+def _after_results(message: Mapping[str, Any], block: str, after: int) -> list[Any]:
     """The message's content blocks with `block` as a text block after its tool results
     (Anthropic requires them first) and after the content block numbered `after`."""
     blocks = _blocks(message.get("content"))

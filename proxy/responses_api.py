@@ -76,6 +76,10 @@ class ResponsesFormat:
         listed.insert(last_user, {"role": "system", "content": block})
         return {**body, "input": listed}
 
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where the flags say."""
+        return placement
+
     def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
         """Like `inject`, each block before its user input item (or in `instructions`)."""
         for p in placing_order(placed):
