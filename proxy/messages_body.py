@@ -75,11 +75,13 @@ def has_message_breakpoint(body: Mapping[str, Any]) -> bool:
 
 def place_messages(body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
     """A copy of `body` with each block at its place: at the end of `system` (placement
-    `system`), else at the end of its user message, after the tool results and any
-    breakpoint there, wherever the client's breakpoints move in later requests.
+    `system`), else in its user message right before the last content block (the user's
+    words, which a client caching its conversation marks), after any tool results.
 
-    In stable injection a block never changes once sent, so it may sit before a later
-    cache_control breakpoint: each request's prompt starts with the previous one's.
+    In stable injection a block never changes once sent, so it may sit before a breakpoint:
+    it is written to the cache with the request that brings it, and each request's prompt
+    starts with the previous one's. Its place does not depend on breakpoints, which clients
+    move from message to message.
     """
     messages: list[Any] = list(body["messages"])
     users = [i for i, m in enumerate(messages)
@@ -90,8 +92,8 @@ def place_messages(body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, 
             system = _with_block(system, p.block)
         elif p.user < len(users):
             message = messages[users[p.user]]
-            content = [*_blocks(message.get("content")), {"type": "text", "text": p.block}]
-            messages[users[p.user]] = {**message, "content": content}
+            last = len(_blocks(message.get("content"))) - 1
+            messages[users[p.user]] = {**message, "content": _after_results(message, p.block, last - 1)}
     changed = {**body, "messages": messages}
     if system is not None:
         changed["system"] = system

@@ -43,8 +43,8 @@ from typing import Any
 
 import httpx
 import orjson
-import tiktoken
 
+from memory import encoding_for_model
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
 from scripts.eval_locomo import DATASET, MODEL_DIR, Conversation, exchanges, load, wait_indexed
 from tests.support.formats import message_object
@@ -62,7 +62,7 @@ GOALS = {"short": 1.15, "long": 1.05}
 CACHE_READ, CACHE_WRITE = 0.1, 1.25
 MIN_CACHED, STEP = 1024, 128
 FORMATS = ("chat", "messages")
-ENCODING = tiktoken.get_encoding("o200k_base")
+MODEL = "gpt-4o"  # tokenised with its encoding, o200k_base
 FILLER = (
     "Here is what I found, with the reasoning behind it so you can check each step. "
     "The details come from what you told me before; if anything changed since, say so and "
@@ -78,7 +78,7 @@ def system_prompt(tokens: int) -> str:
     n = used = 0
     while used < tokens:
         n += 1
-        used += len(ENCODING.encode(rules[-1])) + 1
+        used += len(encoding_for_model(MODEL).encode(rules[-1])) + 1
         rules.append(f"Rule {n}: when a question touches topic {n} (planning, travel, family, "
                      f"hobbies or work item {n * 7 % 101}), answer plainly, cite what the user "
                      f"said before, and keep the reply under {120 + n % 5 * 20} words.")
@@ -103,10 +103,11 @@ class Prompt:
 
 def tokenise(segments: Sequence[tuple[str, bool]]) -> Prompt:
     """Segments (text, ends at a cache_control breakpoint) as one token sequence."""
+    encoding = encoding_for_model(MODEL)
     tokens: list[int] = []
     breakpoints: list[int] = []
     for text, breakpoint in segments:
-        tokens += ENCODING.encode(text, disallowed_special=())
+        tokens += encoding.encode(text, disallowed_special=())
         if breakpoint:
             breakpoints.append(len(tokens))
     return Prompt(tokens, breakpoints)
@@ -228,7 +229,7 @@ def body_for(fmt: str, system: str, history: Sequence[dict[str, Any]]) -> tuple[
     """The path and body a client sends: Messages marks the system prompt and the last
     user message as breakpoints, as a client caching its conversation does."""
     if fmt == "chat":
-        return "/v1/chat/completions", {"model": "gpt-4o", "messages": [
+        return "/v1/chat/completions", {"model": MODEL, "messages": [
             {"role": "system", "content": system}, *history]}
     messages: list[dict[str, Any]] = [{"role": m["role"], "content": m["content"]} for m in history]
     messages[-1] = {"role": "user", "content": [
@@ -241,10 +242,12 @@ def body_for(fmt: str, system: str, history: Sequence[dict[str, Any]]) -> tuple[
 async def run_session(
     http: httpx.AsyncClient, upstream: Upstream, *, key: str, headers: Mapping[str, str],
     fmt: str, system: str, asked: Sequence[str],
-) -> list[Prompt]:
-    """One session of len(asked) requests; the prompts the upstream received."""
+) -> tuple[list[Prompt], list[int]]:
+    """One session of len(asked) requests: the prompts the upstream received, and the
+    tokens memory injected into each (X-Memory-Injected-Tokens: the new block only)."""
     history: list[dict[str, Any]] = []
     prompts: list[Prompt] = []
+    injected: list[int] = []
     for n, question in enumerate(asked):
         history.append({"role": "user", "content": question})
         request_key = f"{key}/{n}"
@@ -257,8 +260,9 @@ async def run_session(
         received = upstream.received.pop(request_key)
         segments = chat_segments(received) if fmt == "chat" else messages_segments(received)
         prompts.append(tokenise(segments))
+        injected.append(int(response.headers.get("x-memory-injected-tokens", 0)))
         history.append({"role": "assistant", "content": reply_text(question)})
-    return prompts
+    return prompts, injected
 
 
 async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
@@ -276,6 +280,7 @@ async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
         print(f"imported {len(records.splitlines())} conversations for {len(users)} users; "
               f"stored {indexed}", file=sys.stderr)
         results: dict[str, Any] = {}
+        blocks: dict[str, list[int]] = {}  # mode -> tokens injected into each request
         for size, tokens in SYSTEM_TOKENS.items():
             system = system_prompt(tokens)
             source = questions(conversations)
@@ -284,27 +289,34 @@ async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
                 for mode, headers in MODES.items():
                     user = users.get((mode, fmt), "bench-none")
                     cost = 0.0
+                    injected: list[int] = []
                     for i, asked in enumerate(sessions):
-                        prompts = await run_session(
+                        prompts, counts = await run_session(
                             http, upstream, key=f"{size}-{fmt}-{mode}-{i}", fmt=fmt,
                             headers={**headers, "X-Memory-User-Id": user}, system=system,
                             asked=asked)
                         cost += openai_cost(prompts) if fmt == "chat" else anthropic_cost(prompts)
+                        injected += counts
                     results.setdefault(size, {}).setdefault(fmt, {})[mode] = cost
-                    print(f"{size} {fmt} {mode}: {cost:.0f}", file=sys.stderr)
-    return results
+                    blocks.setdefault(mode, []).extend(injected)
+                    print(f"{size} {fmt} {mode}: cost {cost:.0f}, injected per request: first "
+                          f"{injected[0]}, mean {sum(injected) / len(injected):.0f}", file=sys.stderr)
+    return {"costs": results, "injected": {
+        mode: sum(tokens) / len(tokens) for mode, tokens in blocks.items() if mode != "none"}}
 
 
 def report(results: Mapping[str, Any]) -> list[str]:
     """A Markdown table: cost relative to the same sessions without memory."""
     lines = ["| system prompt | provider rule | " + " | ".join(m for m in MODES if m != "none")
              + " | goal |", "|---|---|" + "---|" * len(MODES)]
-    for size, by_format in results.items():
+    for size, by_format in results["costs"].items():
         for fmt, costs in by_format.items():
             rule = "OpenAI (chat)" if fmt == "chat" else "Anthropic (messages)"
             cells = [f"x{costs[m] / costs['none']:.2f}" for m in MODES if m != "none"]
             lines.append(f"| ~{SYSTEM_TOKENS[size] // 100 / 10:g}k tokens | {rule} | "
                          + " | ".join(cells) + f" | <= x{GOALS[size]} |")
+    lines.append("| tokens injected per request (mean) | | " + " | ".join(
+        f"{results['injected'][m]:.0f}" for m in MODES if m != "none") + " | |")
     return lines
 
 
@@ -341,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(report(results)))
     if args.json:
         args.json.write_bytes(orjson.dumps({"config": {k: str(v) for k, v in vars(args).items()},
-                                            "costs": results}, option=orjson.OPT_INDENT_2))
+                                            **results}, option=orjson.OPT_INDENT_2))
     return 0
 
 

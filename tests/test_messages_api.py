@@ -156,13 +156,6 @@ def test_memory_goes_after_the_last_breakpoint_in_the_messages(
                                           messages=messages)
     sent = upstream.history[-1].json
     assert sent["system"] == "Be brief."  # the cached prefix stays byte-identical
-    # Stable injection: at the end of the message, where it stays in later requests.
-    blocks = sent["messages"][0]["content"]
-    assert blocks[:2] == messages[0]["content"] and blocks[2]["text"].startswith(OPEN)
-    claude(direct, **ADA, **{"X-Memory-Injection": "fresh"}).messages.create(
-        model=MODEL, max_tokens=50, system="Be brief.", messages=messages)
-    sent = upstream.history[-1].json
-    assert sent["system"] == "Be brief."
     blocks = sent["messages"][0]["content"]
     assert blocks[0] == marked and blocks[1]["text"].startswith(OPEN) and blocks[2] == messages[0]["content"][1]
 
@@ -183,10 +176,8 @@ def test_last_user_placement_goes_after_tool_results(
         sent = upstream.history[-1].json
         assert sent["system"] == "Be brief." and sent["messages"][:2] == messages[:2]
         last = sent["messages"][2]["content"]
-        # fresh: right after the results; stable: at the end, wherever breakpoints move later
-        memory, question = (last[1], last[2]) if injection == "fresh" else (last[2], last[1])
-        assert last[0] == result and "Postgres 16 with pgvector" in memory["text"]
-        assert question == messages[2]["content"][1]
+        assert last[0] == result and "Postgres 16 with pgvector" in last[1]["text"]
+        assert last[2] == messages[2]["content"][1]
 
 
 def test_a_fact_said_through_one_api_is_recalled_through_the_others(

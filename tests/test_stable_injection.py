@@ -185,12 +185,12 @@ def test_stable_injection_through_anthropic_messages(
                             {"role": "user", "content": [moved]}]
         assert http.post("/messages", json=body).status_code == 200
         second = upstream.history[-1].json
-    # A breakpoint in the messages: the block goes in the user message, at its end, and
-    # stays there when the client moves its breakpoint on.
+    # A breakpoint in the messages: the block goes in the user message, before the marked
+    # words, and stays there when the client moves its breakpoint on.
     assert second["system"] == "Be brief."
-    block = first[0]["content"][1]
+    block = first[0]["content"][0]
     assert block["text"].startswith("<memory>") and "Postgres 16" in block["text"]
-    assert second["messages"][0]["content"] == [{"type": "text", "text": FIRST}, block]
+    assert second["messages"][0]["content"] == [block, {"type": "text", "text": FIRST}]
 
 
 def cache_counts(proxy: RunningProxy) -> tuple[float, float]:
