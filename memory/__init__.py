@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from memory.log.messages import message_text, turn_text
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
     from memory.recall.inject import Placed, inject, place, placing_order
-    from memory.storage.injections import Injection
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
     from memory.storage.database import Database
     from memory.storage.facts import Fact
+    from memory.storage.injections import Injection
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
     from memory.tokens import count_tokens, encoding_for_model

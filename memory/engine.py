@@ -448,7 +448,9 @@ class MemoryEngine:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         packed = _pack(learned, ranked, request.budget, request.model)
-        if request.shown:
+        if not request.shown.isdisjoint(item.key for item in packed.chosen(learned)) or any(
+            ranked[i].key in request.shown for i in packed.turns
+        ):
             learned, ranked = _unshown(learned, ranked, packed, request.shown)
             packed = _pack(learned, ranked, request.budget, request.model)
         items = [

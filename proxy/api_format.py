@@ -22,7 +22,6 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from memory import Placed
-
 from proxy.compaction import Shape
 from proxy.errors import ProxyError
 from proxy.upstream import Target, Upstream, UpstreamReply

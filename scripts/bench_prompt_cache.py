@@ -48,7 +48,13 @@ from memory import encoding_for_model
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
 from scripts.eval_locomo import DATASET, MODEL_DIR, Conversation, exchanges, load, wait_indexed
 from tests.support.formats import message_object
-from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream, chat_completion
+from tests.support.scripted_upstream import (
+    JSONReply,
+    Received,
+    Reply,
+    ScriptedUpstream,
+    chat_completion,
+)
 
 KEY_HEADER = "x-bench-key"  # not X-Memory-*: memproxy forwards it to the upstream
 MODES: dict[str, dict[str, str]] = {

@@ -74,7 +74,7 @@ def test_the_second_request_carries_the_first_block_byte_for_byte_at_its_place(
 def test_a_new_item_goes_in_a_block_before_the_new_user_message(
     memproxy: RunningProxy, upstream: ScriptedUpstream
 ) -> None:
-    sent_first, sent_second, _ = two_requests(memproxy, upstream)
+    _, sent_second, _ = two_requests(memproxy, upstream)
     # The first block (placement system) keeps its place; the new fact comes before the
     # new question.
     with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
