@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from scripts.bench_prompt_cache import Prompt, anthropic_cost, messages_segments, openai_cost, shared
+from scripts.bench_prompt_cache import (
+    Prompt,
+    anthropic_cost,
+    messages_segments,
+    openai_cost,
+    shared,
+)
 
 
 def test_openai_reads_the_shared_prefix_in_128_token_steps_from_1024() -> None:
