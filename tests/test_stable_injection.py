@@ -150,6 +150,18 @@ def test_every_kind_of_write_invalidates_the_recall_cache(
         assert "Postgres 16" not in str(upstream.history[-1].json["messages"])
 
 
+def test_a_block_that_showed_forgotten_memory_is_not_put_back(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    reply = chat(memproxy, [{"role": "user", "content": FIRST}], session="s1", user="ada")
+    assert "Postgres 16" in str(upstream.history[-1].json["messages"])
+    with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
+        assert api.delete("/sessions/s0").status_code == 200
+    chat(memproxy, [{"role": "user", "content": FIRST}, {"role": "assistant", "content": reply.text},
+                    {"role": "user", "content": SECOND}], session="s1", user="ada")
+    assert "Postgres 16" not in str(upstream.history[-1].json["messages"])
+
+
 def test_stable_injection_through_the_responses_api(
     memproxy: RunningProxy, upstream: ScriptedUpstream
 ) -> None:

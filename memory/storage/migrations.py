@@ -298,7 +298,28 @@ def _version_triggers() -> str:
 
 # Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected
 # is kept with the user turn it was placed at and put back, byte for byte, in the session's
-# later requests. Recall cache validity (memory/storage/versions.py): see _version_triggers.
+# later requests. A block may show any of the user's memory, so deleting a turn, a fact, a
+# summary or the profile, closing a fact's version or changing the profile drops all of the
+# user's blocks: nothing forgotten goes back into a prompt (the next request of a session
+# gets a new block, and its cached prefix breaks once). Recall cache validity
+# (memory/storage/versions.py): see _version_triggers.
+_FORGETTING = (
+    ("turns_forget_blocks", "AFTER DELETE ON turns"),
+    ("facts_forget_blocks", "AFTER DELETE ON facts"),
+    ("facts_close_blocks", "AFTER UPDATE OF valid_to ON facts WHEN new.valid_to IS NOT NULL"),
+    ("summaries_forget_blocks", "AFTER DELETE ON summaries"),
+    ("profiles_forget_blocks", "AFTER DELETE ON profiles"),
+    ("profiles_change_blocks", "AFTER UPDATE ON profiles"),
+)
+
+
+def _forgetting_triggers() -> str:
+    return "\n".join(
+        f"CREATE TRIGGER {name} {when} BEGIN DELETE FROM injections WHERE user_id = old.user_id; END;"
+        for name, when in _FORGETTING
+    )
+
+
 _INJECTIONS = f"""
 CREATE TABLE injections (
     turn_id INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
@@ -316,7 +337,9 @@ CREATE TABLE memory_versions (
     version INTEGER NOT NULL,
     PRIMARY KEY (user_id, session_id)
 );
+CREATE INDEX injections_by_user ON injections (user_id);
 {_version_triggers()}
+{_forgetting_triggers()}
 """
 
 MIGRATIONS: list[Migration] = [
