@@ -23,8 +23,10 @@ a segment of its own) and compared with the session's earlier requests:
   breakpoint is written at 125 % (prefixes of 1024+ tokens only); anything after at 100 %.
 
 Each memory mode has a user of its own (the same import), so no mode recalls another's
-sessions. Evidence recall is not measured here (scripts/eval_locomo.py asks its questions in
-fresh sessions, where stable and fresh injection give the same block)::
+sessions. Also reported: the tokens injected per request (the new block only), and for each
+question whose evidence turns were imported, the share of them anywhere in its prompt (in
+stable injection an earlier block of the session may hold it; scripts/eval_locomo.py asks its
+questions in fresh sessions, where both modes inject the same block)::
 
     .venv/bin/python -m scripts.bench_prompt_cache              # ~3 minutes
     .venv/bin/python -m scripts.bench_prompt_cache --sessions 1 --turns 300 --rounds 10
@@ -206,27 +208,42 @@ class Upstream:
         return JSONReply(chat_completion(text))
 
 
-def import_records(conversations: Sequence[Conversation], turns: int) -> bytes:
-    """JSON Lines of OpenAI-format conversations (one per LoCoMo session), `turns` at most."""
+def import_records(conversations: Sequence[Conversation], turns: int) -> tuple[bytes, set[str]]:
+    """JSON Lines of OpenAI-format conversations (one per LoCoMo session), `turns` at most,
+    and the texts of the turns they hold."""
     lines: list[bytes] = []
+    texts: set[str] = set()
     left = turns
     for conv in conversations:
         for number, session in conv.sessions:
             if left <= 0:
-                return b"\n".join(lines)
+                return b"\n".join(lines), texts
             messages: list[dict[str, Any]] = []
             for sent, reply in exchanges(conv, session[:left]):
                 messages = [*sent, {"role": "assistant", "content": reply}] if reply else sent
             left -= len(messages)
+            texts.update(m["content"] for m in messages)
             if messages:
                 lines.append(orjson.dumps({"session_id": f"{conv.sample_id}-{number}",
                                            "messages": messages}))
-    return b"\n".join(lines)
+    return b"\n".join(lines), texts
 
 
-def questions(conversations: Sequence[Conversation]) -> Iterator[str]:
-    """The QA questions of the imported conversations, in order, round and round."""
-    asked = [q.text for conv in conversations for q in conv.questions]
+@dataclass(frozen=True)
+class Asked:
+    """A question and the texts of its evidence turns that were imported."""
+
+    text: str
+    evidence: tuple[str, ...]
+
+
+def questions(conversations: Sequence[Conversation], imported: set[str]) -> Iterator[Asked]:
+    """The QA questions of the conversations, in order, round and round."""
+    asked = []
+    for conv in conversations:
+        turns = {t.dia_id: t.text for _, session in conv.sessions for t in session}
+        asked += [Asked(q.text, tuple(turns[d] for d in q.evidence if turns[d] in imported))
+                  for q in conv.questions]
     while True:
         yield from asked
 
@@ -247,14 +264,16 @@ def body_for(fmt: str, system: str, history: Sequence[dict[str, Any]]) -> tuple[
 
 async def run_session(
     http: httpx.AsyncClient, upstream: Upstream, *, key: str, headers: Mapping[str, str],
-    fmt: str, system: str, asked: Sequence[str],
-) -> tuple[list[Prompt], list[int]]:
-    """One session of len(asked) requests: the prompts the upstream received, and the
-    tokens memory injected into each (X-Memory-Injected-Tokens: the new block only)."""
+    fmt: str, system: str, asked: Sequence[Asked],
+) -> tuple[list[Prompt], list[int], list[float]]:
+    """One session of len(asked) requests: the prompts the upstream received, the tokens
+    memory injected into each (X-Memory-Injected-Tokens: the new block only), and for each
+    question with imported evidence, the share of it anywhere in the prompt."""
     history: list[dict[str, Any]] = []
     prompts: list[Prompt] = []
     injected: list[int] = []
-    for n, question in enumerate(asked):
+    found: list[float] = []
+    for n, (question, evidence) in enumerate((a.text, a.evidence) for a in asked):
         history.append({"role": "user", "content": question})
         request_key = f"{key}/{n}"
         upstream.answers[request_key] = reply_text(question)
@@ -266,14 +285,17 @@ async def run_session(
         received = upstream.received.pop(request_key)
         segments = chat_segments(received) if fmt == "chat" else messages_segments(received)
         prompts.append(tokenise(segments))
+        shown = "".join(text for text, _ in segments)
+        if evidence:
+            found.append(sum(text.strip() in shown for text in evidence) / len(evidence))
         injected.append(int(response.headers.get("x-memory-injected-tokens", 0)))
         history.append({"role": "assistant", "content": reply_text(question)})
-    return prompts, injected
+    return prompts, injected, found
 
 
 async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
                 conversations: Sequence[Conversation], db_path: Path) -> dict[str, Any]:
-    records = import_records(conversations, args.turns)
+    records, imported = import_records(conversations, args.turns)
     users = {(mode, fmt): f"bench-{mode}-{fmt}" for mode in MODES if mode != "none" for fmt in FORMATS}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
                                  trust_env=False) as http:
@@ -287,9 +309,10 @@ async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
               f"stored {indexed}", file=sys.stderr)
         results: dict[str, Any] = {}
         blocks: dict[str, list[int]] = {}  # mode -> tokens injected into each request
+        evidence: dict[str, list[float]] = {}  # mode -> share of each question's evidence shown
         for size, tokens in SYSTEM_TOKENS.items():
             system = system_prompt(tokens)
-            source = questions(conversations)
+            source = questions(conversations, imported)
             sessions = [[next(source) for _ in range(args.rounds)] for _ in range(args.sessions)]
             for fmt in FORMATS:
                 for mode, headers in MODES.items():
@@ -297,18 +320,20 @@ async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
                     cost = 0.0
                     injected: list[int] = []
                     for i, asked in enumerate(sessions):
-                        prompts, counts = await run_session(
+                        prompts, counts, shares = await run_session(
                             http, upstream, key=f"{size}-{fmt}-{mode}-{i}", fmt=fmt,
                             headers={**headers, "X-Memory-User-Id": user}, system=system,
                             asked=asked)
                         cost += openai_cost(prompts) if fmt == "chat" else anthropic_cost(prompts)
                         injected += counts
+                        evidence.setdefault(mode, []).extend(shares)
                     results.setdefault(size, {}).setdefault(fmt, {})[mode] = cost
                     blocks.setdefault(mode, []).extend(injected)
                     print(f"{size} {fmt} {mode}: cost {cost:.0f}, injected per request: first "
                           f"{injected[0]}, mean {sum(injected) / len(injected):.0f}", file=sys.stderr)
     return {"costs": results, "injected": {
-        mode: sum(tokens) / len(tokens) for mode, tokens in blocks.items() if mode != "none"}}
+        mode: sum(tokens) / len(tokens) for mode, tokens in blocks.items() if mode != "none"},
+        "evidence": {mode: sum(shares) / len(shares) for mode, shares in evidence.items() if shares}}
 
 
 def report(results: Mapping[str, Any]) -> list[str]:
@@ -323,6 +348,8 @@ def report(results: Mapping[str, Any]) -> list[str]:
                          + " | ".join(cells) + f" | <= x{GOALS[size]} |")
     lines.append("| tokens injected per request (mean) | | " + " | ".join(
         f"{results['injected'][m]:.0f}" for m in MODES if m != "none") + " | |")
+    lines.append("| evidence anywhere in the prompt (mean per question) | | " + " | ".join(
+        f"{results['evidence'].get(m, 0.0):.3f}" for m in MODES if m != "none") + " | |")
     return lines
 
 
