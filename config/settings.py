@@ -184,6 +184,13 @@ class Settings:
         "hitting; fresh: each request gets one newly recalled block (X-Memory-Injection).",
         choices=("stable", "fresh"),
     )
+    memory_stable_add: int = _setting(
+        0,
+        "Stable injection: at most this many tokens of new items a request adds once earlier "
+        "blocks of its session are in the prompt (its share of a fresh block, most relevant "
+        "first). 0: the whole budget.",
+        min=0, max=100_000,
+    )
     compact: bool = _setting(
         False,
         "Compact a conversation that, with its memory block, would pass compact_at of the "

@@ -75,6 +75,7 @@ class RecallRequest:
     scope: str
     # Keys of items the session's earlier blocks in this prompt show: not shown again.
     shown: frozenset[str] = frozenset()
+    add_budget: int = 0  # with `shown`: at most this many tokens of new items (0: budget)
 
 
 @dataclass(frozen=True)
@@ -448,11 +449,12 @@ class MemoryEngine:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         packed = _pack(learned, ranked, request.budget, request.model)
-        if not request.shown.isdisjoint(item.key for item in packed.chosen(learned)) or any(
-            ranked[i].key in request.shown for i in packed.turns
-        ):
+        add = request.add_budget if request.shown and request.add_budget else request.budget
+        if packed.tokens > add or not request.shown.isdisjoint(
+            item.key for item in packed.chosen(learned)
+        ) or any(ranked[i].key in request.shown for i in packed.turns):
             learned, ranked = _unshown(learned, ranked, packed, request.shown)
-            packed = _pack(learned, ranked, request.budget, request.model)
+            packed = _pack(learned, ranked, min(add, request.budget), request.model)
         items = [
             *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
         ]
