@@ -184,12 +184,12 @@ class Settings:
         "hitting; fresh: each request gets one newly recalled block (X-Memory-Injection).",
         choices=("stable", "fresh"),
     )
-    memory_stable_add: int = _setting(
-        0,
-        "Stable injection: at most this many tokens of new items a request adds once earlier "
-        "blocks of its session are in the prompt (its share of a fresh block, most relevant "
-        "first). 0: the whole budget.",
-        min=0, max=100_000,
+    memory_stable_share: float = _setting(
+        0.25,
+        "Stable injection: the share of the budget a request may fill with new items once "
+        "earlier blocks of its session are in its prompt (the most relevant of those a fresh "
+        "block would show); the session's first block gets the whole budget. 1: no limit.",
+        min=0.0, max=1.0,
     )
     compact: bool = _setting(
         False,

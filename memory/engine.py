@@ -75,7 +75,7 @@ class RecallRequest:
     scope: str
     # Keys of items the session's earlier blocks in this prompt show: not shown again.
     shown: frozenset[str] = frozenset()
-    add_budget: int = 0  # with `shown`: at most this many tokens of new items (0: budget)
+    add_budget: int | None = None  # with `shown`: at most this many tokens of new items
 
 
 @dataclass(frozen=True)
@@ -449,7 +449,7 @@ class MemoryEngine:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         packed = _pack(learned, ranked, request.budget, request.model)
-        add = request.add_budget if request.shown and request.add_budget else request.budget
+        add = request.budget if not request.shown or request.add_budget is None else request.add_budget
         if packed.tokens > add or not request.shown.isdisjoint(
             item.key for item in packed.chosen(learned)
         ) or any(ranked[i].key in request.shown for i in packed.turns):

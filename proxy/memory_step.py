@@ -81,7 +81,7 @@ class MemoryStep:
                 self.identity.user_id, self.identity.session_id,
                 [*self.context, *self.messages], self.model, self.flags.budget, self.flags.scope,
                 frozenset(k for user, b in placed.items() if user < last for k in b.items),
-                self.state.settings.memory_stable_add,
+                round(self.flags.budget * self.state.settings.memory_stable_share),
             ))
             if self.placed is not None:
                 self._place(placed, self.recalled)

@@ -30,7 +30,7 @@ questions in fresh sessions, where both modes inject the same block)::
 
     .venv/bin/python -m scripts.bench_prompt_cache              # ~3 minutes
     .venv/bin/python -m scripts.bench_prompt_cache --sessions 1 --turns 300 --rounds 10
-    .venv/bin/python -m scripts.bench_prompt_cache --stable-add 250
+    .venv/bin/python -m scripts.bench_prompt_cache --stable-share 1   # no limit
 """
 
 from __future__ import annotations
@@ -361,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=2, help="sessions per system prompt and mode")
     parser.add_argument("--rounds", type=int, default=20, help="requests per session (default 20)")
     parser.add_argument("--budget", type=int, default=1000, help="X-Memory-Budget (default 1000)")
-    parser.add_argument("--stable-add", type=int, default=0,
-                        help="MEMPROXY_MEMORY_STABLE_ADD (default 0: the whole budget)")
+    parser.add_argument("--stable-share", type=float, default=0.25,
+                        help="MEMPROXY_MEMORY_STABLE_SHARE (default 0.25)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the costs")
     args = parser.parse_args(argv)
     conversations = load(DATASET, 5, None)
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             MEMPROXY_ANTHROPIC_BASE_URL=scripted.base_url.removesuffix("/v1"),
             MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR), MEMPROXY_LOG_LEVEL="warning",
             MEMPROXY_MEMORY_BUDGET=str(args.budget), MEMPROXY_EXTRACT_EVERY="0",
-            MEMPROXY_MEMORY_STABLE_ADD=str(args.stable_add),
+            MEMPROXY_MEMORY_STABLE_SHARE=str(args.stable_share),
             MEMPROXY_SUMMARY_EVERY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
         )
         argv_ = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]

@@ -30,7 +30,11 @@ SAID = [
 @pytest.fixture
 def memproxy(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> RunningProxy:
     """memproxy with memory on and a user who said two things about billing in session s0."""
-    proxy = start_proxy(memory=True, anthropic_base_url=upstream.base_url.removesuffix("/v1"))
+    return seeded(start_proxy(memory=True, anthropic_base_url=upstream.base_url.removesuffix("/v1")))
+
+
+def seeded(proxy: RunningProxy) -> RunningProxy:
+    """`proxy` once user ada said SAID in session s0."""
     for text in SAID:
         chat(proxy, text, session="s0", user="ada")
     wait_for_jobs(proxy)
@@ -71,9 +75,11 @@ def test_the_second_request_carries_the_first_block_byte_for_byte_at_its_place(
     assert len(sent_second) == len(sent_first) + 2
 
 
+@pytest.mark.parametrize("share", [0.25, 0.0])
 def test_a_new_item_goes_in_a_block_before_the_new_user_message(
-    memproxy: RunningProxy, upstream: ScriptedUpstream
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, share: float
 ) -> None:
+    memproxy = seeded(start_proxy(memory=True, memory_stable_share=share))
     _, sent_second, _ = two_requests(memproxy, upstream)
     # The first block (placement system) keeps its place; the new fact comes before the
     # new question.
@@ -85,9 +91,14 @@ def test_a_new_item_goes_in_a_block_before_the_new_user_message(
     assert len(sent_second) == 4  # the block in the system prompt, then the conversation
     history = [SYSTEM, *sent_second[1:], {"role": "assistant", "content": "ok"},
                {"role": "user", "content": "When does the billing service deploy?"}]
-    chat(memproxy, history, session="s1", user="ada")
+    third = chat(memproxy, history, session="s1", user="ada")
     sent_third = upstream.history[-1].json["messages"]
     assert sent_third[: len(sent_second)] == sent_second
+    # Once earlier blocks are in the prompt, new items get `share` of the budget (1000).
+    assert int(third.headers["x-memory-injected-tokens"]) <= share * 1000
+    if share == 0:
+        assert len(sent_third) == len(history)  # nothing new may be added
+        return
     new_block = sent_third[-2]
     assert new_block["role"] == "system" and new_block["content"].startswith("<memory>")
     assert "deploys on Fridays" in new_block["content"] and "Postgres 16" not in new_block["content"]
