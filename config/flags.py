@@ -35,6 +35,9 @@ class Flags:
     dry_run: bool = False
     compact: bool = False  # replace the middle of a conversation near the context window
     mode: str = "inject"  # "tool": memory_search offered to the model (proxy/memory_tool.py)
+    # stable: earlier blocks of the session go back where they were and a request adds only
+    # new items (the prompt prefix stays cacheable); fresh: one new block per request.
+    injection: str = "stable"
 
     @property
     def active(self) -> bool:
@@ -52,6 +55,7 @@ class Flags:
             placement=settings.memory_placement,
             compact=settings.memory and settings.compact,
             mode=settings.memory_mode,
+            injection=settings.memory_injection,
         )
 
     @classmethod
@@ -74,6 +78,9 @@ class Flags:
             dry_run=bool(dry_run),
             compact=enabled and (settings.compact if compact is None else compact),
             mode=_choice(headers, "x-memory-mode", ("inject", "tool"), settings.memory_mode),
+            injection=_choice(
+                headers, "x-memory-injection", ("stable", "fresh"), settings.memory_injection
+            ),
         )
 
 

@@ -203,6 +203,20 @@ class Settings:
         200, "Token budget of the block pre-fetched into the prompt in mode tool (at most "
         "memory_budget; each memory_search answer gets memory_budget).", min=0, max=100_000,
     )
+    memory_injection: str = _setting(
+        "stable",
+        "stable: within a session every earlier memory block goes back where it was, byte for "
+        "byte, and a request adds only items not shown yet, so provider prompt caches keep "
+        "hitting; fresh: each request gets one newly recalled block (X-Memory-Injection).",
+        choices=("stable", "fresh"),
+    )
+    memory_stable_share: float = _setting(
+        0.25,
+        "Stable injection: the share of the budget a request may fill with new items once "
+        "earlier blocks of its session are in its prompt (the most relevant of those a fresh "
+        "block would show); the session's first block gets the whole budget. 1: no limit.",
+        min=0.0, max=1.0,
+    )
     compact: bool = _setting(
         False,
         "Compact a conversation that, with its memory block, would pass compact_at of the "
@@ -249,6 +263,12 @@ class Settings:
     )
 
     # -- recall and ranking
+    recall_cache_entries: int = _setting(
+        1024,
+        "Recall results kept for retried and regenerated requests (same user, session, "
+        "messages and settings); any write to the user's memory invalidates theirs. 0: off.",
+        min=0,
+    )
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )

@@ -42,12 +42,13 @@ if TYPE_CHECKING:
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-    from memory.recall.inject import inject
+    from memory.recall.inject import Placed, inject, place, placing_order
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
     from memory.scopes import organization_memory
     from memory.storage.database import Database
     from memory.storage.facts import Fact
+    from memory.storage.injections import Injection
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
     from memory.tokens import count_tokens, encoding_for_model
@@ -65,6 +66,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
     "organization_memory": ("memory.scopes", "organization_memory"),
+    "place": ("memory.recall.inject", "place"),
+    "Placed": ("memory.recall.inject", "Placed"),
+    "placing_order": ("memory.recall.inject", "placing_order"),
+    "Injection": ("memory.storage.injections", "Injection"),
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
@@ -121,9 +126,11 @@ __all__ = [
     "Fact",
     "FactError",
     "FactNotFound",
+    "Injection",
     "LocalEmbedder",
     "MemoryEngine",
     "NewTurn",
+    "Placed",
     "RecallRequest",
     "Recalled",
     "RecalledItem",
@@ -143,6 +150,8 @@ __all__ = [
     "inject",
     "message_text",
     "organization_memory",
+    "place",
+    "placing_order",
     "summarize",
     "turn_dict",
     "turn_text",

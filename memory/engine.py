@@ -30,7 +30,8 @@ from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-from memory.recall.block import pack_block
+from memory.recall.block import BlockPack, pack_block
+from memory.recall.cache import RecallCache, cache_key
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
 from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
@@ -45,8 +46,9 @@ from memory.recall.ranking import (
 from memory.recall.render import Entry
 from memory.redact import Redactor
 from memory.scopes import organization_memory
-from memory.storage import metrics
+from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction
+from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
 from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
@@ -74,6 +76,9 @@ class RecallRequest:
     budget: int
     scope: str  # session | user | organization
     org_id: str | None = None  # the organisation whose shared memory scope organization adds
+    # Keys of items the session's earlier blocks in this prompt show: not shown again.
+    shown: frozenset[str] = frozenset()
+    add_budget: int | None = None  # with `shown`: at most this many tokens of new items
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Recalled:
     recall_ms: float = 0.0
     embed_ms: float = 0.0
     skipped: str | None = None
+    cached: bool = False  # reused from the recall cache
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (dry runs and the search API)."""
@@ -131,6 +137,7 @@ class MemoryEngine:
             settings.weight_context, settings.weight_conversation,
         )
         self._maintenance: asyncio.Task[None] | None = None
+        self.recall_cache: RecallCache[Recalled] = RecallCache(settings.recall_cache_entries)
         # Index jobs embed one at a time, each on embedding_threads threads: measured on 2
         # cores, nearly as fast as two jobs of one thread each (27 vs 29 turns/s, the same CPU
         # per turn), while a query's embedding still gets both cores when they are free.
@@ -276,21 +283,17 @@ class MemoryEngine:
     async def remember_request(
         self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
         model: str, request_id: str, after: int | None = None,
+        injected: tuple[int, Injection] | None = None,
     ) -> int | None:
         """Store the request's turns (each once, however often resent); return the last id.
 
         `after`: the stored turn these messages continue (a request that sends only its
         new messages, like a Responses API call with `previous_response_id`).
+        `injected`: the memory block placed at `messages[index]`, kept with that turn so
+        the session's later requests put it back (placed_blocks).
         """
         now = time.time()
-        turns = [
-            NewTurn(
-                role=m["role"], content=text, name=m.get("name"), created_at=now, model=model,
-                tokens=count_tokens(text, model), request_id=request_id,
-            )
-            for m in messages
-            if m.get("role") in TURN_ROLES and (text := turn_text(m))
-        ]
+        turns, at = _new_turns(messages, model=model, request_id=request_id, now=now)
         if not turns:
             return after
         result = await self.log.append_turns(
@@ -299,7 +302,23 @@ class MemoryEngine:
         )
         if result.new_ids:
             self.worker.notify()
+        if injected is not None and injected[0] in at:
+            async with self.db.write() as tx:
+                await injections.put(
+                    tx, user_id, session_id, result.ids[at.index(injected[0])], injected[1], now
+                )
         return result.last_id
+
+    async def placed_blocks(
+        self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
+        after: int | None = None,
+    ) -> dict[int, Injection]:
+        """{index into `messages`: the block kept with that stored turn} for the request's
+        messages that earlier requests of the session injected a block at."""
+        turns, at = _new_turns(messages, model="", request_id=None, now=0.0, count=False)
+        ids = await self.log.locate(user_id, session_id, turns, after=after)
+        kept = await injections.of_turns(self.db, user_id, ids) if ids else {}
+        return {at[i]: kept[turn_id] for i, turn_id in enumerate(ids) if turn_id in kept}
 
     async def session_summary(
         self, user_id: str, session_id: str, *, through: int | None, model: str
@@ -376,6 +395,28 @@ class MemoryEngine:
 
     # -- recall
 
+    async def cached_recall(self, request: RecallRequest) -> Recalled:
+        """`recall`, or the result of the same request kept while the user's memory is
+        unchanged (memory.recall.cache)."""
+        if self.recall_cache.size <= 0:
+            return await self.recall(request)
+        started = time.perf_counter()
+        org = _shared_memory(request)
+        key = cache_key(
+            request.user_id, request.session_id, request.model, request.budget, request.scope,
+            org, sorted(request.shown), request.add_budget, messages=request.messages,
+        )
+        stamp = (
+            await versions.stamp(self.db, request.user_id, request.session_id),
+            None if org is None else await versions.stamp(self.db, org, ""),
+        )
+        kept = self.recall_cache.get(key, stamp)
+        if kept is not None:
+            return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
+        recalled = await self.recall(request)
+        self.recall_cache.put(key, stamp, recalled)
+        return recalled
+
     async def recall(self, request: RecallRequest) -> Recalled:
         """Find, rank and pack what this request should be reminded of."""
         started = time.perf_counter()
@@ -388,6 +429,8 @@ class MemoryEngine:
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.redact(present)) != present:
             present += "\n" + redacted
+
+        org = _shared_memory(request)
 
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
@@ -403,9 +446,8 @@ class MemoryEngine:
                     request.user_id, request.session_id, query, vector,
                     session_only=session is not None, present=present,
                 ),
-                self.learned_recall.shared(
-                    organization_memory(request.org_id), query, vector, present=present
-                ) if request.scope == "organization" and request.org_id else _no_items(),
+                self.learned_recall.shared(org, query, vector, present=present)
+                if org is not None else _no_items(),
             )
             return dense, replace(learned, shared=shared), embed_ms
 
@@ -429,12 +471,14 @@ class MemoryEngine:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
-        packed = pack_block(
-            learned,
-            [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked],
-            request.budget, lambda t: count_tokens(t, request.model),
-            shared_share=self.settings.org_budget_share,
-        )
+        share = self.settings.org_budget_share
+        packed = _pack(learned, ranked, request.budget, request.model, share)
+        add = request.budget if not request.shown or request.add_budget is None else request.add_budget
+        if packed.tokens > add or not request.shown.isdisjoint(
+            item.key for item in packed.chosen(learned)
+        ) or any(ranked[i].key in request.shown for i in packed.turns):
+            learned, ranked = _unshown(learned, ranked, packed, request.shown)
+            packed = _pack(learned, ranked, min(add, request.budget), request.model, share)
         items = [
             *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
         ]
@@ -510,6 +554,46 @@ class MemoryEngine:
         return add_context(ranked, neighbours, added, self.weights.context)
 
 
+def _pack(
+    learned: Learned, ranked: list[Candidate], budget: int, model: str, shared_share: float
+) -> BlockPack:
+    entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked]
+    return pack_block(
+        learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share
+    )
+
+
+def _unshown(
+    learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str]
+) -> tuple[Learned, list[Candidate]]:
+    """What `packed` chose that the session's earlier blocks do not show: a stable
+    injection adds these only, so the session sees every item a fresh block would show."""
+    chosen = {item.key for item in packed.chosen(learned)} - shown
+    profile = learned.profile if learned.profile and learned.profile.key in chosen else None
+    return Learned(
+        [f for f in learned.facts if f.key in chosen],
+        [s for s in learned.summaries if s.key in chosen], profile,
+        [f for f in learned.shared if f.key in chosen],
+    ), [ranked[i] for i in packed.turns if ranked[i].key not in shown]
+
+
+def _new_turns(
+    messages: Sequence[Mapping[str, Any]], *, model: str, request_id: str | None, now: float,
+    count: bool = True,
+) -> tuple[list[NewTurn], list[int]]:
+    """The turns memory keeps of `messages`, and the index of the message each came from."""
+    turns: list[NewTurn] = []
+    at: list[int] = []
+    for i, m in enumerate(messages):
+        if m.get("role") in TURN_ROLES and (text := turn_text(m)):
+            turns.append(NewTurn(
+                role=m["role"], content=text, name=m.get("name"), created_at=now, model=model,
+                tokens=count_tokens(text, model) if count else 0, request_id=request_id,
+            ))
+            at.append(i)
+    return turns, at
+
+
 def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
     return Candidate(
         f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
@@ -559,6 +643,13 @@ def collection_name(settings: Settings) -> str:
         return "chunks-minilm-l6" + ("-int8" if settings.embedding_precision == "int8" else "")
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
+
+
+def _shared_memory(request: RecallRequest) -> str | None:
+    """The id of the organisation memory `request` reaches, if any."""
+    if request.scope == "organization" and request.org_id:
+        return organization_memory(request.org_id)
+    return None
 
 
 async def _no_items() -> list[LearnedItem]:

@@ -15,12 +15,13 @@ format's `Parsed.conversation`), which is what identity, recall and the turn log
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.responses import Response
 
+from memory import Placed
 from proxy.compaction import Shape
 from proxy.errors import ProxyError
 from proxy.upstream import Target, Upstream, UpstreamReply
@@ -69,7 +70,6 @@ class ApiFormat(Protocol):
     # A later request may name a reply by its id (previous_response_id): the reply is
     # stored before the client sees its end, so that request finds it.
     continuable: bool
-
     def parse(self, raw: bytes) -> Parsed:
         """Decode and check a body; a malformed one is a 400 (an InvalidRequest)."""
         ...
@@ -80,6 +80,15 @@ class ApiFormat(Protocol):
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """A copy of `body` carrying the memory block; `body` is never changed."""
+        ...
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where a conversation's first block goes under stable injection (it stays there)."""
+        ...
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """A copy of `body` carrying each block at its place (the user messages counted as
+        in `conversation`); `body` is never changed."""
         ...
 
     def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import inject
+from memory import Placed, inject, place
 from proxy.api_format import Parsed, Reply, ReplyTee
 from proxy.chat_body import parse_chat_body
 from proxy.compaction import Shape, pairs_by_id
@@ -38,6 +38,14 @@ class ChatFormat:
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """`memory.inject` on the messages."""
         return {**body, "messages": inject(body["messages"], block, placement)}
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where the flags say."""
+        return placement
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """`memory.place` on the messages."""
+        return {**body, "messages": place(body["messages"], placed)}
 
     def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The messages themselves."""

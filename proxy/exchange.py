@@ -168,7 +168,9 @@ async def _outgoing(
     body = call.body
     if call.flags.compact:
         body = await compact(state, call, step, body, recalled.tokens if recalled else 0) or body
-    if recalled is not None and recalled.items:
+    if step.placed:
+        body = call.fmt.place(body, step.placed)
+    elif step.placed is None and recalled is not None and recalled.items:
         body = call.fmt.inject(body, recalled.block, call.flags.placement)
     if body is call.body:
         return None
@@ -200,9 +202,13 @@ def _memory_step(
     if chain is not None and chain.session_id == call.identity.session_id:
         context = [{"role": t.role, "content": t.content, "name": t.name} for t in chain.turns]
         after = chain.last_turn_id
+    # Stable injection needs the whole conversation in the request, as sent: not with a
+    # stored chain before it, nor when compaction may rewrite it.
+    stable = flags.injection == "stable" and chain is None and not flags.compact
     return MemoryStep(
         state, call.identity, flags, call.request_id, model=call.body["model"],
-        messages=call.parsed.conversation, context=context, after=after,
+        messages=call.parsed.conversation, context=context, after=after, stable=stable,
+        first_placement=call.fmt.first_placement(call.body, flags.placement),
     )
 
 

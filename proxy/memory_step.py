@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from config import Flags
-from memory import Recalled, RecallRequest, RequestMetrics
+from memory import Injection, Placed, Recalled, RecallRequest, RequestMetrics
 from proxy.identity import Identity, presented_key
 from proxy.logs import get_logger
 from proxy.state import AppState
@@ -31,12 +31,18 @@ class MemoryStep:
     its new messages and names the reply it continues (`previous_response_id`) passes the
     stored conversation before them as `context` (recall reads it; it is not stored again)
     and the stored reply's turn id as `after` (the new turns go on from it).
+
+    `stable` (stable injection, DESIGN.md 8): the blocks earlier requests of the session
+    injected go back at their places (`placed`), and this request's block holds only the
+    items they do not show; it is kept with the request's last user turn. The first block
+    of a conversation goes where `first_placement` says, the others before their turn.
     """
 
     def __init__(
         self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
         model: str, messages: Sequence[Mapping[str, Any]],
         context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
+        stable: bool = False, first_placement: str = "system",
     ) -> None:
         self.state = state
         self.identity = identity
@@ -48,6 +54,12 @@ class MemoryStep:
         self.after = after
         self.errors: list[str] = []
         self.recalled: Recalled | None = None
+        self.stable = stable
+        self.first_placement = first_placement
+        self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        # Stable injection: every block of the request at its place (None: fresh injection).
+        self.placed: list[Placed] | None = None
+        self._injected: tuple[int, Injection] | None = None  # this request's new block
         self._stored: asyncio.Task[int | None] | None = None
         self._reply: asyncio.Task[None] | None = None
 
@@ -63,17 +75,56 @@ class MemoryStep:
             return None
         started = time.perf_counter()
         try:
-            self.recalled = await memory.recall(RecallRequest(
+            placed = await self._placed_blocks()
+            last = len(self._users) - 1  # a retry recalls as its first try: not its own block
+            self.recalled = await memory.cached_recall(RecallRequest(
                 self.identity.user_id, self.identity.session_id,
                 [*self.context, *self.messages], self.model, self.flags.budget, self.flags.scope,
-                self.identity.org_id,
+                org_id=self.identity.org_id,
+                shown=frozenset(k for user, b in placed.items() if user < last for k in b.items),
+                add_budget=round(self.flags.budget * self.state.settings.memory_stable_share),
             ))
+            if self.placed is not None:
+                self._place(placed, self.recalled)
         except Exception as exc:
             self.failed("recall", exc)
-        self.state.metrics.recall_latency.observe(time.perf_counter() - started)
+            self.placed = None
+        metrics = self.state.metrics
+        metrics.recall_latency.observe(time.perf_counter() - started)
         if self.recalled is not None:
-            self.state.metrics.injected_tokens.observe(self.recalled.tokens)
+            metrics.injected_tokens.observe(self.recalled.tokens)
+            if self.state.settings.recall_cache_entries and self.recalled.skipped is None:
+                (metrics.recall_cache_hits if self.recalled.cached else metrics.recall_cache_misses).inc()
         return self.recalled
+
+    async def _placed_blocks(self) -> dict[int, Injection]:
+        """Stable injection: {user message number: block} of the blocks earlier requests
+        placed in this conversation, its last user message included."""
+        memory = self.state.memory
+        if memory is None or not self.stable or not self._users:
+            return {}
+        self.placed = []
+        found = await memory.placed_blocks(
+            self.identity.user_id, self.identity.session_id, self.messages, after=self.after
+        )
+        return {self._users.index(i): block for i, block in found.items() if i in self._users}
+
+    def _place(self, placed: dict[int, Injection], recalled: Recalled) -> None:
+        """Every block at its place: the earlier ones, then this request's at its last user
+        message (for a retry, the block its first try kept, byte for byte)."""
+        last = len(self._users) - 1
+        own = placed.get(last)
+        if own is None and recalled.items:
+            # Into the system prompt only as the conversation's first block: appended later,
+            # it would change the prompt's start and lose the whole cached prefix.
+            placement = self.first_placement if last == 0 else "last_user"
+            own = Injection(placement, recalled.block, [item.id for item in recalled.items],
+                            recalled.tokens)
+            self._injected = (self._users[last], own)
+        self.placed = [Placed(user, b.block, b.placement) for user, b in sorted(placed.items())
+                       if user != last]
+        if own is not None:
+            self.placed.append(Placed(last, own.block, own.placement))
 
     def lend_client_key(self, headers: Mapping[str, str], target: Target) -> None:
         """Bring-your-own-key: this user's learning jobs may use the key the client sent to
@@ -93,6 +144,7 @@ class MemoryStep:
         self._stored = self.state.spawn(memory.remember_request(
             self.identity.user_id, self.identity.session_id, self.messages,
             model=self.model, request_id=self.request_id, after=self.after,
+            injected=self._injected,
         ))
 
     async def stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:

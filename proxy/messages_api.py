@@ -10,7 +10,7 @@ completions. Errors, before and during a stream, use Anthropic's envelope
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,14 +18,20 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import count_tokens
+from memory import Placed, count_tokens
 from proxy.api_format import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.chat_body import parse_json_object
 from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import ProxyError, UpstreamStatus
 from proxy.exchange import handle
 from proxy.identity import authenticate, presented_key
-from proxy.messages_body import conversation, inject_messages, parse_messages_body
+from proxy.messages_body import (
+    conversation,
+    has_message_breakpoint,
+    inject_messages,
+    parse_messages_body,
+    place_messages,
+)
 from proxy.passthrough import relay
 from proxy.relay import RelayResponse
 from proxy.requests import read_body
@@ -69,6 +75,15 @@ class MessagesFormat:
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """Into `system`, after the last cache_control breakpoint (`proxy.messages_body`)."""
         return inject_messages(body, block, placement)
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Not `system` when a breakpoint in the messages caches a prefix shared beyond
+        this conversation (`proxy.messages_body`)."""
+        return "last_user" if has_message_breakpoint(body) else placement
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """Each block in its user message, the first maybe in `system` (`proxy.messages_body`)."""
+        return place_messages(body, placed)
 
     def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """`system` and the messages as chat messages."""

@@ -13,11 +13,12 @@ must therefore come after the last breakpoint, or every later cached prefix miss
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from memory import Placed, placing_order
 from proxy.chat_body import parse_json_object
 from proxy.errors import InvalidRequest
 
@@ -54,8 +55,7 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if system:
         out.append({"role": "system", "content": system})
     for message in body["messages"]:
-        content = message.get("content")
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        blocks = _blocks(message.get("content"))
         if message["role"] == "assistant":
             calls = [{"function": {"name": b.get("name"), "arguments": _json(b.get("input"))}}
                      for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
@@ -63,10 +63,41 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         out += [{"role": "tool", "content": _text(b.get("content"))}
                 for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
-        text = _text(blocks)
-        if text or not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
-            out.append({"role": "user", "content": text})
+        if _is_user_turn(blocks):
+            out.append({"role": "user", "content": _text(blocks)})
     return out
+
+
+def has_message_breakpoint(body: Mapping[str, Any]) -> bool:
+    """Whether a `cache_control` breakpoint lies in the messages."""
+    return _last_breakpoint(body["messages"]) is not None
+
+
+def place_messages(body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+    """A copy of `body` with each block at its place: at the end of `system` (placement
+    `system`), else in its user message right before the last content block (the user's
+    words, which a client caching its conversation marks), after any tool results.
+
+    In stable injection a block never changes once sent, so it may sit before a breakpoint:
+    it is written to the cache with the request that brings it, and each request's prompt
+    starts with the previous one's. Its place does not depend on breakpoints, which clients
+    move from message to message.
+    """
+    messages: list[Any] = list(body["messages"])
+    users = [i for i, m in enumerate(messages)
+             if m.get("role") == "user" and _is_user_turn(_blocks(m.get("content")))]
+    system = body.get("system")
+    for p in placing_order(placed):
+        if p.placement == "system":
+            system = _with_block(system, p.block)
+        elif p.user < len(users):
+            message = messages[users[p.user]]
+            last = len(_blocks(message.get("content"))) - 1
+            messages[users[p.user]] = {**message, "content": _after_results(message, p.block, last - 1)}
+    changed = {**body, "messages": messages}
+    if system is not None:
+        changed["system"] = system
+    return changed
 
 
 def inject_messages(body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
@@ -78,17 +109,33 @@ def inject_messages(body: dict[str, Any], block: str, placement: str) -> dict[st
     if last_user is None or (placement != "last_user" and in_messages is None):
         return {**body, "system": _with_block(body.get("system"), block)}
     message = messages[last_user]
-    content = message.get("content")
-    blocks: list[Any] = list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+    after = in_messages[1] if in_messages is not None and in_messages[0] == last_user else -1
+    changed = list(messages)
+    changed[last_user] = {**message, "content": _after_results(message, block, after)}
+    return {**body, "messages": changed}
+
+
+def _after_results(message: Mapping[str, Any], block: str, after: int) -> list[Any]:
+    """The message's content blocks with `block` as a text block after its tool results
+    (Anthropic requires them first) and after the content block numbered `after`."""
+    blocks = _blocks(message.get("content"))
     results = [j for j, part in enumerate(blocks)
                if isinstance(part, dict) and part.get("type") == "tool_result"]
-    at = results[-1] + 1 if results else 0
-    if in_messages is not None and in_messages[0] == last_user:
-        at = max(at, in_messages[1] + 1)
+    at = max(results[-1] + 1 if results else 0, after + 1)
     blocks.insert(at, {"type": "text", "text": block})
-    changed = list(messages)
-    changed[last_user] = {**message, "content": blocks}
-    return {**body, "messages": changed}
+    return blocks
+
+
+def _blocks(content: Any) -> list[Any]:
+    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+def _is_user_turn(blocks: list[Any]) -> bool:
+    """Whether a user message is a turn of its own (as memory reads it): it has text, or it
+    is not only tool results."""
+    return bool(_text(blocks)) or not any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks
+    )
 
 
 def _with_block(system: Any, block: str) -> Any:

@@ -53,6 +53,15 @@ class Metrics:
             "memory_search calls memproxy answered (X-Memory-Mode: tool), by outcome: found, "
             "nothing, failed.", ["outcome"], registry=self.registry,
         )
+        self.recall_cache_hits = Counter(
+            "memproxy_recall_cache_hits",
+            "Recalls answered from the recall cache (a retried or regenerated request).",
+            registry=self.registry,
+        )
+        self.recall_cache_misses = Counter(
+            "memproxy_recall_cache_misses", "Recalls the recall cache could not answer.",
+            registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,

@@ -12,7 +12,7 @@ own `error` event (https://platform.openai.com/docs/api-reference/responses-stre
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from memory import Placed, placing_order
 from proxy.api_format import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.chat_body import parse_json_object
 from proxy.compaction import Shape, pairs_by_id
@@ -70,11 +71,27 @@ class ResponsesFormat:
         if placement != "last_user":
             instructions = body.get("instructions")
             return {**body, "instructions": f"{instructions}\n\n{block}" if instructions else block}
-        items = body.get("input")
-        listed: list[Any] = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        listed = _listed(body.get("input"))
         last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
         listed.insert(last_user, {"role": "system", "content": block})
         return {**body, "input": listed}
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where the flags say."""
+        return placement
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """Like `inject`, each block before its user input item (or in `instructions`)."""
+        for p in placing_order(placed):
+            if p.placement == "system":
+                body = self.inject(body, p.block, "system")
+                continue
+            listed = _listed(body.get("input"))
+            users = [i for i, item in enumerate(listed) if _role(item) == "user"]
+            if p.user < len(users):
+                listed.insert(users[p.user], {"role": "system", "content": p.block})
+                body = {**body, "input": listed}
+        return body
 
     def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """`instructions` and the input items as chat messages."""
@@ -268,6 +285,11 @@ def _content_text(content: Any) -> str:
         p["text"] for p in _list(content)
         if isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
     )
+
+
+def _listed(items: Any) -> list[Any]:
+    """The input items as a list (a string input is one user item)."""
+    return [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
 
 
 def _role(item: Any) -> str | None:

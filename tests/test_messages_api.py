@@ -170,13 +170,14 @@ def test_last_user_placement_goes_after_tool_results(
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "db", "input": {}}]},
         {"role": "user", "content": [result, {"type": "text", "text": "Which database does billing use?"}]},
     ]
-    claude(direct, **ADA, **{"X-Memory-Placement": "last_user"}).messages.create(
-        model=MODEL, max_tokens=50, system="Be brief.", messages=messages)
-    sent = upstream.history[-1].json
-    assert sent["system"] == "Be brief." and sent["messages"][:2] == messages[:2]
-    last = sent["messages"][2]["content"]
-    assert last[0] == result and "Postgres 16 with pgvector" in last[1]["text"]
-    assert last[2] == messages[2]["content"][1]
+    for injection in ("fresh", "stable"):
+        claude(direct, **ADA, **{"X-Memory-Placement": "last_user", "X-Memory-Injection": injection}
+               ).messages.create(model=MODEL, max_tokens=50, system="Be brief.", messages=messages)
+        sent = upstream.history[-1].json
+        assert sent["system"] == "Be brief." and sent["messages"][:2] == messages[:2]
+        last = sent["messages"][2]["content"]
+        assert last[0] == result and "Postgres 16 with pgvector" in last[1]["text"]
+        assert last[2] == messages[2]["content"][1]
 
 
 def test_a_fact_said_through_one_api_is_recalled_through_the_others(

@@ -19,8 +19,11 @@ from memory.tokens import count_tokens
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error, db_rows, memory_api
+from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.scripted_upstream import ScriptedUpstream
 from tests.test_cli_memory import run, run_json
+from tests.test_stable_injection import cache_counts
 
 KEYS = ",".join([
     "key-writer-0001:org=acme:org-writer",  # may name any user, writes acme's memory
@@ -194,3 +197,26 @@ def test_key_grammar() -> None:
     for bad in ("k-writer-01:org-writer", "k-org-0001:org=" + "x" * 257, "k-org-0001:org=a\x01"):
         with pytest.raises(ValueError):
             parse_api_keys(bad)
+
+
+def test_a_change_to_shared_memory_reaches_every_member_at_once(
+    acme: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    history = [{"role": "user", "content": QUESTION}]
+    first = chat(acme, history, session="b1", api_key="key-bob-00001")
+    assert "Bluebird" in str(upstream.history[-1].json["messages"])
+    before = cache_counts(acme)
+    chat(acme, history, session="b1", api_key="key-bob-00001")  # a retry: the kept recall
+    assert cache_counts(acme) == (before[0] + 1, before[1])
+    with api(acme, "key-writer-0001", org="acme") as writer:
+        fact_id = writer.get("/facts").json()["data"][0]["id"]
+        assert writer.delete(f"/facts/{fact_id}").status_code == 200
+    # Only the organisation's memory changed, yet bob's kept recall is not used again, and
+    # his session's stored block, which showed the fact, is not put back.
+    chat(acme, history, session="b1", api_key="key-bob-00001")
+    assert cache_counts(acme)[1] == before[1] + 1
+    assert "Bluebird" not in str(upstream.history[-1].json["messages"])
+    chat(acme, [*history, {"role": "assistant", "content": first.text},
+                {"role": "user", "content": "And who keeps the drawer?"}],
+         session="b1", api_key="key-bob-00001")
+    assert "Bluebird" not in str(upstream.history[-1].json["messages"])

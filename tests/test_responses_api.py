@@ -103,8 +103,11 @@ def test_memory_goes_into_instructions_or_before_the_last_user_item(
         {"type": "function_call_output", "call_id": "c1", "output": "nothing"},
         {"role": "user", "content": [{"type": "input_text", "text": "Which database does billing use?"}]},
     ]
+    # Fresh injection: stable injection puts a block into `instructions` only in a
+    # conversation's first request (tests/test_stable_injection.py).
     client.responses.create(model="gpt-4o-mini", input=items, instructions="Be brief.",
-                            extra_headers={"X-Memory-Placement": placement})
+                            extra_headers={"X-Memory-Placement": placement,
+                                           "X-Memory-Injection": "fresh"})
     sent = upstream.history[-1].json
     if placement == "system":
         assert sent["instructions"].startswith("Be brief.\n\n<memory>")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from memory.redact import keep
 from memory.storage import jobs, sessions, turns
@@ -23,11 +23,13 @@ INDEX_JOB = "index"  # the job that chunks, embeds and indexes new turns (memory
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """Outcome of append_turns: the path's last turn, the turns inserted, the job enqueued."""
+    """Outcome of append_turns: the path's last turn, the turns inserted, the job enqueued,
+    and the id of each turn given (a sliding window's first turn: the stored one it matched)."""
 
     last_id: int | None
     new_ids: list[int]
     job_id: int | None = None
+    ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +73,18 @@ class TurnLog:
         """
         if not new:
             return AppendResult(after, [])
-        # Redacted before hashing: a resent message hashes the same, so it is stored once.
-        new = [
-            t if (text := self.redact(t.content)) == t.content else replace(t, content=text)
-            for t in new
-        ]
+        new = self._redacted(new)
         hashes = [content_hash(t.role, t.name, t.content) for t in new]
         async with self.db.write() as tx:
             parent_id, position = await _path_start(tx, user_id, session_id, after)
             known = await turns.known_hashes(tx, user_id, session_id, hashes)
+            ids: list[int] = []
             if after is None and (0, hashes[0]) not in known:
                 anchor = _window_anchor(known, hashes)
                 if anchor is not None:
                     # A client that sends only its last N messages: continue where they are.
                     parent_id, position = await _path_start(tx, user_id, session_id, anchor)
-                    new, hashes = new[1:], hashes[1:]
+                    new, hashes, ids = new[1:], hashes[1:], [anchor]
             new_ids: list[int] = []
             for turn, digest in zip(new, hashes, strict=True):
                 turn_id = known.get((parent_id or 0, digest))
@@ -95,6 +94,7 @@ class TurnLog:
                         digest=digest,
                     )
                     new_ids.append(turn_id)
+                ids.append(turn_id)
                 parent_id, position = turn_id, position + 1
             times = [turn.created_at for turn in new]
             await sessions.touch(tx, user_id, session_id, times, len(new_ids))
@@ -105,7 +105,39 @@ class TurnLog:
                 )
             if then is not None and new_ids and new_ids[-1] == parent_id:
                 await then(tx, parent_id)
-        return AppendResult(parent_id, new_ids, job_id)
+        return AppendResult(parent_id, new_ids, job_id, ids)
+
+    async def locate(
+        self, user_id: str, session_id: str, path: Sequence[NewTurn], *, after: int | None = None
+    ) -> list[int]:
+        """The ids of the stored turns `path` starts with (what append_turns would find
+        without storing anything): as many as are stored, in order."""
+        if not path:
+            return []
+        path = self._redacted(path)
+        hashes = [content_hash(t.role, t.name, t.content) for t in path]
+        known = await turns.known_hashes(self.db, user_id, session_id, hashes)
+        parent_id = after
+        found: list[int] = []
+        if after is None and (0, hashes[0]) not in known:
+            parent_id = _window_anchor(known, hashes)
+            if parent_id is None:
+                return []
+            hashes, found = hashes[1:], [parent_id]
+        for digest in hashes:
+            turn_id = known.get((parent_id or 0, digest))
+            if turn_id is None:
+                break
+            found.append(turn_id)
+            parent_id = turn_id
+        return found
+
+    def _redacted(self, new: Sequence[NewTurn]) -> list[NewTurn]:
+        # Redacted before hashing: a resent message hashes the same, so it is stored once.
+        return [
+            t if (text := self.redact(t.content)) == t.content else replace(t, content=text)
+            for t in new
+        ]
 
     async def get_turns(self, ids: Sequence[int]) -> list[Turn]:
         """The turns with these ids, in the order asked; unknown ids are skipped."""

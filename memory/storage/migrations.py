@@ -269,6 +269,88 @@ END;
 CREATE INDEX turns_by_parent ON turns (parent_id);
 """
 
+
+def _version_triggers() -> str:
+    """Triggers that count every write to a user's memory in `memory_versions`.
+
+    The row with session '' counts them all; a session's own row counts the turns and chunks
+    added to that session. A recall cached for a session stays valid while the difference
+    of the two is unchanged: a retry still hits after its own turns were stored (they are in
+    its prompt), while anything else (another session's turns, a fact, a delete) misses.
+    Triggers see the writes of every process sharing the database, whichever code made them.
+    """
+    bump = (
+        "INSERT INTO memory_versions (user_id, session_id, version) VALUES ({user}, {session}, 1) "
+        "ON CONFLICT (user_id, session_id) DO UPDATE SET version = version + 1;"
+    )
+    statements = []
+    for table in ("turns", "chunks", "facts", "summaries", "profiles", "consent"):
+        for op in ("INSERT", "UPDATE", "DELETE"):
+            row = "old" if op == "DELETE" else "new"
+            body = bump.format(user=f"{row}.user_id", session="''")
+            if op == "INSERT" and table in ("turns", "chunks"):
+                body += bump.format(user="new.user_id", session="new.session_id")
+            statements.append(
+                f"CREATE TRIGGER {table}_version_{op.lower()} AFTER {op} ON {table} BEGIN {body} END;"
+            )
+    return "\n".join(statements)
+
+
+# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected
+# is kept with the user turn it was placed at and put back, byte for byte, in the session's
+# later requests. A block may show any of the user's memory, so deleting a turn, a fact, a
+# summary or the profile, closing a fact's version or changing the profile drops all of the
+# user's blocks: nothing forgotten goes back into a prompt (the next request of a session
+# gets a new block, and its cached prefix breaks once). Recall cache validity
+# (memory/storage/versions.py): see _version_triggers.
+_FORGETTING = (
+    ("turns_forget_blocks", "AFTER DELETE ON turns"),
+    ("facts_forget_blocks", "AFTER DELETE ON facts"),
+    ("facts_close_blocks", "AFTER UPDATE OF valid_to ON facts WHEN new.valid_to IS NOT NULL"),
+    ("summaries_forget_blocks", "AFTER DELETE ON summaries"),
+    ("profiles_forget_blocks", "AFTER DELETE ON profiles"),
+    ("profiles_change_blocks", "AFTER UPDATE ON profiles"),
+)
+
+
+# An organisation's shared fact (memory/scopes.py: its owner id starts with char(31)) is in
+# the blocks of its members: forgetting it drops every block that shows it.
+_SHARED_FACT_BLOCKS = (
+    " DELETE FROM injections WHERE substr(old.user_id, 1, 1) = char(31)"
+    " AND items LIKE '%\"f' || old.id || '\"%';"
+)
+
+
+def _forgetting_triggers() -> str:
+    return "\n".join(
+        f"CREATE TRIGGER {name} {when} BEGIN DELETE FROM injections WHERE user_id = old.user_id;"
+        f"{_SHARED_FACT_BLOCKS if name.startswith('facts_') else ''} END;"
+        for name, when in _FORGETTING
+    )
+
+
+_INJECTIONS = f"""
+CREATE TABLE injections (
+    turn_id INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    placement TEXT NOT NULL CHECK (placement IN ('system', 'last_user')),
+    block TEXT NOT NULL,
+    items TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE memory_versions (
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (user_id, session_id)
+);
+CREATE INDEX injections_by_user ON injections (user_id);
+{_version_triggers()}
+{_forgetting_triggers()}
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -277,6 +359,7 @@ MIGRATIONS: list[Migration] = [
     # A Responses API request names the reply it continues (previous_response_id): the
     # reply turn's request_id holds that response id, found per user by this index.
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
+    ("0006_injections", _INJECTIONS),
 ]
 
 

@@ -1,0 +1,227 @@
+"""Stable injection and the recall cache, through the real stack: the openai SDK, memproxy on
+a socket, the scripted upstream, SQLite, Chroma and the local embedding model."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.conftest import RunningProxy
+from tests.memory_helpers import memory_api
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
+from tests.support.scripted_upstream import ScriptedUpstream
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+FIRST = "Which database does the billing service use?"
+SECOND = "And which language is the billing service written in?"
+SAID = [
+    "The billing service runs on Postgres 16 with pgvector.",
+    "The billing service is written in Rust, with tokio.",
+]
+
+
+@pytest.fixture
+def memproxy(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> RunningProxy:
+    """memproxy with memory on and a user who said two things about billing in session s0."""
+    return seeded(start_proxy(memory=True, anthropic_base_url=upstream.base_url.removesuffix("/v1")))
+
+
+def seeded(proxy: RunningProxy) -> RunningProxy:
+    """`proxy` once user ada said SAID in session s0."""
+    for text in SAID:
+        chat(proxy, text, session="s0", user="ada")
+    wait_for_jobs(proxy)
+    return proxy
+
+
+def two_requests(
+    proxy: RunningProxy, upstream: ScriptedUpstream, *, first: dict[str, str] | None = None,
+    second: dict[str, str] | None = None,
+) -> tuple[list[Any], list[Any], bytes]:
+    """A session's first request, then its second with the history resent: the messages
+    the upstream received for each, and the raw body of the second."""
+    reply = chat(proxy, [SYSTEM, {"role": "user", "content": FIRST}], session="s1", user="ada",
+                 headers=first)
+    sent_first = upstream.history[-1].json["messages"]
+    history = [SYSTEM, {"role": "user", "content": FIRST},
+               {"role": "assistant", "content": reply.text}, {"role": "user", "content": SECOND}]
+    chat(proxy, history, session="s1", user="ada", headers=second)
+    return sent_first, upstream.history[-1].json["messages"], upstream.history[-1].body
+
+
+@pytest.mark.parametrize("placement", ["system", "last_user"])
+def test_the_second_request_carries_the_first_block_byte_for_byte_at_its_place(
+    memproxy: RunningProxy, upstream: ScriptedUpstream, placement: str
+) -> None:
+    headers = {"X-Memory-Placement": placement}
+    sent_first, sent_second, raw = two_requests(memproxy, upstream, first=headers, second=headers)
+    block = sent_first[0 if placement == "system" else 1]["content"]
+    assert "Postgres 16" in block and "Rust, with tokio" in block
+    if placement == "system":
+        assert block.startswith("Be brief.\n\n<memory>")
+    else:
+        assert block.startswith("<memory>") and sent_first[0] == SYSTEM
+    # The prompt of the first request is the start of the second one's, byte for byte.
+    assert sent_second[: len(sent_first)] == sent_first
+    assert orjson.dumps(sent_first)[:-1] in raw
+    # Everything recalled was shown in the first block: the second request adds no block.
+    assert len(sent_second) == len(sent_first) + 2
+
+
+@pytest.mark.parametrize("share", [0.25, 0.0])
+def test_a_new_item_goes_in_a_block_before_the_new_user_message(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, share: float
+) -> None:
+    memproxy = seeded(start_proxy(memory=True, memory_stable_share=share))
+    _, sent_second, _ = two_requests(memproxy, upstream)
+    # The first block (placement system) keeps its place; the new fact comes before the
+    # new question.
+    with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
+        added = api.post("/facts", json={"text": "The billing service deploys on Fridays.",
+                                         "category": "project"})
+        assert added.status_code in (200, 201), added.text
+    wait_for_jobs(memproxy)
+    assert len(sent_second) == 4  # the block in the system prompt, then the conversation
+    history = [SYSTEM, *sent_second[1:], {"role": "assistant", "content": "ok"},
+               {"role": "user", "content": "When does the billing service deploy?"}]
+    third = chat(memproxy, history, session="s1", user="ada")
+    sent_third = upstream.history[-1].json["messages"]
+    assert sent_third[: len(sent_second)] == sent_second
+    # Once earlier blocks are in the prompt, new items get `share` of the budget (1000).
+    assert int(third.headers["x-memory-injected-tokens"]) <= share * 1000
+    if share == 0:
+        assert len(sent_third) == len(history)  # nothing new may be added
+        return
+    new_block = sent_third[-2]
+    assert new_block["role"] == "system" and new_block["content"].startswith("<memory>")
+    assert "deploys on Fridays" in new_block["content"] and "Postgres 16" not in new_block["content"]
+
+
+def test_the_fresh_header_restores_one_new_block_per_request(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    fresh = {"X-Memory-Injection": "fresh", "X-Memory-Placement": "last_user"}
+    sent_first, sent_second, _ = two_requests(memproxy, upstream, first=fresh, second=fresh)
+    # Each request has one block, before its last user message; the first one's is gone.
+    assert [m["role"] for m in sent_first] == ["system", "system", "user"]
+    assert [m["role"] for m in sent_second] == ["system", "user", "assistant", "system", "user"]
+    assert "Postgres 16" in sent_second[3]["content"]  # recalled again
+
+
+def test_a_retry_reuses_the_recall_and_the_block_until_memory_changes(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    history = [SYSTEM, {"role": "user", "content": FIRST}]
+    chat(memproxy, history, session="s1", user="ada")
+    first = upstream.history[-1].body
+    before = cache_counts(memproxy)
+    retry = chat(memproxy, history, session="s1", user="ada")  # after its own turns were stored
+    assert upstream.history[-1].body == first
+    assert cache_counts(memproxy) == (before[0] + 1, before[1])
+    assert int(retry.headers["x-memory-items"]) >= 1
+    # Another session's turn is a write to the user's memory: the next retry recalls again.
+    chat(memproxy, "The billing team meets on Tuesdays.", session="s2", user="ada")
+    wait_for_jobs(memproxy)
+    counted = cache_counts(memproxy)
+    chat(memproxy, history, session="s1", user="ada")
+    assert cache_counts(memproxy) == (counted[0], counted[1] + 1)
+    assert upstream.history[-1].body == first  # the kept block still goes back as it was
+    chat(memproxy, history, session="s1", user="ada")
+    assert cache_counts(memproxy) == (counted[0] + 1, counted[1] + 1)
+
+
+@pytest.mark.parametrize("write", ["fact", "forget", "clear"])
+def test_every_kind_of_write_invalidates_the_recall_cache(
+    memproxy: RunningProxy, upstream: ScriptedUpstream, write: str
+) -> None:
+    history = [{"role": "user", "content": FIRST}]
+    headers = {"X-Memory-Injection": "fresh"}
+    chat(memproxy, history, session="s1", user="ada", headers=headers)
+    chat(memproxy, history, session="s1", user="ada", headers=headers)
+    hits, misses = cache_counts(memproxy)
+    with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
+        if write == "fact":
+            reply = api.post("/facts", json={"text": "Billing owns the invoices.",
+                                             "category": "project"})
+        elif write == "forget":
+            reply = api.delete("/sessions/s0")
+        else:
+            reply = api.post("/clear")
+        assert reply.status_code < 300, reply.text
+    chat(memproxy, history, session="s1", user="ada", headers=headers)
+    assert cache_counts(memproxy) == (hits, misses + 1)
+    if write != "fact":  # what was forgotten is not recalled from a stale cache
+        assert "Postgres 16" not in str(upstream.history[-1].json["messages"])
+
+
+def test_a_block_that_showed_forgotten_memory_is_not_put_back(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    reply = chat(memproxy, [{"role": "user", "content": FIRST}], session="s1", user="ada")
+    assert "Postgres 16" in str(upstream.history[-1].json["messages"])
+    with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
+        assert api.delete("/sessions/s0").status_code == 200
+    chat(memproxy, [{"role": "user", "content": FIRST}, {"role": "assistant", "content": reply.text},
+                    {"role": "user", "content": SECOND}], session="s1", user="ada")
+    assert "Postgres 16" not in str(upstream.history[-1].json["messages"])
+
+
+def test_stable_injection_through_the_responses_api(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    headers = {"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "r1"}
+    with openai.OpenAI(base_url=memproxy.base_url, api_key="sk-test", max_retries=0,
+                       default_headers=headers) as client:
+        reply = client.responses.create(model="gpt-4o-mini", instructions="Be brief.", input=FIRST)
+        first = upstream.history[-1].json
+        items: Any = [{"role": "user", "content": FIRST},
+                      {"role": "assistant", "content": reply.output_text},
+                      {"role": "user", "content": SECOND}]
+        client.responses.create(model="gpt-4o-mini", instructions="Be brief.", input=items)
+        second = upstream.history[-1].json
+    assert first["instructions"].startswith("Be brief.\n\n<memory>")
+    assert second["instructions"] == first["instructions"]
+    assert [i["role"] for i in second["input"]] == ["user", "assistant", "user"]
+
+
+def test_stable_injection_through_anthropic_messages(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    headers = {"X-Memory-User-Id": "ada", "X-Memory-Session-Id": "m1",
+               "anthropic-version": "2023-06-01", "x-api-key": "sk-test"}
+    marked = {"type": "text", "text": FIRST, "cache_control": {"type": "ephemeral"}}
+    with httpx.Client(base_url=memproxy.base_url, headers=headers, timeout=60) as http:
+        body: dict[str, Any] = {"model": "claude-test", "max_tokens": 50, "system": "Be brief.",
+                                "messages": [{"role": "user", "content": [marked]}]}
+        assert http.post("/messages", json=body).status_code == 200
+        first = upstream.history[-1].json["messages"]
+        moved = {"type": "text", "text": SECOND, "cache_control": {"type": "ephemeral"}}
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": FIRST}]},
+                            {"role": "assistant", "content": "Postgres."},
+                            {"role": "user", "content": [moved]}]
+        assert http.post("/messages", json=body).status_code == 200
+        second = upstream.history[-1].json
+    # A breakpoint in the messages: the block goes in the user message, before the marked
+    # words, and stays there when the client moves its breakpoint on.
+    assert second["system"] == "Be brief."
+    block = first[0]["content"][0]
+    assert block["text"].startswith("<memory>") and "Postgres 16" in block["text"]
+    assert second["messages"][0]["content"] == [block, {"type": "text", "text": FIRST}]
+
+
+def cache_counts(proxy: RunningProxy) -> tuple[float, float]:
+    """(hits, misses) of the recall cache, read from /metrics."""
+    text = httpx.get(f"{proxy.url}/metrics", timeout=10).text
+
+    def value(name: str) -> float:
+        found = re.search(rf"^memproxy_recall_cache_{name}_total (\S+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    return value("hits"), value("misses")
