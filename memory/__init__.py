@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from memory.recall.inject import inject
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
-    from memory.storage.database import Database
+    from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
@@ -91,6 +91,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BackupResult": ("memory.admin.backup", "BackupResult"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
+    "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
+    "open_database": ("memory.storage.database", "open_database"),
     "TurnLog": ("memory.log.turn_log", "TurnLog"),
     "NewTurn": ("memory.storage.turns", "NewTurn"),
     "INDEX_JOB": ("memory.log.turn_log", "INDEX_JOB"),
@@ -114,6 +116,8 @@ __all__ = [
     "ConsentRequired",
     "CursorError",
     "Database",
+    "SQLiteDatabase",
+    "open_database",
     "Embedder",
     "Fact",
     "FactError",

@@ -44,7 +44,7 @@ from memory.recall.ranking import (
 from memory.recall.render import Entry
 from memory.redact import Redactor
 from memory.storage import metrics
-from memory.storage.database import Database
+from memory.storage.database import Database, open_database
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
 from memory.tokens import count_tokens, ensure_offline_tiktoken
@@ -180,7 +180,7 @@ class MemoryEngine:
         # products recall needs (one query against a user's vectors) gain nothing from them.
         # Measured at 10k turns: 45 -> 24 ms of CPU per recall with one BLAS thread.
         threadpool_limits(1, user_api="blas")
-        db = await Database.open(settings.db_path)
+        db = await open_database(settings.database_url, settings.db_path)
         try:
             cache_bytes = settings.vector_cache_mb * 1024 * 1024
             if settings.chroma_url:

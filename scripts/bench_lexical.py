@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rank_bm25 import BM25Okapi
 
-from memory import ChunkSearch, Database, NewTurn, TurnLog
+from memory import ChunkSearch, Database, NewTurn, SQLiteDatabase, TurnLog
 
 WORDS = (
     "deploy pipeline cluster database migration cache retry timeout alert dashboard billing "
@@ -48,7 +48,7 @@ def sentence(rng: random.Random, length: int) -> str:
 
 async def build(path: Path, texts: list[str]) -> Database:
     """A database holding `texts` as indexed chunks of one user."""
-    db = await Database.open(path)
+    db = await SQLiteDatabase.open(path)
     log = TurnLog(db)
     after = None
     for i, text in enumerate(texts):

@@ -9,7 +9,7 @@ from pathlib import Path
 from memory.jobs.queue import JobQueue
 from memory.log.turn_log import TurnLog
 from memory.recall.lexical import ChunkSearch
-from memory.storage.database import Database
+from memory.storage.database import Database, SQLiteDatabase
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Storage:
     @classmethod
     async def open(cls, path: Path, *, readers: int = 4) -> Storage:
         """Create or upgrade the database at `path` and build the parts over it."""
-        db = await Database.open(path, readers=readers)
+        db = await SQLiteDatabase.open(path, readers=readers)
         return cls(db, TurnLog(db), JobQueue(db), ChunkSearch(db))
 
     @property

@@ -1,0 +1,319 @@
+"""The PostgreSQL schema: the SQLite migrations (memory.storage.migrations), same names, same
+tables and constraints, in PostgreSQL's words.
+
+What differs, and why:
+- ids are BIGSERIAL, times DOUBLE PRECISION; JSON stays TEXT, flags stay 0/1 INTEGERs, so
+  every table function reads the same values on both backends.
+- Full text: instead of FTS5 tables, each searched table (chunks, facts, summaries) carries
+  a `tsv` (GIN-indexed) and `doc_len`, set by a trigger, and `fts_totals` keeps each table's
+  row and token counts. With per-word row counts (counted through the GIN index at query
+  time) that is everything FTS5's bm25() reads, so memory.storage.pg_search ranks with the
+  same formula. Text is split by PostgreSQL's parser and stemmed by the English Snowball
+  stemmer without a stopword list, as FTS5's `porter unicode61` keeps every word. User and
+  session scoping are plain columns, not FTS tokens.
+- jobs has `lease_until`: a running job whose lease ended (its replica died) is claimed again.
+
+`apply()` runs under a session advisory lock, so replicas starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncpg
+
+# Any fixed number: the advisory lock all replicas take while they migrate.
+_MIGRATION_LOCK = 7_305_210_411
+
+_INITIAL = """
+CREATE TEXT SEARCH DICTIONARY memproxy_stem (TEMPLATE = snowball, Language = english);
+CREATE TEXT SEARCH CONFIGURATION memproxy (COPY = simple);
+ALTER TEXT SEARCH CONFIGURATION memproxy
+    ALTER MAPPING FOR asciiword, word, hword_asciipart, hword_part WITH memproxy_stem;
+-- FTS5 splits "state-of-the-art" and URLs into their words only: so do we.
+ALTER TEXT SEARCH CONFIGURATION memproxy DROP MAPPING FOR asciihword, hword, numhword, url, url_path;
+
+-- The first lexeme of one query word, and the OR of the lexemes of a list of words.
+CREATE FUNCTION memproxy_lexeme(word TEXT) RETURNS TEXT LANGUAGE sql IMMUTABLE AS
+    $$ SELECT (tsvector_to_array(to_tsvector('memproxy', word)))[1] $$;
+CREATE FUNCTION memproxy_query(words TEXT[]) RETURNS tsquery LANGUAGE sql IMMUTABLE AS
+    $$ SELECT string_agg(quote_literal(memproxy_lexeme(w)), ' | ')::tsquery
+       FROM unnest(words) AS w WHERE memproxy_lexeme(w) IS NOT NULL $$;
+-- How many words a tsvector holds (every occurrence, like FTS5's column sizes).
+CREATE FUNCTION memproxy_tokens(v tsvector) RETURNS INTEGER LANGUAGE sql IMMUTABLE AS
+    $$ SELECT COALESCE(SUM(cardinality(positions)), 0)::INTEGER FROM unnest(v) $$;
+
+CREATE TABLE fts_totals (
+    name TEXT PRIMARY KEY,
+    docs BIGINT NOT NULL,
+    tokens BIGINT NOT NULL
+);
+INSERT INTO fts_totals VALUES ('chunks', 0, 0), ('facts', 0, 0), ('summaries', 0, 0);
+CREATE FUNCTION fts_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE fts_totals SET docs = docs + 1, tokens = tokens + NEW.doc_len WHERE name = TG_TABLE_NAME;
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE fts_totals SET docs = docs - 1, tokens = tokens - OLD.doc_len WHERE name = TG_TABLE_NAME;
+    ELSIF NEW.doc_len <> OLD.doc_len THEN
+        UPDATE fts_totals SET tokens = tokens + NEW.doc_len - OLD.doc_len WHERE name = TG_TABLE_NAME;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TABLE sessions (
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    last_active DOUBLE PRECISION NOT NULL,
+    turn_count INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (user_id, session_id)
+);
+
+CREATE TABLE turns (
+    id BIGSERIAL PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    parent_id BIGINT NULL REFERENCES turns(id),
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    name TEXT NULL,
+    content TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    model TEXT NULL,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    request_id TEXT NULL,
+    incomplete INTEGER NOT NULL DEFAULT 0
+);
+-- Exactly-once logging, as on SQLite: one row per (branch point, content).
+CREATE UNIQUE INDEX turns_path ON turns (user_id, session_id, COALESCE(parent_id, 0), content_hash);
+CREATE INDEX turns_by_hash ON turns (user_id, session_id, content_hash);
+
+-- doc_len counts the owner and session tokens FTS5 indexes with each chunk (2).
+CREATE TABLE chunks (
+    id BIGSERIAL PRIMARY KEY,
+    turn_id BIGINT NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('code', 'prose')),
+    text TEXT NOT NULL,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL,
+    sess TEXT NOT NULL,
+    tsv tsvector NOT NULL,
+    doc_len INTEGER NOT NULL,
+    UNIQUE (turn_id, ordinal)
+);
+CREATE INDEX chunks_by_user ON chunks (user_id, session_id);
+CREATE INDEX chunks_tsv ON chunks USING GIN (tsv);
+CREATE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chunks_tsv BEFORE INSERT OR UPDATE OF text ON chunks
+    FOR EACH ROW EXECUTE FUNCTION chunks_tsv();
+CREATE TRIGGER chunks_count AFTER INSERT OR UPDATE OR DELETE ON chunks
+    FOR EACH ROW EXECUTE FUNCTION fts_count();
+
+CREATE TABLE jobs (
+    id BIGSERIAL PRIMARY KEY,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'dead')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    run_after DOUBLE PRECISION NOT NULL,
+    last_error TEXT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    lease_until DOUBLE PRECISION NULL
+);
+CREATE INDEX jobs_ready ON jobs (status, run_after, id);
+
+CREATE TABLE request_metrics (
+    id BIGSERIAL PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    user_id TEXT NOT NULL,
+    session_id TEXT NULL,
+    request_id TEXT NULL,
+    model TEXT NULL,
+    items_json TEXT NOT NULL,
+    injected_tokens INTEGER NOT NULL DEFAULT 0,
+    truncated INTEGER NOT NULL DEFAULT 0,
+    recall_ms DOUBLE PRECISION NULL,
+    embed_ms DOUBLE PRECISION NULL,
+    error TEXT NULL
+);
+CREATE INDEX request_metrics_created ON request_metrics (created_at);
+"""
+
+_FACTS = """
+CREATE TABLE facts (
+    id BIGSERIAL PRIMARY KEY,
+    chain_id BIGINT NOT NULL,
+    user_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    category TEXT NOT NULL CHECK (category IN ('identity', 'preference', 'project',
+        'relationship', 'context', 'todo', 'decision')),
+    confidence DOUBLE PRECISION NOT NULL,
+    importance INTEGER NOT NULL,
+    mentions INTEGER NOT NULL DEFAULT 1,
+    source TEXT NOT NULL CHECK (source IN ('extracted', 'manual', 'import')),
+    source_session TEXT NULL,
+    source_turn_ids TEXT NOT NULL DEFAULT '[]',
+    pinned INTEGER NOT NULL DEFAULT 0,
+    first_seen DOUBLE PRECISION NOT NULL,
+    last_seen DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NULL,
+    version INTEGER NOT NULL DEFAULT 1,
+    previous_id BIGINT NULL,
+    valid_from DOUBLE PRECISION NOT NULL,
+    valid_to DOUBLE PRECISION NULL,
+    superseded_by BIGINT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    owner TEXT NOT NULL,
+    tsv tsvector NOT NULL,
+    doc_len INTEGER NOT NULL
+);
+CREATE INDEX facts_by_user ON facts (user_id, valid_to, id);
+CREATE INDEX facts_by_chain ON facts (chain_id, version);
+CREATE INDEX facts_tsv ON facts USING GIN (tsv);
+-- doc_len counts the owner token FTS5 indexes with each fact (1).
+CREATE FUNCTION facts_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.doc_len := memproxy_tokens(NEW.tsv) + 1;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER facts_tsv BEFORE INSERT OR UPDATE OF text ON facts
+    FOR EACH ROW EXECUTE FUNCTION facts_tsv();
+CREATE TRIGGER facts_count AFTER INSERT OR UPDATE OR DELETE ON facts
+    FOR EACH ROW EXECUTE FUNCTION fts_count();
+
+CREATE TABLE summaries (
+    id BIGSERIAL PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    data TEXT NOT NULL,
+    source_turn_ids TEXT NOT NULL DEFAULT '[]',
+    last_turn_id BIGINT NOT NULL,
+    user_turns INTEGER NOT NULL,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    superseded_by BIGINT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    owner TEXT NOT NULL,
+    sess TEXT NOT NULL,
+    tsv tsvector NOT NULL,
+    doc_len INTEGER NOT NULL
+);
+CREATE INDEX summaries_by_session ON summaries (user_id, session_id, id);
+CREATE INDEX summaries_tsv ON summaries USING GIN (tsv);
+-- doc_len counts the owner and session tokens FTS5 indexes with each summary (2).
+CREATE FUNCTION summaries_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER summaries_tsv BEFORE INSERT OR UPDATE OF text ON summaries
+    FOR EACH ROW EXECUTE FUNCTION summaries_tsv();
+CREATE TRIGGER summaries_count AFTER INSERT OR UPDATE OR DELETE ON summaries
+    FOR EACH ROW EXECUTE FUNCTION fts_count();
+
+CREATE TABLE profiles (
+    user_id TEXT PRIMARY KEY,
+    fields TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE consent (
+    user_id TEXT PRIMARY KEY,
+    profile INTEGER NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+"""
+
+_CLEARS = """
+CREATE TABLE clears (
+    id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'undone', 'restored', 'purged')),
+    removed TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    settled_at DOUBLE PRECISION NULL
+);
+CREATE INDEX clears_by_user ON clears (user_id, status, expires_at);
+CREATE TABLE clear_records (
+    clear_id TEXT NOT NULL REFERENCES clears(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (clear_id, seq)
+);
+CREATE INDEX request_metrics_by_user ON request_metrics (user_id, created_at);
+"""
+
+# The speaker is indexed with the chunk's text at half a text word's weight (FTS5's
+# bm25(1.0, 0.5, ...)): weight B marks its words.
+_RECALL = """
+ALTER TABLE chunks ADD COLUMN speaker TEXT NOT NULL DEFAULT '';
+CREATE OR REPLACE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A')
+        || setweight(to_tsvector('memproxy', NEW.speaker), 'B');
+    NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    RETURN NEW;
+END $$;
+DROP TRIGGER chunks_tsv ON chunks;
+CREATE TRIGGER chunks_tsv BEFORE INSERT OR UPDATE OF text, speaker ON chunks
+    FOR EACH ROW EXECUTE FUNCTION chunks_tsv();
+CREATE INDEX turns_by_parent ON turns (parent_id);
+"""
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("0001_initial", _INITIAL),
+    ("0002_facts", _FACTS),
+    ("0003_clears", _CLEARS),
+    ("0004_recall", _RECALL),
+    ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
+]
+
+
+async def apply(conn: asyncpg.Connection) -> list[str]:
+    """Apply the migrations not yet recorded, in order, and return their names."""
+    newly_applied = []
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS migrations"
+            " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        done = {row[0] for row in await conn.fetch("SELECT name FROM migrations")}
+        for name, script in MIGRATIONS:
+            if name in done:
+                continue
+            # Each migration commits together with the row that records it.
+            async with conn.transaction():
+                await conn.execute(script)
+                await conn.execute(
+                    "INSERT INTO migrations (name, applied_at) VALUES ($1, $2)", name, time.time()
+                )
+            newly_applied.append(name)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+    return newly_applied
+
+
+async def applied(conn: asyncpg.Connection) -> list[str]:
+    """Names of the migrations recorded in the database, in the order they ran."""
+    rows = await conn.fetch("SELECT name FROM migrations ORDER BY applied_at, name")
+    return [str(row[0]) for row in rows]
