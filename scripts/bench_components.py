@@ -32,10 +32,9 @@ import numpy.typing as npt
 
 from memory import (
     ChunkSearch,
-    Database,
-    SQLiteDatabase,
     LocalEmbedder,
     NewTurn,
+    SQLiteDatabase,
     TurnLog,
     VectorIndex,
     find_model_dir,

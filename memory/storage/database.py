@@ -21,9 +21,8 @@ import itertools
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol, TypeVar
 
 import aiosqlite
