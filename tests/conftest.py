@@ -70,6 +70,20 @@ def database_url(request: pytest.FixtureRequest, backend: str) -> str | None:
 
 
 @pytest.fixture
+def new_database_url(request: pytest.FixtureRequest, backend: str) -> Callable[[], str | None]:
+    """Makes another empty database of the test's backend: its URL (None for SQLite, whose
+    database is the file in a data directory)."""
+
+    def make() -> str | None:
+        if backend == "sqlite":
+            return None
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        return server.create_database()
+
+    return make
+
+
+@pytest.fixture
 def make_settings(
     tmp_path: Path, upstream: ScriptedUpstream, database_url: str | None
 ) -> Callable[..., Settings]:
