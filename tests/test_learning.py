@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import deque
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any
 
 import httpx
@@ -25,6 +23,9 @@ from tests.support.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
+from tests.support.sql import query as sql_query
+
+pytestmark = pytest.mark.both_backends
 
 EXTRACT = "You extract durable facts"
 SUMMARY = "You summarise a conversation"
@@ -75,8 +76,7 @@ def say(proxy: RunningProxy, text: str, *, user: str = "ada", session: str = "s1
 
 
 def query(proxy: RunningProxy, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        return conn.execute(sql, params).fetchall()
+    return sql_query(proxy.state.settings, sql, params)
 
 
 def injected(upstream: ScriptedUpstream) -> str:
@@ -112,12 +112,12 @@ def test_facts_are_learned_and_injected_in_a_new_session(
     say(learning, "I prefer TypeScript for all our new backend services.",
         key="sk-client-secret-123")
     wait_for_jobs(learning)
-    rows = query(learning, "SELECT f.text, f.source, f.source_session, f.source_turn_ids,"
-                           " f.category, t.content FROM facts AS f, turns AS t"
-                           " WHERE t.id = json_extract(f.source_turn_ids, '$[0]')")
+    rows = query(learning, "SELECT text, source, source_session, source_turn_ids, category"
+                           " FROM facts")
     assert rows == [("User prefers TypeScript for new backend services.", "extracted", "s1",
-                     rows[0][3], "preference",
-                     "I prefer TypeScript for all our new backend services.")]
+                     rows[0][3], "preference")]
+    source = query(learning, "SELECT content FROM turns WHERE id = ?", (json.loads(rows[0][3])[0],))
+    assert source == [("I prefer TypeScript for all our new backend services.",)]
     asked = model.prompts[0]
     assert asked.json["model"] == "gpt-4o" and asked.json.get("stream") is None
     assert "NEW" in asked.json["messages"][1]["content"]
