@@ -22,13 +22,14 @@ Target = Settings | Path
 
 
 def query(target: Target, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """The rows of one statement (SQLite's `?` placeholders on both backends)."""
+    """The rows of one statement (SQLite's `?` placeholders on both backends); a write
+    commits."""
     if isinstance(target, Settings) and target.database_url:
         url = target.database_url
         with ThreadPoolExecutor(1) as thread:
             return thread.submit(asyncio.run, _postgres(url, sql, params)).result()
     path = target.db_path if isinstance(target, Settings) else target
-    with closing(sqlite3.connect(path, timeout=30)) as conn:
+    with closing(sqlite3.connect(path, timeout=30)) as conn, conn:  # commits a write
         return [tuple(row) for row in conn.execute(sql, params)]
 
 
