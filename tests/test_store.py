@@ -56,8 +56,8 @@ async def fts_is_consistent(store: Storage) -> bool:
     reads match the text."""
     if store.db.dialect == "postgres":
         stale = await query_db(store, "SELECT COUNT(*) FROM chunks WHERE tsv <>"
-                               " setweight(to_tsvector('memproxy', text), 'A')"
-                               " || setweight(to_tsvector('memproxy', speaker), 'B')")
+                               " setweight(memproxy_words(text), 'A')"
+                               " || setweight(memproxy_words(speaker), 'B')")
         totals = await query_db(store, "SELECT docs, tokens FROM fts_totals WHERE name = 'chunks'")
         actual = await query_db(store, "SELECT COUNT(*), COALESCE(SUM(doc_len), 0) FROM chunks")
         return stale == [(0,)] and totals == actual

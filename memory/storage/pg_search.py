@@ -29,7 +29,7 @@ WITH terms AS (
 totals AS (
     SELECT docs, tokens::float8 / GREATEST(docs, 1) AS avgdl FROM fts_totals WHERE name = '{{table}}'
 ),
-weights AS (
+weights AS MATERIALIZED (
     SELECT t.lexeme, t.repeats * CASE WHEN raw.idf <= 0 THEN 1e-6 ELSE raw.idf END AS idf
     FROM terms AS t CROSS JOIN totals
     CROSS JOIN LATERAL (
@@ -42,15 +42,15 @@ candidates AS (
     WHERE tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM terms)
         AND {{scope}}
 )
-SELECT c.id, SUM(w.idf * f.tf * {_K1 + 1} / (f.tf + {_K1} * ({1 - _B} + {_B} * c.doc_len / totals.avgdl)))
+SELECT c.id, SUM(w.idf * f.tf::float8 * {_K1 + 1} / (f.tf + {_K1} * ({1 - _B} + {_B} * c.doc_len / totals.avgdl)))
     AS score
 FROM candidates AS c CROSS JOIN totals
+CROSS JOIN LATERAL unnest(c.tsv) AS u
+JOIN weights AS w ON w.lexeme = u.lexeme
+-- Every position weighs 1 (text, weight A) or 0.5 (the speaker of a chunk, weight B).
 CROSS JOIN LATERAL (
-    SELECT u.lexeme, SUM(CASE weight WHEN 'A' THEN 1.0 ELSE 0.5 END) AS tf
-    FROM unnest(c.tsv) AS u, unnest(u.weights) AS weight
-    WHERE u.lexeme IN (SELECT lexeme FROM terms) GROUP BY u.lexeme
+    SELECT cardinality(u.weights) - 0.5 * cardinality(array_remove(u.weights, 'A')) AS tf
 ) AS f
-JOIN weights AS w ON w.lexeme = f.lexeme
 GROUP BY c.id ORDER BY score DESC, c.id LIMIT ?
 """
 

@@ -102,16 +102,18 @@ class PostgresDatabase:
 
 @functools.lru_cache(maxsize=1024)
 def numbered(sql: str) -> str:
-    """`sql` with its `?` placeholders renumbered `$1..$n`; `?` inside quotes stays."""
+    """`sql` with its `?` placeholders renumbered `$1..$n`; `?` in quotes or comments stays."""
     out: list[str] = []
     count = 0
-    quote: str | None = None
-    for char in sql:
+    quote: str | None = None  # the character that ends the quote or comment we are in
+    for at, char in enumerate(sql):
         if quote is not None:
             if char == quote:
                 quote = None
         elif char in ("'", '"'):
             quote = char
+        elif sql.startswith("--", at):
+            quote = "\n"
         elif char == "?":
             count += 1
             out.append(f"${count}")

@@ -8,9 +8,8 @@ What differs, and why:
   a `tsv` (GIN-indexed) and `doc_len`, set by a trigger, and `fts_totals` keeps each table's
   row and token counts. With per-word row counts (counted through the GIN index at query
   time) that is everything FTS5's bm25() reads, so memory.storage.pg_search ranks with the
-  same formula. Text is split by PostgreSQL's parser and stemmed by the English Snowball
-  stemmer without a stopword list, as FTS5's `porter unicode61` keeps every word. User and
-  session scoping are plain columns, not FTS tokens.
+  same formula. Words are split and stemmed as FTS5's `porter unicode61` does (see
+  memproxy_words). User and session scoping are plain columns, not FTS tokens.
 - jobs has `lease_until`: a running job whose lease ended (its replica died) is claimed again.
 
 `apply()` runs under a session advisory lock, so replicas starting together migrate once.
@@ -28,16 +27,20 @@ if TYPE_CHECKING:
 _MIGRATION_LOCK = 7_305_210_411
 
 _INITIAL = """
-CREATE TEXT SEARCH DICTIONARY memproxy_stem (TEMPLATE = snowball, Language = english);
+-- FTS5's tokenizer: unicode61 splits at every character that is not a letter or a digit,
+-- porter stems (the original Porter algorithm, which Snowball also ships) and no word is a
+-- stopword. memproxy_words does the splitting first, so PostgreSQL's parser sees only words
+-- (never an email, a path or a URL it would keep whole) and maps them all to the stemmer.
+CREATE TEXT SEARCH DICTIONARY memproxy_stem (TEMPLATE = snowball, Language = porter);
 CREATE TEXT SEARCH CONFIGURATION memproxy (COPY = simple);
 ALTER TEXT SEARCH CONFIGURATION memproxy
-    ALTER MAPPING FOR asciiword, word, hword_asciipart, hword_part WITH memproxy_stem;
--- FTS5 splits "state-of-the-art" and URLs into their words only: so do we.
-ALTER TEXT SEARCH CONFIGURATION memproxy DROP MAPPING FOR asciihword, hword, numhword, url, url_path;
+    ALTER MAPPING FOR asciiword, word, numword WITH memproxy_stem;
+CREATE FUNCTION memproxy_words(body TEXT) RETURNS tsvector LANGUAGE sql IMMUTABLE AS
+    $$ SELECT to_tsvector('memproxy', regexp_replace(body, '[^[:alnum:]]+', ' ', 'g')) $$;
 
 -- The first lexeme of one query word, and the OR of the lexemes of a list of words.
 CREATE FUNCTION memproxy_lexeme(word TEXT) RETURNS TEXT LANGUAGE sql IMMUTABLE AS
-    $$ SELECT (tsvector_to_array(to_tsvector('memproxy', word)))[1] $$;
+    $$ SELECT (tsvector_to_array(memproxy_words(word)))[1] $$;
 CREATE FUNCTION memproxy_query(words TEXT[]) RETURNS tsquery LANGUAGE sql IMMUTABLE AS
     $$ SELECT string_agg(quote_literal(memproxy_lexeme(w)), ' | ')::tsquery
        FROM unnest(words) AS w WHERE memproxy_lexeme(w) IS NOT NULL $$;
@@ -112,7 +115,7 @@ CREATE INDEX chunks_by_user ON chunks (user_id, session_id);
 CREATE INDEX chunks_tsv ON chunks USING GIN (tsv);
 CREATE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
     RETURN NEW;
 END $$;
@@ -188,7 +191,7 @@ CREATE INDEX facts_tsv ON facts USING GIN (tsv);
 -- doc_len counts the owner token FTS5 indexes with each fact (1).
 CREATE FUNCTION facts_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 1;
     RETURN NEW;
 END $$;
@@ -219,7 +222,7 @@ CREATE INDEX summaries_tsv ON summaries USING GIN (tsv);
 -- doc_len counts the owner and session tokens FTS5 indexes with each summary (2).
 CREATE FUNCTION summaries_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A');
+    NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
     RETURN NEW;
 END $$;
@@ -268,8 +271,8 @@ _RECALL = """
 ALTER TABLE chunks ADD COLUMN speaker TEXT NOT NULL DEFAULT '';
 CREATE OR REPLACE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.tsv := setweight(to_tsvector('memproxy', NEW.text), 'A')
-        || setweight(to_tsvector('memproxy', NEW.speaker), 'B');
+    NEW.tsv := setweight(memproxy_words(NEW.text), 'A')
+        || setweight(memproxy_words(NEW.speaker), 'B');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
     RETURN NEW;
 END $$;
