@@ -27,16 +27,22 @@ if TYPE_CHECKING:
 _MIGRATION_LOCK = 7_305_210_411
 
 _INITIAL = """
--- FTS5's tokenizer: unicode61 splits at every character that is not a letter or a digit,
--- porter stems (the original Porter algorithm, which Snowball also ships) and no word is a
--- stopword. memproxy_words does the splitting first, so PostgreSQL's parser sees only words
--- (never an email, a path or a URL it would keep whole) and maps them all to the stemmer.
+-- FTS5's tokenizer `porter unicode61`, word for word: split at every character that is not
+-- a letter or a digit, lower-case, and stem with the original Porter algorithm (Snowball
+-- ships it) except words under 3 or over 64 characters, which FTS5 keeps as they are; no
+-- stopwords. Written out instead of a text search configuration because PostgreSQL's parser
+-- keeps emails, paths and URLs whole. (unicode61 also folds diacritics; this does not.)
 CREATE TEXT SEARCH DICTIONARY memproxy_stem (TEMPLATE = snowball, Language = porter);
-CREATE TEXT SEARCH CONFIGURATION memproxy (COPY = simple);
-ALTER TEXT SEARCH CONFIGURATION memproxy
-    ALTER MAPPING FOR asciiword, word, numword WITH memproxy_stem;
-CREATE FUNCTION memproxy_words(body TEXT) RETURNS tsvector LANGUAGE sql IMMUTABLE AS
-    $$ SELECT to_tsvector('memproxy', regexp_replace(body, '[^[:alnum:]]+', ' ', 'g')) $$;
+CREATE FUNCTION memproxy_words(body TEXT) RETURNS tsvector LANGUAGE sql IMMUTABLE AS $$
+    SELECT COALESCE(string_agg(quote_literal(lexeme) || ':' || LEAST(i, 16383), ' ')::tsvector,
+                    ''::tsvector)
+    FROM (
+        SELECT i, CASE WHEN length(w) < 3 OR length(w) > 64 THEN w
+                       ELSE COALESCE((ts_lexize('memproxy_stem', w))[1], w) END AS lexeme
+        FROM regexp_split_to_table(lower(body), '[^[:alnum:]]+') WITH ORDINALITY AS t(w, i)
+        WHERE w <> '' AND octet_length(w) < 2048  -- longer words do not fit in a tsvector
+    ) AS words
+$$;
 
 -- The first lexeme of one query word, and the OR of the lexemes of a list of words.
 CREATE FUNCTION memproxy_lexeme(word TEXT) RETURNS TEXT LANGUAGE sql IMMUTABLE AS
