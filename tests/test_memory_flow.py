@@ -15,7 +15,6 @@ from memory.recall.render import CLOSE, OPEN
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
-from tests.support.sql import query, scalar
 from tests.support.scripted_upstream import (
     JSONReply,
     ScriptedUpstream,
@@ -23,7 +22,7 @@ from tests.support.scripted_upstream import (
     chat_chunks,
     chat_completion,
 )
-
+from tests.support.sql import query, scalar
 
 pytestmark = pytest.mark.both_backends
 

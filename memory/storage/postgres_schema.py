@@ -37,9 +37,12 @@ CREATE FUNCTION memproxy_words(body TEXT) RETURNS tsvector LANGUAGE sql IMMUTABL
     SELECT COALESCE(string_agg(quote_literal(lexeme) || ':' || LEAST(i, 16383), ' ')::tsvector,
                     ''::tsvector)
     FROM (
-        SELECT i, CASE WHEN length(w) < 3 OR length(w) > 64 THEN w
-                       ELSE COALESCE((ts_lexize('memproxy_stem', w))[1], w) END AS lexeme
-        FROM regexp_split_to_table(lower(body), '[^[:alnum:]]+') WITH ORDINALITY AS t(w, i)
+        SELECT i, CASE WHEN length(w) < 3 OR length(w) > 64 OR stem = w THEN w
+                       -- Porter undoubles any final consonant but l, s, z; Snowball's
+                       -- version only bb dd ff gg mm nn pp rr tt ("trekked": trek).
+                       ELSE regexp_replace(stem, '([chjkqvwx])\\1$', '\\1') END AS lexeme
+        FROM regexp_split_to_table(lower(body), '[^[:alnum:]]+') WITH ORDINALITY AS t(w, i),
+            LATERAL (SELECT COALESCE((ts_lexize('memproxy_stem', w))[1], w) AS stem) AS s
         WHERE w <> '' AND octet_length(w) < 2048  -- longer words do not fit in a tsvector
     ) AS words
 $$;
