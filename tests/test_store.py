@@ -52,7 +52,7 @@ async def write_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> None
 
 
 async def fts_is_consistent(store: Storage) -> bool:
-    """FTS5's own integrity check; on PostgreSQL, every row's words and the totals BM25
+    """FTS5's own integrity check; on PostgreSQL, every row's words and the counts BM25
     reads match the text."""
     if store.db.dialect == "postgres":
         stale = await query_db(store, "SELECT COUNT(*) FROM chunks WHERE tsv <>"
@@ -60,7 +60,11 @@ async def fts_is_consistent(store: Storage) -> bool:
                                " || setweight(memproxy_words(speaker), 'B')")
         totals = await query_db(store, "SELECT docs, tokens FROM fts_totals WHERE name = 'chunks'")
         actual = await query_db(store, "SELECT COUNT(*), COALESCE(SUM(doc_len), 0) FROM chunks")
-        return stale == [(0,)] and totals == actual
+        terms = await query_db(store, "SELECT lexeme, docs FROM fts_terms"
+                               " WHERE name = 'chunks' AND docs > 0 ORDER BY lexeme")
+        counted = await query_db(store, "SELECT lexeme, COUNT(*) FROM chunks,"
+                                 " unnest(tsvector_to_array(tsv)) AS lexeme GROUP BY lexeme ORDER BY lexeme")
+        return stale == [(0,)] and totals == actual and terms == counted
     try:
         await write_db(store, "INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
     except sqlite3.DatabaseError:

@@ -8,8 +8,8 @@ where f_i sums the column weights of the word's occurrences in the row (text 1.0
 speaker 0.5), D is the row's token count (all columns, scope tokens included), avgdl the
 table's mean, and idf_i = ln((N - n_i + 0.5) / (n_i + 0.5)) over all N rows of every user,
 n_i of which hold the word (1e-6 when that is not positive). The schema
-(memory.storage.postgres_schema) keeps D per row, N and the token total per table, and marks
-speaker words with weight B; n_i is counted through the GIN index for each query. Candidates
+(memory.storage.postgres_schema) keeps D and each word's weighted count f per row, N and the
+token total per table, and n_i per word; only the candidates are read row by row. Candidates
 are the rows in scope that hold any of the words, as FTS5's `scope AND (w1 OR w2 ...)`.
 """
 
@@ -32,32 +32,29 @@ totals AS (
 weights AS MATERIALIZED (
     SELECT t.lexeme, t.repeats * CASE WHEN raw.idf <= 0 THEN 1e-6 ELSE raw.idf END AS idf
     FROM terms AS t CROSS JOIN totals
+    LEFT JOIN fts_terms AS hits ON hits.name = '{{table}}' AND hits.lexeme = t.lexeme
     CROSS JOIN LATERAL (
-        SELECT COUNT(*) AS n FROM {{table}} WHERE tsv @@ quote_literal(t.lexeme)::tsquery
-    ) AS hits
-    CROSS JOIN LATERAL (SELECT ln((totals.docs - hits.n + 0.5) / (hits.n + 0.5)) AS idf) AS raw
+        SELECT ln((totals.docs - COALESCE(hits.docs, 0) + 0.5) / (COALESCE(hits.docs, 0) + 0.5)) AS idf
+    ) AS raw
 ),
 candidates AS (
-    SELECT id, tsv, doc_len FROM {{table}}
+    SELECT id, tf, doc_len FROM {{table}}
     WHERE tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM terms)
         AND {{scope}}
 )
-SELECT c.id, SUM(w.idf * f.tf::float8 * {_K1 + 1} / (f.tf + {_K1} * ({1 - _B} + {_B} * c.doc_len / totals.avgdl)))
+SELECT c.id, SUM(w.idf * f.tf * {_K1 + 1} / (f.tf + {_K1} * ({1 - _B} + {_B} * c.doc_len / totals.avgdl)))
     AS score
-FROM candidates AS c CROSS JOIN totals
-CROSS JOIN LATERAL unnest(c.tsv) AS u
-JOIN weights AS w ON w.lexeme = u.lexeme
--- Every position weighs 1 (text, weight A) or 0.5 (the speaker of a chunk, weight B).
-CROSS JOIN LATERAL (
-    SELECT cardinality(u.weights) - 0.5 * cardinality(array_remove(u.weights, 'A')) AS tf
-) AS f
+FROM candidates AS c CROSS JOIN totals CROSS JOIN weights AS w
+CROSS JOIN LATERAL (SELECT (c.tf ->> w.lexeme)::float8 AS tf) AS f
+WHERE f.tf IS NOT NULL
 GROUP BY c.id ORDER BY score DESC, c.id LIMIT ?
 """
 
 # Rows of the whole table (every user) that hold each word, in the order given.
 _TERM_COUNTS = """
-SELECT (SELECT COUNT(*) FROM {table} WHERE tsv @@ quote_literal(memproxy_lexeme(word))::tsquery)
-FROM unnest(?::text[]) WITH ORDINALITY AS words(word, i) ORDER BY i
+SELECT COALESCE(hits.docs, 0) FROM unnest(?::text[]) WITH ORDINALITY AS words(word, i)
+LEFT JOIN fts_terms AS hits ON hits.name = '{table}' AND hits.lexeme = memproxy_lexeme(word)
+ORDER BY i
 """
 
 

@@ -5,10 +5,11 @@ What differs, and why:
 - ids are BIGSERIAL, times DOUBLE PRECISION; JSON stays TEXT, flags stay 0/1 INTEGERs, so
   every table function reads the same values on both backends.
 - Full text: instead of FTS5 tables, each searched table (chunks, facts, summaries) carries
-  a `tsv` (GIN-indexed) and `doc_len`, set by a trigger, and `fts_totals` keeps each table's
-  row and token counts. With per-word row counts (counted through the GIN index at query
-  time) that is everything FTS5's bm25() reads, so memory.storage.pg_search ranks with the
-  same formula. Words are split and stemmed as FTS5's `porter unicode61` does (see
+  a `tsv` (GIN-indexed), `doc_len` (its words) and `tf` (each word's weighted count), set by
+  a trigger; `fts_totals` keeps each table's row and word counts and `fts_terms` how many
+  rows hold each word. That is everything FTS5's bm25() reads, so memory.storage.pg_search
+  ranks with the same formula. The counters are hot rows, which costs nothing more because
+  writes are serialized anyway (memory.storage.postgres). Words are split and stemmed as FTS5's `porter unicode61` does (see
   memproxy_words). User and session scoping are plain columns, not FTS tokens.
 - jobs has `lease_until`: a running job whose lease ended (its replica died) is claimed again.
 
@@ -53,9 +54,16 @@ CREATE FUNCTION memproxy_lexeme(word TEXT) RETURNS TEXT LANGUAGE sql IMMUTABLE A
 CREATE FUNCTION memproxy_query(words TEXT[]) RETURNS tsquery LANGUAGE sql IMMUTABLE AS
     $$ SELECT string_agg(quote_literal(memproxy_lexeme(w)), ' | ')::tsquery
        FROM unnest(words) AS w WHERE memproxy_lexeme(w) IS NOT NULL $$;
--- How many words a tsvector holds (every occurrence, like FTS5's column sizes).
+-- How many words a tsvector holds (every occurrence, like FTS5's column sizes), and each
+-- word's count weighted as bm25() weighs columns: 1 in the text (weight A), 0.5 in a chunk's
+-- speaker name (weight B).
 CREATE FUNCTION memproxy_tokens(v tsvector) RETURNS INTEGER LANGUAGE sql IMMUTABLE AS
     $$ SELECT COALESCE(SUM(cardinality(positions)), 0)::INTEGER FROM unnest(v) $$;
+CREATE FUNCTION memproxy_tf(v tsvector) RETURNS JSONB LANGUAGE sql IMMUTABLE AS $$
+    SELECT COALESCE(jsonb_object_agg(
+        lexeme, cardinality(weights) - 0.5 * cardinality(array_remove(weights, 'A'))), '{}')
+    FROM unnest(v)
+$$;
 
 CREATE TABLE fts_totals (
     name TEXT PRIMARY KEY,
@@ -63,14 +71,27 @@ CREATE TABLE fts_totals (
     tokens BIGINT NOT NULL
 );
 INSERT INTO fts_totals VALUES ('chunks', 0, 0), ('facts', 0, 0), ('summaries', 0, 0);
+CREATE TABLE fts_terms (
+    name TEXT NOT NULL,
+    lexeme TEXT NOT NULL,
+    docs BIGINT NOT NULL,
+    PRIMARY KEY (name, lexeme)
+);
 CREATE FUNCTION fts_count() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        UPDATE fts_totals SET docs = docs + 1, tokens = tokens + NEW.doc_len WHERE name = TG_TABLE_NAME;
-    ELSIF TG_OP = 'DELETE' THEN
+    IF TG_OP = 'UPDATE' AND NEW.tsv = OLD.tsv THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
         UPDATE fts_totals SET docs = docs - 1, tokens = tokens - OLD.doc_len WHERE name = TG_TABLE_NAME;
-    ELSIF NEW.doc_len <> OLD.doc_len THEN
-        UPDATE fts_totals SET tokens = tokens + NEW.doc_len - OLD.doc_len WHERE name = TG_TABLE_NAME;
+        UPDATE fts_terms SET docs = docs - 1
+            WHERE name = TG_TABLE_NAME AND lexeme = ANY(tsvector_to_array(OLD.tsv));
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        UPDATE fts_totals SET docs = docs + 1, tokens = tokens + NEW.doc_len WHERE name = TG_TABLE_NAME;
+        INSERT INTO fts_terms (name, lexeme, docs)
+            SELECT TG_TABLE_NAME, lexeme, 1 FROM unnest(tsvector_to_array(NEW.tsv)) AS lexeme
+            ON CONFLICT (name, lexeme) DO UPDATE SET docs = fts_terms.docs + 1;
     END IF;
     RETURN NULL;
 END $$;
@@ -118,6 +139,7 @@ CREATE TABLE chunks (
     sess TEXT NOT NULL,
     tsv tsvector NOT NULL,
     doc_len INTEGER NOT NULL,
+    tf JSONB NOT NULL,
     UNIQUE (turn_id, ordinal)
 );
 CREATE INDEX chunks_by_user ON chunks (user_id, session_id);
@@ -126,6 +148,7 @@ CREATE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    NEW.tf := memproxy_tf(NEW.tsv);
     RETURN NEW;
 END $$;
 CREATE TRIGGER chunks_tsv BEFORE INSERT OR UPDATE OF text ON chunks
@@ -192,7 +215,8 @@ CREATE TABLE facts (
     updated_at DOUBLE PRECISION NOT NULL,
     owner TEXT NOT NULL,
     tsv tsvector NOT NULL,
-    doc_len INTEGER NOT NULL
+    doc_len INTEGER NOT NULL,
+    tf JSONB NOT NULL
 );
 CREATE INDEX facts_by_user ON facts (user_id, valid_to, id);
 CREATE INDEX facts_by_chain ON facts (chain_id, version);
@@ -202,6 +226,7 @@ CREATE FUNCTION facts_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 1;
+    NEW.tf := memproxy_tf(NEW.tsv);
     RETURN NEW;
 END $$;
 CREATE TRIGGER facts_tsv BEFORE INSERT OR UPDATE OF text ON facts
@@ -224,7 +249,8 @@ CREATE TABLE summaries (
     owner TEXT NOT NULL,
     sess TEXT NOT NULL,
     tsv tsvector NOT NULL,
-    doc_len INTEGER NOT NULL
+    doc_len INTEGER NOT NULL,
+    tf JSONB NOT NULL
 );
 CREATE INDEX summaries_by_session ON summaries (user_id, session_id, id);
 CREATE INDEX summaries_tsv ON summaries USING GIN (tsv);
@@ -233,6 +259,7 @@ CREATE FUNCTION summaries_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    NEW.tf := memproxy_tf(NEW.tsv);
     RETURN NEW;
 END $$;
 CREATE TRIGGER summaries_tsv BEFORE INSERT OR UPDATE OF text ON summaries
@@ -283,6 +310,7 @@ BEGIN
     NEW.tsv := setweight(memproxy_words(NEW.text), 'A')
         || setweight(memproxy_words(NEW.speaker), 'B');
     NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    NEW.tf := memproxy_tf(NEW.tsv);
     RETURN NEW;
 END $$;
 DROP TRIGGER chunks_tsv ON chunks;
