@@ -251,7 +251,7 @@ async def test_postgres_gets_the_same_migrations_once_when_replicas_start_togeth
             await conn.close()
         # The same tables, FTS5's virtual tables aside (their words live in the rows).
         assert tables == {t for t in EXPECTED_TABLES if not t.endswith("_fts")} | {
-            "fts_totals", "clears", "clear_records"}
+            "fts_totals", "fts_terms", "clears", "clear_records"}
         for replica in replicas:
             await replica.check()
     finally:
