@@ -12,7 +12,6 @@ from memory.storage import turns
 from memory.storage.turns import NewTurn
 from tests.support.storage import Storage
 
-
 pytestmark = pytest.mark.both_backends
 
 
