@@ -24,8 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from memory import ChunkSearch, Database, NewTurn, SQLiteDatabase, TurnLog
-from memory.storage.postgres import PostgresDatabase
+from memory import ChunkSearch, Database, NewTurn, TurnLog, open_database
 from scripts.eval_locomo import DATASET, Conversation, load
 from tests.support.servers import PostgresServer
 
@@ -70,11 +69,8 @@ async def run(url: str, conversations: Sequence[Conversation]) -> None:
     k = max(KS)
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
-        for name, opened in (
-            ("SQLite FTS5", SQLiteDatabase.open(Path(tmp) / "bench.db")),
-            ("PostgreSQL", PostgresDatabase.open(url)),
-        ):
-            db = await opened
+        for name, database_url in (("SQLite FTS5", None), ("PostgreSQL", url)):
+            db = await open_database(database_url, Path(tmp) / "bench.db")
             try:
                 dia = await fill(db, conversations)
                 await search_all(db, conversations[:1], k)  # warm caches and plans

@@ -345,7 +345,7 @@ async def replicas(
 
 
 async def test_a_job_whose_lease_ended_is_taken_over_by_another_replica(
-    replicas: tuple[Storage, Storage], make_worker: Callable[..., JobWorker]
+    replicas: tuple[Storage, Storage],
 ) -> None:
     dying, survivor = replicas
     job_id = await dying.queue.enqueue("index", {"turn_ids": [7]}, run_after=0)
@@ -355,10 +355,13 @@ async def test_a_job_whose_lease_ended_is_taken_over_by_another_replica(
     assert await survivor.queue.claim(None, 1, now=time.time()) == []  # the lease still holds
 
     handler = Recorder()
-    worker = make_worker({"index": handler}, store=survivor)
+    worker = JobWorker(survivor.queue, {"index": handler}, poll_interval=0.05)
     await worker.start()
-    await asyncio.sleep(0.6)
-    await worker.run_until_idle(timeout=5)
+    try:
+        await asyncio.sleep(0.6)
+        await worker.run_until_idle(timeout=5)
+    finally:
+        await worker.stop(timeout=1)
 
     assert [payload for _, payload in handler.calls] == [{"turn_ids": [7]}]
     assert await survivor.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}

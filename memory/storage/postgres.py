@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from memory.storage import postgres_schema
+from memory.storage import migrations, postgres_schema
 from memory.storage.database import Dialect, Row
 
 # Any fixed number: the advisory lock every write transaction holds until it ends.
@@ -74,7 +74,7 @@ class PostgresDatabase:
 
     async def check(self) -> None:
         """Raise unless the server answers a read of the schema (readiness probe)."""
-        await self._pool.fetchval("SELECT COUNT(*) FROM migrations")
+        await migrations.recorded(self)
 
     async def size_bytes(self) -> int:
         """The database's size on the server, in bytes."""
