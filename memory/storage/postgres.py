@@ -13,6 +13,7 @@ claims skip locked rows instead (memory.storage.jobs).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -56,6 +57,9 @@ class PostgresDatabase:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        # Writers of this process queue here rather than each holding a pooled connection
+        # while it waits for the database lock, which would leave none for reads.
+        self._write_lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, url: str, *, connections: int = 10) -> PostgresDatabase:
@@ -89,7 +93,7 @@ class PostgresDatabase:
     async def write(self) -> AsyncIterator[PostgresTransaction]:
         """One write transaction, serialized with every replica's: committed on exit,
         rolled back on error."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._write_lock, self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
             yield PostgresTransaction(conn)
 
