@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from config.settings import Settings
 
 MAX_BUDGET = 100_000
+# Recall's widest scope, narrowest first (X-Memory-Scope).
+SCOPES = ("session", "user", "organization")
 _ON_OFF = {"on": True, "off": False}
 
 
@@ -32,6 +34,7 @@ class Flags:
     placement: str
     dry_run: bool = False
     compact: bool = False  # replace the middle of a conversation near the context window
+    mode: str = "inject"  # "tool": memory_search offered to the model (proxy/memory_tool.py)
 
     @property
     def active(self) -> bool:
@@ -48,6 +51,7 @@ class Flags:
             scope=settings.memory_scope,
             placement=settings.memory_placement,
             compact=settings.memory and settings.compact,
+            mode=settings.memory_mode,
         )
 
     @classmethod
@@ -63,12 +67,13 @@ class Flags:
             read=enabled and (settings.memory_read if read is None else read),
             write=enabled and (settings.memory_write if write is None else write),
             budget=_budget(headers, settings.memory_budget),
-            scope=_choice(headers, "x-memory-scope", ("session", "user"), settings.memory_scope),
+            scope=_choice(headers, "x-memory-scope", SCOPES, settings.memory_scope),
             placement=_choice(
                 headers, "x-memory-placement", ("system", "last_user"), settings.memory_placement
             ),
             dry_run=bool(dry_run),
             compact=enabled and (settings.compact if compact is None else compact),
+            mode=_choice(headers, "x-memory-mode", ("inject", "tool"), settings.memory_mode),
         )
 
 

@@ -40,13 +40,16 @@ class Route:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """A proxy key, optionally bound to one user id."""
+    """A proxy key, optionally bound to one user id and to one organisation, whose shared
+    memory it then reads (and, as an `org_writer`, writes through the memory API)."""
 
     key: str
     user_id: str | None = None
+    org_id: str | None = None
+    org_writer: bool = False
 
     def __repr__(self) -> str:  # never print keys
-        return f"ApiKey(user_id={self.user_id!r})"
+        return f"ApiKey(user_id={self.user_id!r}, org_id={self.org_id!r})"
 
 
 def parse_routes(value: Any) -> tuple[Route, ...]:
@@ -78,17 +81,32 @@ def parse_routes(value: Any) -> tuple[Route, ...]:
 
 
 def parse_api_keys(value: Any) -> tuple[ApiKey, ...]:
-    """Keys from `k1,k2:user` (env) or a TOML list of `key` / `key:user` strings."""
+    """Keys from `k1,k2:user` (env) or a TOML list of such strings.
+
+    Each entry is `key[:user][:org=ORG][:org-writer]`: the optional parts after the user
+    put the key in an organisation and let it write the organisation's shared memory.
+    """
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, Sequence):
-        raise ValueError("must be a comma-separated list of key or key:user")
+        raise ValueError("must be a comma-separated list of key[:user][:org=ORG][:org-writer]")
     keys = []
     for raw in items:
         text = str(raw).strip()
         if not text:
             continue
-        key, _, user = text.partition(":")
+        key, *rest = text.split(":")
         if len(key) < 8:
             raise ValueError("every key must be at least 8 characters")
-        keys.append(ApiKey(key, user or None))
+        org_id, writer = None, False
+        while rest and (rest[-1].startswith("org=") or rest[-1] == "org-writer"):
+            part = rest.pop()
+            if part == "org-writer":
+                writer = True
+            else:
+                org_id = part.removeprefix("org=").strip() or None
+        if writer and org_id is None:
+            raise ValueError("org-writer needs the key's organisation (:org=ORG)")
+        if org_id is not None and (len(org_id) > 256 or not org_id.isprintable()):
+            raise ValueError("an organisation id is 1 to 256 printable characters")
+        keys.append(ApiKey(key, ":".join(rest) or None, org_id, writer))
     return tuple(keys)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.flags import SCOPES
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
 
 ENV_PREFIX = "MEMPROXY_"
@@ -104,8 +105,10 @@ class Settings:
     # -- access
     api_keys: tuple[ApiKey, ...] = _setting_factory(
         tuple,
-        "Proxy keys, comma-separated; `key:user` binds a key to a user id. When set, a "
-        "request without a valid key gets 401.",
+        "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
+        "it in an organisation and `:org-writer` lets it change that organisation's shared "
+        "memory (`key[:user][:org=ORG][:org-writer]`). When set, a request without a valid "
+        "key gets 401.",
         secret=True,
     )
     admin_key: str | None = _setting(
@@ -173,8 +176,16 @@ class Settings:
         1000, "Token budget of the injected memory block (X-Memory-Budget).", min=0, max=100_000
     )
     memory_scope: str = _setting(
-        "user", "Widest scope recall may use: session or user (X-Memory-Scope).",
-        choices=("session", "user"),
+        "organization",
+        "Widest scope recall may use: session, user, or organization (the user's memory, "
+        "then what the user's organisation shares) (X-Memory-Scope).",
+        choices=SCOPES,
+    )
+    org_budget_share: float = _setting(
+        0.25,
+        "Share of the memory budget kept for an organisation's shared facts when some are "
+        "relevant; the rest of the budget is the user's, and either takes what the other "
+        "leaves.", min=0.0, max=1.0,
     )
     memory_placement: str = _setting(
         "system",
@@ -182,6 +193,21 @@ class Settings:
         "message right before the last user message; keeps the prefix cacheable) "
         "(X-Memory-Placement).",
         choices=("system", "last_user"),
+    )
+    memory_mode: str = _setting(
+        "inject",
+        "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
+        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself; "
+        "streamed Responses requests get inject) (X-Memory-Mode).",
+        choices=("inject", "tool"),
+    )
+    memory_tool_rounds: int = _setting(
+        3, "Most rounds of memory_search calls the proxy answers in one request (mode tool; up "
+        "to 4 parallel calls a round); after them the tool is no longer offered.", min=1, max=10,
+    )
+    memory_tool_prefetch: int = _setting(
+        200, "Token budget of the block pre-fetched into the prompt in mode tool (at most "
+        "memory_budget; each memory_search answer gets memory_budget).", min=0, max=100_000,
     )
     compact: bool = _setting(
         False,
@@ -213,6 +239,16 @@ class Settings:
     embedding_threads: int = _setting(
         2, "CPU threads one local embedding may use. Index jobs embed one at a time, so "
         "indexing never takes more; a query's embedding runs beside them.", min=1, max=64
+    )
+    embedding_precision: str = _setting(
+        "float32", "Weights of the local model: float32 (the shipped model) or int8 (a copy "
+        "quantized at the first start into data_dir/models and checked against it; about half "
+        "the CPU a text). Each has its own collection: switching re-indexes from the database.",
+        choices=("float32", "int8"),
+    )
+    index_batch_jobs: int = _setting(
+        32, "Index jobs that are ready together run as one, in one embedding batch (a chat "
+        "request queues one job for its new turns); 1 runs each alone.", min=1, max=1024,
     )
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000

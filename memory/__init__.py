@@ -9,6 +9,7 @@
       recall/     query, lexical search, ranking, the memory block and its injection
       learning/   facts, summaries, the profile, and the jobs that learn them
       admin/      sessions, stats, backup, export/import, clear-all, forgetting
+      scopes.py   the reserved ids of an organisation's shared memory
 
 Names load on first use (PEP 562), so a command that needs only a constant does not pay
 for the engine's imports (chromadb, numpy, the tokenizers): about 1.7 s here.
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from memory.recall.inject import inject
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
+    from memory.scopes import organization_memory
     from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
     from memory.storage.metrics import RequestMetrics
@@ -62,6 +64,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
+    "organization_memory": ("memory.scopes", "organization_memory"),
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
@@ -143,6 +146,7 @@ __all__ = [
     "inject",
     "message_text",
     "open_database",
+    "organization_memory",
     "summarize",
     "turn_dict",
     "turn_text",

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from memory.admin.manage import Management
 from memory.index.chunking import chunk_text
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
+from memory.index.quantized import int8_model_dir
 from memory.index.rebuild import VectorRebuild
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
@@ -43,11 +44,12 @@ from memory.recall.ranking import (
 )
 from memory.recall.render import Entry
 from memory.redact import Redactor
+from memory.scopes import organization_memory
 from memory.storage import metrics
-from memory.storage.database import Database, open_database
+from memory.storage.database import Database, Transaction, open_database
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
-from memory.tokens import count_tokens, ensure_offline_tiktoken
+from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
 
 MAINTENANCE_INTERVAL = 3600.0
 DONE_JOB_RETENTION = 7 * 86400.0
@@ -70,7 +72,8 @@ class RecallRequest:
     messages: Sequence[Mapping[str, Any]]
     model: str
     budget: int
-    scope: str
+    scope: str  # session | user | organization
+    org_id: str | None = None  # the organisation whose shared memory scope organization adds
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class MemoryEngine:
             k=settings.recall_candidates,
         )
         self.learner = Learner(
-            settings, self.log, self.facts, self.summaries, vectors, embedder.embed, self._notify
+            settings, self.log, self.facts, self.summaries, vectors, embedder.embed
         )
         self.worker = JobWorker(
             self.queue, {
@@ -161,6 +164,7 @@ class MemoryEngine:
                 EXTRACT_JOB: self.learner.extract, SUMMARY_JOB: self.learner.summarize,
                 **self.manage.handlers,
             },
+            batch_handlers={INDEX_JOB: self._index_jobs}, batch_size=settings.index_batch_jobs,
             concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
         )
 
@@ -182,6 +186,8 @@ class MemoryEngine:
         threadpool_limits(1, user_api="blas")
         db = await open_database(settings.database_url, settings.db_path)
         try:
+            # The first recall after a start waited 2.3 s for these (counting its block).
+            await asyncio.to_thread(load_encodings)
             cache_bytes = settings.vector_cache_mb * 1024 * 1024
             if settings.chroma_url:
                 vectors = await asyncio.to_thread(
@@ -200,6 +206,7 @@ class MemoryEngine:
             raise
         engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
+        await engine.rebuild.fill_if_new(vectors)
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine._maintain())
         return engine
@@ -258,6 +265,8 @@ class MemoryEngine:
         while True:
             try:
                 await self.prune()
+                # After a crash, only users changed within the last interval load from Chroma.
+                await asyncio.to_thread(self.vectors.save_copies)
             except Exception:  # retried next round; never kills the engine
                 log.warning("pruning failed", exc_info=True)
             await asyncio.sleep(MAINTENANCE_INTERVAL)
@@ -319,14 +328,15 @@ class MemoryEngine:
             role="assistant", content=text, created_at=time.time(), model=model,
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
+        async def learn(tx: Transaction, turn_id: int) -> None:
+            await self.learner.queue_after_reply(tx, user_id, session_id, turn_id, model)
+
         result = await self.log.append_turns(
             user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,
-            max_attempts=self.settings.job_max_attempts,
+            max_attempts=self.settings.job_max_attempts, then=learn,
         )
         if result.new_ids:
             self.worker.notify()
-            if result.last_id is not None:
-                await self.learner.after_reply(user_id, session_id, result.last_id, model)
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""
@@ -334,7 +344,12 @@ class MemoryEngine:
             await metrics.insert(tx, row)
 
     async def _index_job(self, payload: dict[str, Any]) -> None:
-        turns = await self.log.get_turns(payload["turn_ids"])
+        await self._index_jobs([payload])
+
+    async def _index_jobs(self, payloads: list[dict[str, Any]]) -> None:
+        """Chunk the jobs' turns, embed every chunk in one call and add them in one write."""
+        turn_ids = dict.fromkeys(i for payload in payloads for i in payload["turn_ids"])
+        turns = await self.log.get_turns(list(turn_ids))
         ids: list[str] = []
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []
@@ -382,14 +397,17 @@ class MemoryEngine:
                 if self.weights.dense else None
             )
             embed_ms = _ms(embedding) if vector is not None else 0.0
-            dense, learned = await asyncio.gather(
+            dense, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
                 self.learned_recall.gather(
                     request.user_id, request.session_id, query, vector,
                     session_only=session is not None, present=present,
                 ),
+                self.learned_recall.shared(
+                    organization_memory(request.org_id), query, vector, present=present
+                ) if request.scope == "organization" and request.org_id else _no_items(),
             )
-            return dense, learned, embed_ms
+            return dense, replace(learned, shared=shared), embed_ms
 
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
@@ -415,6 +433,7 @@ class MemoryEngine:
             learned,
             [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked],
             request.budget, lambda t: count_tokens(t, request.model),
+            shared_share=self.settings.org_budget_share,
         )
         items = [
             *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
@@ -526,8 +545,10 @@ def _local_embedder(settings: Settings) -> Embedder:
     still serves, instead of not starting at all."""
     try:
         model_dir = find_model_dir(settings.embedding_model_dir)
+        if settings.embedding_precision == "int8":
+            model_dir = int8_model_dir(model_dir, settings.data_dir)
         return LocalEmbedder(model_dir, threads=settings.embedding_threads)
-    except Exception as exc:  # missing files, or onnxruntime/tokenizers refusing them
+    except Exception as exc:  # missing files, onnxruntime/tokenizers refusing them, a bad int8 copy
         log.error("embedding model unavailable; memory runs degraded: %s", exc)
         return UnavailableEmbedder(exc)
 
@@ -535,9 +556,13 @@ def _local_embedder(settings: Settings) -> Embedder:
 def collection_name(settings: Settings) -> str:
     """One collection per embedding model: vectors of different models never mix."""
     if settings.embedding_backend == "local":
-        return "chunks-minilm-l6"
+        return "chunks-minilm-l6" + ("-int8" if settings.embedding_precision == "int8" else "")
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
+
+
+async def _no_items() -> list[LearnedItem]:
+    return []
 
 
 def _ms(started: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -90,7 +91,8 @@ def create_app(
                 await state.memory.close(state.shutdown.remaining())
             if upstream is None:
                 await state.upstream.aclose()
-            if uses_litellm:
+            # litellm may have been imported since (a Messages request translated by it).
+            if "proxy.litellm_adapter" in sys.modules:
                 from proxy.litellm_adapter import close_clients
 
                 await close_clients()

@@ -1,6 +1,7 @@
 """`memproxy memories|sessions|stats`: the memory API from the command line.
 
-Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`).
+Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`,
+`--org` for an organisation's shared memory).
 Tables on a terminal, `--json` for scripts; a progress bar on stderr for exports and
 imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 usage.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from config.flags import SCOPES
 from memory import CATEGORIES
 from proxy.cli_render import Progress
 
@@ -39,6 +41,8 @@ class MemoryClient:
             headers["Authorization"] = f"Bearer {key}"
         if args.user:
             headers["X-Memory-User-Id"] = args.user
+        if args.org:
+            headers["X-Memory-Org-Id"] = args.org
         self.http = httpx.Client(base_url=f"{url}/v1/memory", headers=headers, timeout=300)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -85,6 +89,9 @@ def add_commands(commands: Any) -> None:
     common.add_argument("--url", help=f"memproxy's address (MEMPROXY_URL, default {DEFAULT_URL})")
     common.add_argument("--key", help="a proxy key or the admin key (MEMPROXY_KEY)")
     common.add_argument("--user", help="whose memory (X-Memory-User-Id)")
+    common.add_argument(
+        "--org", help="an organisation's shared memory instead of a user's (X-Memory-Org-Id)"
+    )
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
     memories = commands.add_parser("memories", help="see and change what memproxy remembers")
@@ -98,7 +105,7 @@ def add_commands(commands: Any) -> None:
     search = actions.add_parser("search", parents=[common], help="what would be injected")
     search.add_argument("query")
     search.add_argument("--budget", type=int, help="token budget (default: the server's)")
-    search.add_argument("--scope", choices=("user", "session"))
+    search.add_argument("--scope", choices=SCOPES)
     search.add_argument("--session", help="the session to search from")
     add = actions.add_parser("add", parents=[common], help="remember a fact")
     add.add_argument("text")

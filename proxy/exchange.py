@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -26,10 +27,11 @@ from memory import Recalled, ReplyChain
 from proxy.api_format import ApiFormat, Parsed, ReplyTee
 from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
-from proxy.identity import Identity, authenticate, resolve_session, resolve_user
+from proxy.identity import Identity, authenticate, resolve_org, resolve_session, resolve_user
 from proxy.limits import StreamSlot, limit_key
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
+from proxy.memory_tool import MemoryTool
 from proxy.relay import RelayResponse, StreamOutcome
 from proxy.requests import read_body
 from proxy.state import AppState
@@ -124,7 +126,8 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         continued=chain.session_id if chain is not None else None,
     )
     call = Call(
-        fmt, parsed, raw, Identity(user_id, session_id), flags,
+        fmt, parsed, raw, Identity(user_id, session_id, resolve_org(request.headers, key)),
+        flags,
         fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
@@ -135,7 +138,8 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         call.slot = state.limits.admit(
             limit_key(key, request.headers, user_id), stream=body.get("stream") is True
         )
-    step = _memory_step(state, call, chain)
+    tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
+    step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:
         step.failed("chain", chain_error)
     recalled = await step.recall()
@@ -146,7 +150,10 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     # Without a change the client's own bytes go out: nothing re-encoded.
     payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
     try:
-        upstream = await _send(request, state, call, payload, body)
+        if tool is None:
+            upstream = await _send(request, state, call, payload, body)
+        else:
+            upstream = await tool.open(partial(_send, request, state, call), body, step)
         return await _relay(state, call, upstream, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
@@ -184,7 +191,9 @@ async def _chain(
         return None, exc
 
 
-def _memory_step(state: AppState, call: Call, chain: ReplyChain | None) -> MemoryStep:
+def _memory_step(
+    state: AppState, call: Call, chain: ReplyChain | None, flags: Flags
+) -> MemoryStep:
     context: list[Mapping[str, Any]] = []
     after = None
     # A session named in a header may differ from the chain's: then the turns start there.
@@ -192,7 +201,7 @@ def _memory_step(state: AppState, call: Call, chain: ReplyChain | None) -> Memor
         context = [{"role": t.role, "content": t.content, "name": t.name} for t in chain.turns]
         after = chain.last_turn_id
     return MemoryStep(
-        state, call.identity, call.flags, call.request_id, model=call.body["model"],
+        state, call.identity, flags, call.request_id, model=call.body["model"],
         messages=call.parsed.conversation, context=context, after=after,
     )
 
@@ -333,7 +342,7 @@ def _dry_run(call: Call, recalled: Recalled | None, step: MemoryStep) -> Respons
         "user_id": call.identity.user_id,
         "session_id": call.identity.session_id,
         "placement": call.flags.placement,
-        "budget": call.flags.budget,
+        "budget": step.flags.budget,  # in tool mode the pre-fetch's
         **(recalled.as_dict() if recalled is not None else {"block": "", "items": [], "tokens": 0}),
         "errors": step.errors,
     }

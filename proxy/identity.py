@@ -18,10 +18,11 @@ MAX_ID_LENGTH = 256
 
 @dataclass(frozen=True)
 class Identity:
-    """The resolved user and session of one request."""
+    """The resolved user and session of one request, and the user's organisation."""
 
     user_id: str
     session_id: str
+    org_id: str | None = None
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -70,6 +71,22 @@ def resolve_user(headers: Mapping[str, str], body: Mapping[str, Any], key: ApiKe
         if isinstance(value, str) and value.strip():
             return _bounded(value.strip())
     return DEFAULT_USER
+
+
+def resolve_org(headers: Mapping[str, str], key: ApiKey | None) -> str | None:
+    """The organisation whose shared memory the request may reach: the key's, else the
+    X-Memory-Org-Id header (with keys off, or a key bound to neither user nor org)."""
+    header = _id_header(headers, "x-memory-org-id", "X-Memory-Org-Id")
+    if key is not None and key.org_id is not None:
+        if header is not None and header != key.org_id:
+            raise PermissionDenied(
+                "this API key belongs to another organisation", param="X-Memory-Org-Id"
+            )
+        return key.org_id
+    if header is not None and key is not None and key.user_id is not None:
+        # A key bound to a user reaches no memory but that user's and its own org's.
+        raise PermissionDenied("this API key belongs to no organisation", param="X-Memory-Org-Id")
+    return header
 
 
 def _bounded(user_id: str) -> str:

@@ -66,6 +66,7 @@ class MemoryStep:
             self.recalled = await memory.recall(RecallRequest(
                 self.identity.user_id, self.identity.session_id,
                 [*self.context, *self.messages], self.model, self.flags.budget, self.flags.scope,
+                self.identity.org_id,
             ))
         except Exception as exc:
             self.failed("recall", exc)

@@ -48,6 +48,11 @@ class Metrics:
             "memproxy_compacted_tokens", "Conversation tokens compaction took out of requests.",
             registry=self.registry,
         )
+        self.memory_tool_searches = Counter(
+            "memproxy_memory_tool_searches",
+            "memory_search calls memproxy answered (X-Memory-Mode: tool), by outcome: found, "
+            "nothing, failed.", ["outcome"], registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,

@@ -20,6 +20,7 @@ from memory.index.embeddings import (
     MODEL_FILES,
     EmbeddingModelMissing,
     LocalEmbedder,
+    _batches,
     download_model,
     find_model_dir,
     session_options,
@@ -77,6 +78,16 @@ def test_batching_preserves_order(embedder: LocalEmbedder) -> None:
     assert np.abs(small_batches.embed_sync(TEXTS) - one_by_one).max() < 1e-5
     reversed_texts = TEXTS[::-1]
     assert np.abs(embedder.embed_sync(reversed_texts) - one_by_one[::-1]).max() < 1e-5
+
+
+def test_batches_mix_only_similar_lengths() -> None:
+    lengths = [12, 300, 11, 40, 13, 44, 41, 12, 250, 12]
+    batches = _batches(lengths, 3)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert [[lengths[i] for i in batch] for batch in batches] == [
+        [11, 12, 12], [12, 13], [40, 41, 44], [250], [300],
+    ]
+    assert all(len(batch) <= 3 for batch in batches)
 
 
 def test_duplicates_get_identical_vectors(embedder: LocalEmbedder) -> None:

@@ -312,6 +312,115 @@ async def test_backoff_doubles_and_is_capped(store: Storage) -> None:
     assert worker.backoff(500) == 10.0
 
 
+async def test_jobs_of_a_batch_kind_ready_together_run_in_one_call(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    batches: list[list[int]] = []
+    single = Recorder()
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        batches.append([payload["n"] for payload in payloads])
+
+    for n in range(7):
+        await store.queue.enqueue("index", {"n": n})
+    await store.queue.enqueue("summary", {"n": 99})
+    worker = make_worker(
+        {"index": single, "summary": single}, batch_handlers={"index": batch}, batch_size=5,
+        concurrency=2,
+    )
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert batches == [[0, 1, 2, 3, 4], [5, 6]]  # oldest first, at most batch_size a call
+    assert [payload for _, payload in single.calls] == [{"n": 99}]
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 8, "dead": 0}
+
+
+async def test_a_failed_batch_runs_each_job_alone_so_only_the_bad_one_fails(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    alone: list[int] = []
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        if any(payload["n"] == 2 for payload in payloads):
+            raise ValueError("bad turn")
+
+    async def single(payload: dict[str, Any]) -> None:
+        alone.append(payload["n"])
+        await batch([payload])
+
+    for n in range(4):
+        await store.queue.enqueue("index", {"n": n}, max_attempts=1)
+    worker = make_worker({"index": single}, batch_handlers={"index": batch}, batch_size=8)
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert alone == [0, 1, 2, 3]
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 3, "dead": 1}
+    assert [dead.payload["n"] for dead in await store.queue.dead_jobs()] == [2]
+
+
+async def test_after_a_failed_batch_each_job_is_retried_alone(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    batches: list[list[int]] = []
+    single = Recorder()
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        batches.append([payload["n"] for payload in payloads])
+        raise ValueError("embedding service overloaded")
+
+    for n in range(3):
+        await store.queue.enqueue("index", {"n": n}, max_attempts=3)
+    worker = make_worker({"index": single}, batch_handlers={"index": batch}, batch_size=8)
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert batches == [[0, 1, 2]]  # one call for the first attempt of all three
+    assert sorted(payload["n"] for _, payload in single.calls) == [0, 1, 2]  # then one each
+    assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 3, "dead": 0}
+
+
+async def test_stop_requeues_every_job_of_an_unfinished_batch(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    started = asyncio.Event()
+
+    async def slow(payloads: list[dict[str, Any]]) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    for n in range(3):
+        await store.queue.enqueue("index", {"n": n})
+    worker = make_worker({"index": Recorder()}, batch_handlers={"index": slow}, batch_size=8)
+    await worker.start()
+    await asyncio.wait_for(started.wait(), timeout=5)
+
+    await worker.stop(timeout=0.05)
+
+    assert await store.queue.job_counts() == {"queued": 3, "running": 0, "done": 0, "dead": 0}
+
+
+async def test_a_batch_size_of_one_runs_each_job_alone(
+    store: Storage, make_worker: Callable[..., JobWorker]
+) -> None:
+    batches: list[list[int]] = []
+
+    async def batch(payloads: list[dict[str, Any]]) -> None:
+        batches.append([payload["n"] for payload in payloads])
+
+    for n in range(3):
+        await store.queue.enqueue("index", {"n": n})
+    handler = Recorder()
+    worker = make_worker({"index": handler}, batch_handlers={"index": batch}, batch_size=1,
+                         concurrency=3)
+    await worker.start()
+    await worker.run_until_idle(timeout=5)
+
+    assert batches == []
+    assert sorted(payload["n"] for _, payload in handler.calls) == [0, 1, 2]
+
+
 # -- replicas sharing one queue ----------------------------------------------------------------
 
 

@@ -137,6 +137,41 @@ def test_facts_are_learned_and_injected_in_a_new_session(
     assert block.index(FACTS_HEADING) < block.index("Relevant past turns:")
 
 
+def test_a_reply_and_its_learning_job_are_stored_together(
+    learning: RunningProxy, model: PlaysTheModel
+) -> None:
+    # The database refuses the extraction job: the reply it would learn from is not kept
+    # either, so no reply is ever stored without its learning (nor after a crash between).
+    settings = learning.state.settings
+    if settings.database_url:
+        sql_query(settings, "CREATE FUNCTION refuse_learning() RETURNS trigger LANGUAGE plpgsql"
+                  " AS $$ BEGIN IF NEW.kind = 'extract_facts' THEN RAISE EXCEPTION 'no'; END IF;"
+                  " RETURN NEW; END $$")
+        sql_query(settings, "CREATE TRIGGER refuse_learning BEFORE INSERT ON jobs"
+                  " FOR EACH ROW EXECUTE FUNCTION refuse_learning()")
+    else:
+        sql_query(settings, "CREATE TRIGGER refuse_learning BEFORE INSERT ON jobs"
+                  " WHEN NEW.kind = 'extract_facts' BEGIN SELECT RAISE(ABORT, 'no'); END")
+    first = [{"role": "user", "content": "I prefer TypeScript for new backend services."}]
+    reply = say(learning, first[0]["content"])
+    wait_for_jobs(learning)
+    assert query(learning, "SELECT role FROM turns") == [("user",)]
+    assert query(learning, "SELECT count(*) FROM jobs WHERE kind = 'extract_facts'") == [(0,)]
+
+    sql_query(settings, "DROP TRIGGER refuse_learning" + (" ON jobs" if settings.database_url else ""))
+    model.facts.append(answer(fact("User prefers TypeScript for new backend services.")))
+    # The client resends the history: the old reply is stored now, once, as history; the
+    # new reply with its job.
+    say(learning, "And for scripts?", history=[*first, {"role": "assistant", "content": reply}])
+    wait_for_jobs(learning)
+    assert [r[0] for r in query(learning, "SELECT role FROM turns ORDER BY id")] == [
+        "user", "assistant", "user", "assistant"]
+    jobs = query(learning, "SELECT payload FROM jobs"
+                           " WHERE kind = 'extract_facts' AND status = 'done' ORDER BY id")
+    replies = query(learning, "SELECT id FROM turns WHERE role = 'assistant' ORDER BY id")
+    assert [json.loads(payload)["turn_id"] for (payload,) in jobs] == [replies[1][0]]
+
+
 def test_a_repeated_fact_merges_and_a_contradiction_supersedes(
     learning: RunningProxy, model: PlaysTheModel, upstream: ScriptedUpstream
 ) -> None:

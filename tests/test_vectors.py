@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -287,3 +288,79 @@ def test_a_lost_collection_is_created_again_and_the_owner_told(
     with pytest.raises(ValueError, match="metadata value"):
         index.add(["a3"], vectors[3:4], [{"user_id": {"not": "a scalar"}}])  # type: ignore[dict-item]
     assert told == ["the collection was deleted"] and index.count() == 1
+
+
+def test_user_copies_are_kept_in_files_across_restarts(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    vectors = unit_vectors(rng, 40)
+    path = tmp_path / "vectors"
+    index = VectorIndex.open(path, cache_bytes=64 << 20)
+    try:
+        index.add([f"a{i}" for i in range(20)], vectors[:20], [{"user_id": "A", "source": "turn"}] * 20)
+        index.add([f"b{i}" for i in range(10)], vectors[20:30], [{"user_id": "B"}] * 10)
+        index.query(vectors[0], k=3, where={"user_id": "A"})  # loaded from Chroma, then saved
+        folder = tmp_path / "vector-copies" / "memory"
+        assert len(list(folder.glob("*.vectors"))) == 1
+        # Changed after it was saved: the file goes at once, the copy in memory follows.
+        index.add(["a20"], vectors[30:31], [{"user_id": "A", "source": "fact"}])
+        assert list(folder.glob("*.vectors")) == []
+        index.save_copies()  # what the engine's maintenance does every hour
+        assert len(list(folder.glob("*.vectors"))) == 1
+        index.add(["a21"], vectors[31:32], [{"user_id": "A", "source": "fact"}])
+        index.delete(ids=["a3"])  # drops the copy in memory too: reloaded below
+        assert index.query(vectors[30], k=1, where={"user_id": "A"})[0][0] == "a20"
+        index.add(["a22"], vectors[32:33], [{"user_id": "A", "source": "fact"}])
+    finally:
+        index.close()  # saves A's copy, changed since its reload
+
+    files = list((tmp_path / "vector-copies" / "memory").glob("*.vectors"))
+    assert len(files) == 1  # A's; B's copy was never loaded
+    saved = files[0].stat().st_mtime_ns
+    index, chroma = VectorIndex.open(path, cache_bytes=64 << 20), VectorIndex.open(path)
+    try:
+        for probe in [*vectors[:4], *vectors[30:33]]:
+            for where in ({"user_id": "A"}, {"user_id": "A", "source": "turn"}):
+                got, expected = index.query(probe, k=8, where=where), chroma.query(probe, k=8, where=where)
+                assert [i for i, _ in got] == [i for i, _ in expected]
+                assert [s for _, s in got] == pytest.approx([s for _, s in expected], abs=1e-5)
+        assert files[0].stat().st_mtime_ns == saved  # read from the file, not from Chroma
+        # A write through an index without copies in memory still discards the file.
+        chroma.add(["a23"], vectors[33:34], [{"user_id": "A"}])
+        assert not files[0].exists()
+    finally:
+        index.close()
+        chroma.close()
+    index = VectorIndex.open(path, cache_bytes=64 << 20)
+    try:
+        assert index.query(vectors[33], k=1, where={"user_id": "A"})[0][0] == "a23"
+    finally:
+        index.close()
+
+
+def test_a_copy_file_of_another_collection_or_damaged_is_not_used(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
+    vectors = unit_vectors(rng, 5)
+    path = tmp_path / "vectors"
+    index = VectorIndex.open(path, cache_bytes=64 << 20)
+    index.add([f"a{i}" for i in range(5)], vectors, [{"user_id": "A"}] * 5)
+    index.query(vectors[0], k=1, where={"user_id": "A"})
+    index.close()
+    [copy] = (tmp_path / "vector-copies" / "memory").glob("*.vectors")
+    foreign = copy.read_bytes()
+    # The collection is created anew (its directory gone): the old file must not answer.
+    shutil.rmtree(path)
+    index = VectorIndex.open(path, cache_bytes=64 << 20)
+    try:
+        index.add(["n0"], vectors[:1], [{"user_id": "A"}])
+        copy.write_bytes(foreign)  # an old file put back by hand
+        assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["n0"]
+    finally:
+        index.close()
+    copy.write_bytes(b"garbage")
+    index = VectorIndex.open(path, cache_bytes=64 << 20)
+    try:
+        assert [i for i, _ in index.query(vectors[0], k=5, where={"user_id": "A"})] == ["n0"]
+    finally:
+        index.close()

@@ -57,6 +57,18 @@ class VectorRebuild:
         self._queueing: set[asyncio.Task[None]] = set()
         vectors.on_lost = self._lost
 
+    async def fill_if_new(self, vectors: VectorIndex) -> None:
+        """Rebuild an empty collection beside another one when the database holds indexed
+        turns: each embedding model has a collection of its own, so a change of model starts
+        with an empty one. (A backup's copy starts with no collection and its own rebuild.)"""
+        if await asyncio.to_thread(vectors.count) != 0:
+            return
+        others = await asyncio.to_thread(vectors.other_collections)
+        if others and await turns.chunked_turn_ids(self.db):
+            self.reason = f"collection {vectors.name} is new but turns were indexed"
+            log.warning("%s: indexing them again from the database", self.reason)
+            await self._queue()
+
     def _lost(self, reason: str) -> None:
         # Called in the thread that found the loss: the rest happens on the loop.
         self._loop.call_soon_threadsafe(self._begin, reason)

@@ -8,15 +8,17 @@ preallocated HNSW memory from its first vector, and Chroma's cache eviction lose
 that were not yet flushed. So recall searches a copy of the user's vectors instead: one
 matrix product, exact cosine, in a few milliseconds even at 100k vectors.
 
-The copies live in an LRU bounded by bytes. A copy is loaded from Chroma on first use, kept
-in step on every add (the index is the only writer), and dropped on any delete that may touch
-it, to be reloaded when next needed.
+The copies live in an LRU bounded by bytes. A copy is loaded on first use, from its file
+when there is one (index/vector_copies.py) or else from Chroma, kept in step on every add (the
+index is the only writer), and dropped on any delete that may touch it, to be reloaded when
+next needed.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +28,9 @@ Value = str | int | float | bool
 # One row of a loaded copy: id, vector, metadata.
 Row = tuple[str, Sequence[float] | Vectors, Mapping[str, Value]]
 MISSING = -1  # code of a metadata key a row does not have
+
+if TYPE_CHECKING:
+    from memory.index.vector_copies import CopyFiles
 
 
 class UserVectors:
@@ -105,10 +110,16 @@ class VectorCache:
     Not thread-safe: the caller (VectorIndex) serialises every call under its lock.
     """
 
-    def __init__(self, max_bytes: int, load: Callable[[str], Iterable[Row]]) -> None:
+    def __init__(
+        self, max_bytes: int, load: Callable[[str], Iterable[Row]],
+        copies: CopyFiles | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self._load = load
         self._users: OrderedDict[str, UserVectors] = OrderedDict()
+        self.copies = copies
+        # Users held in memory whose file was discarded since: written back when dropped.
+        self._unsaved: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -119,10 +130,14 @@ class VectorCache:
     ) -> list[tuple[str, float]]:
         """Exact search within the user's vectors, loading them first if needed."""
         vectors = self._users.get(user_id)
+        if vectors is None and self.copies is not None:
+            vectors = self.copies.read(user_id, len(vector))
         if vectors is None:
             vectors = UserVectors(len(vector))
             vectors.upsert(self._load(user_id))
-            self._users[user_id] = vectors
+            if self.copies is not None:
+                self.copies.write(user_id, vectors)
+        self._users[user_id] = vectors
         self._users.move_to_end(user_id)
         hits = vectors.search(vector, k, where)
         self._evict()
@@ -140,21 +155,47 @@ class VectorCache:
             for user_id, other in list(self._users.items()):
                 if other is not held and id_ in other.rows:
                     del self._users[user_id]
+                    self._unsaved.discard(user_id)
         self._evict()
+
+    def changing(self, user_ids: Iterable[str] | None) -> None:
+        """Before a write that may change these users' vectors (None: anyone's), discard
+        their files; copies in memory stay and are saved when dropped."""
+        if self.copies is None:
+            return
+        if user_ids is None:
+            self.copies.clear()
+            self._unsaved.update(self._users)
+            return
+        users = set(user_ids)
+        self.copies.discard(users)
+        self._unsaved.update(users & self._users.keys())
+
+    def save(self) -> None:
+        """Write the files of the copies changed since they were loaded (at close)."""
+        if self.copies is not None:
+            for user_id in self._unsaved & self._users.keys():
+                self.copies.write(user_id, self._users[user_id])
+        self._unsaved.clear()
 
     def forget(self, *, ids: Sequence[str] | None, user_id: str | None) -> None:
         """Drop the copies a delete may have changed (they reload on next use)."""
         if ids is None and user_id is None:
             self._users.clear()
+            self._unsaved.clear()
             return
         for held_by, vectors in list(self._users.items()):
             if held_by == user_id or (ids is not None and any(i in vectors.rows for i in ids)):
                 del self._users[held_by]
+                self._unsaved.discard(held_by)
 
     def _evict(self) -> None:
         total = sum(v.nbytes for v in self._users.values())
         # The most recent user always stays, even alone over the limit: dropping it would
         # reload it on every query.
         while total > self.max_bytes and len(self._users) > 1:
-            _, dropped = self._users.popitem(last=False)
+            user_id, dropped = self._users.popitem(last=False)
             total -= dropped.nbytes
+            if user_id in self._unsaved and self.copies is not None:
+                self.copies.write(user_id, dropped)
+            self._unsaved.discard(user_id)

@@ -2,7 +2,9 @@
 
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
-Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on.
+Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on;
+with embedded Chroma the copies are also kept in files beside it (index/vector_copies.py,
+folder `vector-copies/<collection>`), so a restart does not have to ask Chroma for them.
 
 The index heals itself: when a call fails because the collection was deleted, or its
 directory is gone or damaged, the collection is created again (empty; a damaged directory is
@@ -30,6 +32,7 @@ from chromadb.config import Settings
 from chromadb.errors import NotFoundError
 
 from memory.index.vector_cache import Row, VectorCache
+from memory.index.vector_copies import CopyFiles
 
 Metadata = Mapping[str, str | int | float | bool]
 PAGE = 5000  # vectors per read when loading a user's copy
@@ -50,7 +53,11 @@ class VectorIndex:
         self.name = name
         self._client = self._connect()
         self._collection = _collection(self._client, name)
-        self._cache = VectorCache(cache_bytes, self._user_rows)
+        copies = None
+        if self.path is not None:  # even with no cache: a write must discard stale files
+            folder = self.path.parent / "vector-copies" / name
+            copies = CopyFiles(folder, str(self._collection.id))
+        self._cache = VectorCache(cache_bytes, self._user_rows, copies)
         # Chroma survives concurrent calls (2 writers + 1 reader: no errors, no leaks), but
         # measured with one thread upserting batches of 64 nonstop, a query waited p50 110-200
         # ms and up to 6 s without this lock, against p50 25-60 ms and at most 1.3 s with it.
@@ -84,12 +91,18 @@ class VectorIndex:
             )
         if not ids:
             return
-        with self._lock:
-            self._healing(lambda: self._collection.upsert(
+
+        def upsert() -> None:
+            owners = self._owners(ids) | {str(metadata.get("user_id")) for metadata in metadatas}
+            self._cache.changing(owners)
+            self._collection.upsert(
                 ids=list(ids),
                 embeddings=np.asarray(vectors, dtype=np.float32),
                 metadatas=[dict(metadata) for metadata in metadatas],
-            ))
+            )
+
+        with self._lock:
+            self._healing(upsert)
             self._cache.upsert(ids, np.asarray(vectors, dtype=np.float32), metadatas)
 
     def query(
@@ -121,11 +134,19 @@ class VectorIndex:
             raise ValueError("delete needs ids or where; refusing to delete everything")
         if ids is not None and not ids:
             return
-        with self._lock:
-            self._healing(lambda: self._collection.delete(
+
+        def remove() -> None:
+            if where is not None and "user_id" in where:
+                self._cache.changing([where["user_id"]])
+            else:
+                self._cache.changing(self._owners(ids) if ids is not None else None)
+            self._collection.delete(
                 ids=list(ids) if ids is not None else None,
                 where=where_clause(where) if where is not None else None,
-            ))
+            )
+
+        with self._lock:
+            self._healing(remove)
             self._cache.forget(ids=ids, user_id=where.get("user_id") if where else None)
 
     def count(self, where: Mapping[str, str] | None = None) -> int:
@@ -135,6 +156,19 @@ class VectorIndex:
                 return self._healing(lambda: self._collection.count())
             clause = where_clause(where)
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
+
+    def other_collections(self) -> list[str]:
+        """Names of the other collections in the same Chroma (another model's, say)."""
+        with self._lock:
+            return [c.name for c in self._client.list_collections() if c.name != self.name]
+
+    def _owners(self, ids: Sequence[str]) -> set[str]:
+        """Users who hold any of `ids` now (an id can move: SQLite reuses a deleted chunk's),
+        asked only when their copies' files must be discarded."""
+        if self._cache.copies is None:
+            return set()
+        found = self._collection.get(ids=list(ids), include=["metadatas"])
+        return {str(metadata.get("user_id")) for metadata in found["metadatas"] or []}
 
     def _user_rows(self, user_id: str) -> list[Row]:
         """Every vector of one user, read from Chroma in pages (the cache's loader)."""
@@ -152,9 +186,15 @@ class VectorIndex:
             if len(page["ids"]) < PAGE:
                 return rows
 
+    def save_copies(self) -> None:
+        """Write the files of users' copies changed since they were loaded or last saved."""
+        with self._lock:
+            self._cache.save()
+
     def close(self) -> None:
         """Release chroma's resources (its SQLite handles and segment files)."""
         with self._lock:
+            self._cache.save()
             self._close_client()
 
     def _healing(self, call: Callable[[], T]) -> T:
@@ -194,6 +234,9 @@ class VectorIndex:
                 self.path.rename(self.path.with_name(f"{self.path.name}.damaged-{time.time():.0f}"))
             self._client = self._connect()
         self._collection = _collection(self._client, self.name)
+        if self._cache.copies is not None:
+            self._cache.copies.clear()
+            self._cache.copies.collection_id = str(self._collection.id)
 
     def _connect(self) -> Client:
         # PersistentClient and HttpClient are typed as the ClientAPI protocol but build a

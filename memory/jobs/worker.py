@@ -5,6 +5,12 @@ A job is never lost: it is claimed and settled through the database, a job inter
 `stop()` goes back to the queue, and one left running by a crash is queued again by the next
 `start()` (on PostgreSQL: claimed by any replica once its lease ends; `_renew_leases` keeps the
 leases of running jobs). Delivery is therefore at-least-once, so handlers must be idempotent.
+
+A kind with a batch handler is claimed in groups: the ready jobs of that kind (up to
+`batch_size`) run in one call, in one slot, so work that arrived together (one index job per
+chat request) is done together (one embedding batch). When the call fails, each job of the
+group is retried alone (after its backoff; at once if that was its last attempt), so a bad job
+fails by itself and an outage costs no more calls than without batches.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from memory.jobs.queue import JobQueue
 from memory.storage.jobs import LEASE_SECONDS, Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
+BatchHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
 class JobFailed(Exception):
@@ -43,6 +50,8 @@ class JobWorker:
         store: JobQueue,
         handlers: Mapping[str, Handler],
         *,
+        batch_handlers: Mapping[str, BatchHandler] | None = None,
+        batch_size: int = 1,
         concurrency: int = 2,
         poll_interval: float = 1.0,
         backoff_base: float = 1.0,
@@ -53,6 +62,8 @@ class JobWorker:
             raise ValueError("concurrency must be at least 1")
         self._store = store
         self._handlers = dict(handlers)
+        self._batch_handlers = dict(batch_handlers or {})
+        self._batch_size = max(1, batch_size)
         self._concurrency = concurrency
         self._poll_interval = poll_interval
         self._backoff_base = backoff_base
@@ -60,7 +71,7 @@ class JobWorker:
         self._clock = clock
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._running: dict[asyncio.Task[None], Job] = {}
+        self._running: dict[asyncio.Task[None], list[Job]] = {}
         self._stopping = False
         self._stopped: asyncio.Task[None] | None = None
         self._renewed = 0.0
@@ -101,12 +112,12 @@ class JobWorker:
         if unfinished:
             await asyncio.wait(unfinished, timeout=timeout)
         for task in unfinished:
-            # Guarded in the store: a job the handler settled anyway stays settled.
-            await self._store.retry_later(
-                in_flight[task].id,
-                "interrupted: the worker stopped during this attempt",
-                run_after=self._clock(),
-            )
+            for job in in_flight[task]:
+                # Guarded in the store: a job the handler settled anyway stays settled.
+                await self._store.retry_later(
+                    job.id, "interrupted: the worker stopped during this attempt",
+                    run_after=self._clock(),
+                )
         log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
 
     async def run_until_idle(self, timeout: float) -> None:
@@ -145,9 +156,11 @@ class JobWorker:
         if free <= 0:
             return self._poll_interval  # a finishing job wakes the loop
         jobs = await self._store.claim(None, free, self._clock())
-        for job in jobs:
-            task = asyncio.create_task(self._run(job), name=f"job-{job.id}-{job.kind}")
-            self._running[task] = job
+        for group in await self._grouped(jobs):
+            first = group[0]
+            run = self._run(first) if len(group) == 1 else self._run_batch(group)
+            task = asyncio.create_task(run, name=f"job-{first.id}-{first.kind}")
+            self._running[task] = group
             task.add_done_callback(self._finished)
         if len(jobs) == free:
             return 0.0  # there may be more ready jobs than there were slots
@@ -160,8 +173,49 @@ class JobWorker:
         """Keep the leases of the running jobs, so no other replica takes them over."""
         now = self._clock()
         if self._running and now - self._renewed >= _RENEW_EVERY:
-            await self._store.renew([job.id for job in self._running.values()], now)
+            running = [job.id for group in self._running.values() for job in group]
+            await self._store.renew(running, now)
             self._renewed = now
+
+    async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:
+        """One group per claimed job, except that first attempts of a batchable kind form
+        groups of up to `batch_size`, topped up with more ready jobs of that kind."""
+        groups: list[list[Job]] = []
+        batches: dict[str, list[Job]] = {}
+
+        def place(job: Job) -> None:
+            # A retried job runs alone: it (or one batched with it) failed before.
+            if job.kind not in self._batch_handlers or job.attempts > 1:
+                groups.append([job])
+                return
+            batch = batches.get(job.kind)
+            if batch is None or len(batch) >= self._batch_size:
+                batch = batches[job.kind] = []
+                groups.append(batch)
+            batch.append(job)
+
+        for job in jobs:
+            place(job)
+        for kind, batch in list(batches.items()):
+            if len(batch) < self._batch_size:
+                for job in await self._store.claim([kind], self._batch_size - len(batch), self._clock()):
+                    place(job)
+        return groups
+
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        try:
+            await self._batch_handlers[jobs[0].kind]([job.payload for job in jobs])
+        except Exception as exc:  # which job caused it is unknown: each is retried alone
+            log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone", len(jobs),
+                        jobs[0].kind, type(exc).__name__, str(exc)[:200])
+            for job in jobs:
+                if job.attempts >= job.max_attempts:
+                    await self._run(job)  # its last attempt: it gets one of its own
+                else:
+                    await self._failed(job, exc)
+            return
+        for job in jobs:
+            await self._store.complete(job.id)
 
     async def _sleep(self, delay: float) -> None:
         try:

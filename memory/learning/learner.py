@@ -1,7 +1,8 @@
 """Learning from conversations: the fact-extraction and summary jobs.
 
-After a stored assistant reply, `Learner.after_reply` queues an `extract_facts` job every
-`extract_every` user turns of the session and a `summarize` job every `summary_every`. The
+With a new assistant reply, in the transaction that stores it, `Learner.queue_after_reply`
+queues an `extract_facts` job every `extract_every` user turns of the session and a
+`summarize` job every `summary_every`: a crash cannot keep the reply and lose its learning. The
 jobs call a language model given by the caller (`LLM`: the proxy posts a chat completion to
 the routed upstream). An answer that is not valid JSON of the right shape gets one repair
 request quoting the error; if that answer is unusable too the job is buried at once with
@@ -39,6 +40,7 @@ from memory.learning.summaries import SummaryStore
 from memory.log.turn_log import TurnLog
 from memory.storage import jobs
 from memory.storage import turns as turn_rows
+from memory.storage.database import Transaction
 from memory.tokens import encoding_for_model
 
 EXTRACT_JOB = "extract_facts"
@@ -68,7 +70,7 @@ class Learner:
 
     def __init__(
         self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
-        vectors: VectorIndex, embed: Embed, notify: Callable[[], None],
+        vectors: VectorIndex, embed: Embed,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -76,26 +78,23 @@ class Learner:
         self.summaries = summaries
         self.vectors = vectors
         self.embed = embed
-        self.notify = notify
         self.llm: LLM | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
 
-    async def after_reply(self, user_id: str, session_id: str, turn_id: int, model: str) -> None:
-        """Queue the learning jobs this new reply is due for."""
+    async def queue_after_reply(
+        self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str
+    ) -> None:
+        """Queue, in the transaction storing the reply `turn_id`, the learning jobs it is
+        due for (the caller wakes the worker once it commits)."""
         every_fact, every_summary = self.settings.extract_every, self.settings.summary_every
         if self.llm is None or not (every_fact or every_summary):
             return
-        user_turns = await turn_rows.count(self.log.db, user_id, session_id=session_id, role="user")
+        user_turns = await turn_rows.count(tx, user_id, session_id=session_id, role="user")
         payload = {"user_id": user_id, "session_id": session_id, "turn_id": turn_id,
                    "model": self.settings.extract_model or model, "user_turns": user_turns}
-        due = [kind for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary))
-               if every and user_turns and user_turns % every == 0]
-        if not due:
-            return
-        async with self.log.db.write() as tx:
-            for kind in due:
+        for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary)):
+            if every and user_turns and user_turns % every == 0:
                 await jobs.enqueue(tx, kind, payload, max_attempts=self.settings.job_max_attempts)
-        self.notify()
 
     # -- facts
 

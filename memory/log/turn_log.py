@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from memory.redact import keep
@@ -62,8 +62,13 @@ class TurnLog:
         after: int | None = None,
         job_kind: str | None = INDEX_JOB,
         max_attempts: int = 5,
+        then: Callable[[Transaction, int], Awaitable[None]] | None = None,
     ) -> AppendResult:
-        """Log a conversation path exactly once, branching where history was edited."""
+        """Log a conversation path exactly once, branching where history was edited.
+
+        `then(tx, turn_id)` runs in the same transaction when the path's last turn is new
+        (the reply's learning jobs), so both are stored or neither is.
+        """
         if not new:
             return AppendResult(after, [])
         # Redacted before hashing: a resent message hashes the same, so it is stored once.
@@ -98,6 +103,8 @@ class TurnLog:
                 job_id = await jobs.enqueue(
                     tx, job_kind, {"turn_ids": new_ids}, max_attempts=max_attempts
                 )
+            if then is not None and new_ids and new_ids[-1] == parent_id:
+                await then(tx, parent_id)
         return AppendResult(parent_id, new_ids, job_id)
 
     async def get_turns(self, ids: Sequence[int]) -> list[Turn]:

@@ -2,13 +2,15 @@
 
 Layout inside the fence (`memory.recall.render.wrap`): facts grouped by category under "What you
 know about this user", then the user's profile, then the most relevant summary, then the
-past turns. Filling goes by priority with shares of the budget, so that no section can
-starve the others: facts up to FACTS_SHARE, the profile up to PROFILE_SHARE, one summary up
-to SUMMARY_SHARE (cut at a sentence when longer), then turns take what is left, and facts
-that did not fit their share take any remainder. The whole block is counted again at the
-end; while it is over the budget, the lowest-priority line is dropped (turns, then the
-summary, the profile, then facts), so the count is always exact. With nothing learned the
-block is exactly `memory.recall.render.pack`'s.
+past turns, then what the user's organisation shares. Filling goes by priority with shares
+of the budget, so that no section can starve the others: facts up to FACTS_SHARE, the
+profile up to PROFILE_SHARE, one summary up to SUMMARY_SHARE (cut at a sentence when
+longer), the organisation's facts up to `shared_share`, then turns take what is left, and
+facts (the user's, then the organisation's) that did not fit their share take any
+remainder. The whole block is counted again at the end; while it is over the budget, the
+lowest-priority line is dropped (turns, the organisation's facts, the summary, the profile,
+then facts), so the count is always exact. With nothing learned the block is exactly
+`memory.recall.render.pack`'s.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ FACTS_HEADING = "What you know about this user:"
 PROFILE_HEADING = "The user's own profile:"
 SUMMARY_HEADING = "Summary of an earlier conversation ({day}):"
 TURNS_HEADING = "Relevant past turns:"
+SHARED_HEADING = "Shared by the user's organisation:"
 CATEGORY_ORDER = ("identity", "relationship", "preference", "project", "decision", "todo",
                   "context")
 
@@ -53,19 +56,23 @@ class BlockPack:
     summary: str | None = None  # the summary text as rendered (maybe cut)
     summary_index: int | None = None
     turns: list[int] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
     truncated: bool = False
 
     def chosen(self, learned: Learned) -> list[LearnedItem]:
-        """The learned items in the block: facts, the profile, the summary."""
+        """The learned items in the block: facts, the profile, the summary, shared facts."""
         items = [learned.facts[i] for i in self.facts]
         if self.profile_lines and learned.profile is not None:
             items.append(learned.profile)
         if self.summary_index is not None:
             items.append(learned.summaries[self.summary_index])
-        return items
+        return items + [learned.shared[i] for i in self.shared]
 
 
-def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: Count) -> BlockPack:
+def pack_block(
+    learned: Learned, entries: Sequence[Entry], budget: int, count: Count, *,
+    shared_share: float = 0.0,
+) -> BlockPack:
     """Fill and render the block (see the module docstring)."""
     if not learned:
         packed = pack(entries, budget, count)
@@ -105,6 +112,13 @@ def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: C
         text = fit_text(summary.text, int(SUMMARY_SHARE * budget) - head, count)
         if text and take(head + count(text) + 1, SUMMARY_SHARE * budget):
             result.summary, result.summary_index = text, index
+    shared_lines = [fact_line(f) for f in learned.shared]
+    spent, heading = 0.0, count(SHARED_HEADING) + 1
+    for i, line in enumerate(shared_lines):
+        cost = count(line) + 1 + (0 if result.shared else heading)
+        if take(cost, shared_share * budget - spent):
+            result.shared.append(i)
+            spent += cost
     costs = ExcerptCost(count)  # turns are shown as dated excerpts, as without learned items
     skipped = 0
     for i, entry in enumerate(entries):
@@ -119,22 +133,30 @@ def pack_block(learned: Learned, entries: Sequence[Entry], budget: int, count: C
     for i, line in enumerate(fact_lines):  # the rest of the room goes to facts
         if i not in result.facts and take(count(line) + 1, room):
             result.facts.append(i)
-    return _finish(result, learned, fact_lines, entries, budget, count)
+    for i, line in enumerate(shared_lines):
+        cost = count(line) + 1 + (0 if result.shared else heading)
+        if i not in result.shared and take(cost, room):
+            result.shared.append(i)
+    return _finish(result, learned, [*fact_lines, *shared_lines], entries, budget, count)
 
 
 def _finish(
-    result: BlockPack, learned: Learned, fact_lines: list[str], entries: Sequence[Entry],
+    result: BlockPack, learned: Learned, lines_of_facts: list[str], entries: Sequence[Entry],
     budget: int, count: Count,
 ) -> BlockPack:
+    """Render, then drop the lowest-priority line while the block is over the budget.
+    `lines_of_facts`: the rendered lines of the user's facts, then of the shared ones."""
     while True:
-        lines = _render(result, learned, fact_lines, entries)
+        lines = _render(result, learned, lines_of_facts, entries)
         if not lines:
             return BlockPack(truncated=True)
         block = wrap(lines)
         tokens = count(block)
         if tokens <= budget:
-            shown = len(result.facts) + len(result.turns) + (result.summary is not None)
-            offered = len(learned.facts) + len(entries) + min(1, len(learned.summaries))
+            shown = (len(result.facts) + len(result.turns) + (result.summary is not None)
+                     + len(result.shared))
+            offered = (len(learned.facts) + len(entries) + min(1, len(learned.summaries))
+                       + len(learned.shared))
             result.block, result.tokens = block, tokens
             result.truncated = shown < offered or (
                 learned.profile is not None
@@ -143,6 +165,8 @@ def _finish(
             return result
         if result.turns:
             result.turns.pop()
+        elif result.shared:
+            result.shared.pop()
         elif result.summary is not None:
             result.summary = result.summary_index = None
         elif result.profile_lines:
@@ -152,12 +176,12 @@ def _finish(
 
 
 def _render(
-    result: BlockPack, learned: Learned, fact_lines: list[str], entries: Sequence[Entry]
+    result: BlockPack, learned: Learned, lines_of_facts: list[str], entries: Sequence[Entry]
 ) -> list[str]:
     lines: list[str] = []
     if result.facts:
         order = sorted(result.facts, key=lambda i: (_category_rank(learned.facts[i]), i))
-        lines += [FACTS_HEADING, *(fact_lines[i] for i in order)]
+        lines += [FACTS_HEADING, *(lines_of_facts[i] for i in order)]
     if learned.profile is not None and result.profile_lines:
         lines += [PROFILE_HEADING, *profile_lines(learned.profile)[: result.profile_lines]]
     if result.summary is not None and result.summary_index is not None:
@@ -165,6 +189,10 @@ def _render(
         lines += [summary_heading(summary), "  " + result.summary.replace("\n", "\n  ")]
     if result.turns:
         lines += [TURNS_HEADING, *excerpts([entries[i] for i in result.turns])]
+    if result.shared:
+        order = sorted(result.shared, key=lambda i: (_category_rank(learned.shared[i]), i))
+        first = len(learned.facts)
+        lines += [SHARED_HEADING, *(lines_of_facts[first + i] for i in order)]
     return lines
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,14 +53,17 @@ class LearnedItem:
 
 @dataclass(frozen=True)
 class Learned:
-    """Learned candidates of one request: facts in selection order, summaries best first."""
+    """Learned candidates of one request: facts in selection order, summaries best first,
+    and the facts its organisation shares (`shared`, in selection order)."""
 
     facts: list[LearnedItem] = field(default_factory=list)
     summaries: list[LearnedItem] = field(default_factory=list)
     profile: LearnedItem | None = None
+    shared: list[LearnedItem] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.facts) + len(self.summaries) + (self.profile is not None)
+        return (len(self.facts) + len(self.summaries) + (self.profile is not None)
+                + len(self.shared))
 
 
 def is_personal(query: str) -> bool:
@@ -112,6 +115,16 @@ class LearnedRecall:
             self._profile(user_id) if has_profile and not session_only else _nothing(),
         )
         return Learned(facts, summaries, profile)
+
+    async def shared(
+        self, memory_id: str, query: str, vector: np.ndarray | None, *, present: str
+    ) -> list[LearnedItem]:
+        """The facts relevant to `query` in an organisation's memory (stored under
+        `memory_id`), as items of source "organization"."""
+        if not await fact_rows.has_current(self.facts.db, memory_id):
+            return []
+        found = await self._facts(memory_id, "", query, vector, False, present)
+        return [replace(item, source="organization") for item in found]
 
     async def _facts(
         self, user_id: str, session_id: str, query: str, vector: np.ndarray | None,

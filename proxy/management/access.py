@@ -5,6 +5,11 @@ user like a chat request does (X-Memory-User-Id, else `default`); the admin key 
 user through X-Memory-User-Id. Without keys (local single-user mode) only loopback clients
 are served, unless MEMPROXY_MANAGEMENT_REMOTE is on. Requests count against the caller's
 key in the same per-key rate limit as chat completions (proxy/limits.py).
+
+With X-Memory-Org-Id a request reaches an organisation's shared memory instead (facts,
+search, export and clearing only): any key of that organisation, or one bound to nobody,
+reads it; only a key marked `org-writer` for it, the admin key, or a loopback client with
+keys off change it. Chat requests never write it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config import Settings
+from config import ApiKey, Settings
 from memory import (
     ClearExpired,
     ClearNotFound,
@@ -30,6 +35,7 @@ from memory import (
     FactNotFound,
     MemoryEngine,
     RecordError,
+    organization_memory,
 )
 from proxy.errors import (
     AuthenticationFailed,
@@ -39,20 +45,25 @@ from proxy.errors import (
     NotFound,
     PermissionDenied,
 )
-from proxy.identity import DEFAULT_USER, authenticate, presented_key, resolve_user
+from proxy.identity import DEFAULT_USER, authenticate, presented_key, resolve_org, resolve_user
 from proxy.limits import limit_key
 from proxy.state import AppState
 
 
 @dataclass(frozen=True)
 class Caller:
-    """An authorised management request: whose memory it reaches and through what."""
+    """An authorised management request: whose memory it reaches and through what.
+
+    `user_id` is the memory reached: a user's, or an organisation's shared memory (then
+    `shared` is true); `org_id` is the organisation whose shared memory recall adds."""
 
     user_id: str
     admin: bool
     memory: MemoryEngine
     settings: Settings
     state: AppState
+    org_id: str | None = None
+    shared: bool = False
 
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
@@ -88,34 +99,63 @@ def authorise(request: Request) -> Caller:
     """The caller of a management request; 401, 403, 429 or 503 when it cannot be served."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
-    user_id, admin = _user(request, settings)
+    user_id, admin, key = _user(request, settings)
+    org_id = resolve_org(request.headers, None if admin else key)
+    shared = "x-memory-org-id" in request.headers
+    if shared and org_id is not None:
+        _check_shared(request, admin, key, settings)
+        user_id = organization_memory(org_id)
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
     if state.limits.enabled:
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
         state.limits.admit(limit_key(None, request.headers, user_id), stream=False)
-    return Caller(user_id, admin, state.memory, settings, state)
+    return Caller(user_id, admin, state.memory, settings, state, org_id, shared)
 
 
-def _user(request: Request, settings: Settings) -> tuple[str, bool]:
+# What an organisation's shared memory offers through the API (it has no turns, sessions
+# or profile); a path is matched by its first part after /v1/memory/.
+SHARED_PATHS = frozenset({"facts", "search", "export", "clear", "stats"})
+
+
+def _check_shared(request: Request, admin: bool, key: ApiKey | None, settings: Settings) -> None:
+    """Refuse a request on an organisation's shared memory that the caller may not make."""
+    part = request.url.path.removeprefix("/v1/memory/").split("/", 1)[0]
+    if part not in SHARED_PATHS:
+        raise InvalidRequest(
+            f"/v1/memory/{part} is not available for an organisation's shared memory",
+            param="X-Memory-Org-Id",
+        )
+    reading = request.method in ("GET", "HEAD") or part == "search"
+    keys_off = not (settings.api_keys or settings.admin_key)
+    if reading or admin or keys_off or (key is not None and key.org_writer):
+        return  # resolve_org has checked that a key of an organisation names its own
+    raise PermissionDenied(
+        "this API key may read but not change the organisation's shared memory",
+        param="X-Memory-Org-Id",
+    )
+
+
+def _user(request: Request, settings: Settings) -> tuple[str, bool, ApiKey | None]:
     headers = request.headers
     if settings.api_keys or settings.admin_key:
         presented = presented_key(headers)
         admin_key = settings.admin_key
         if admin_key and presented and hmac.compare_digest(presented.encode(), admin_key.encode()):
-            return resolve_user(headers, {}, None), True
+            return resolve_user(headers, {}, None), True, None
         if not settings.api_keys:  # only the admin key is configured
             raise AuthenticationFailed(
                 "incorrect API key provided" if presented else "missing API key"
             )
-        return resolve_user(headers, {}, authenticate(headers, settings.api_keys)), False
+        key = authenticate(headers, settings.api_keys)
+        return resolve_user(headers, {}, key), False, key
     if not settings.management_remote and not is_loopback(request):
         raise PermissionDenied(
             "without proxy keys the memory API answers only loopback clients;"
             " set MEMPROXY_API_KEYS, or MEMPROXY_MANAGEMENT_REMOTE=on"
         )
-    return resolve_user(headers, {}, None) or DEFAULT_USER, False
+    return resolve_user(headers, {}, None) or DEFAULT_USER, False, None
 
 
 def is_loopback(request: Request) -> bool:

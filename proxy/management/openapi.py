@@ -173,12 +173,12 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["query"], "additionalProperties": False,
         # scope "session" needs a session_id
         "anyOf": [{"not": {"required": ["scope"]}},
-                  {"properties": {"scope": {"enum": ["user"]}}},
+                  {"properties": {"scope": {"enum": ["user", "organization"]}}},
                   {"required": ["session_id"]}],
         "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": NON_BLANK},
             "budget": {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET},
-            "scope": {"type": "string", "enum": ["user", "session"],
+            "scope": {"type": "string", "enum": ["user", "session", "organization"],
                       "description": "session needs session_id"},
             "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                            "pattern": NON_BLANK},
@@ -379,7 +379,10 @@ DOCUMENT: dict[str, Any] = {
     "info": {
         "title": "memproxy memory API", "version": "1",
         "description": "See, correct and delete what memproxy remembers. Every call is scoped "
-                       "to one user: the key's user, or X-Memory-User-Id.",
+                       "to one user: the key's user, or X-Memory-User-Id. With "
+                       "X-Memory-Org-Id, facts, search, export, clear and stats reach the "
+                       "organisation's shared memory instead (changes need an org-writer "
+                       "key or the admin key).",
     },
     "servers": [{"url": "/v1/memory"}],
     "security": [{}, {"bearer": []}],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config.flags import MAX_BUDGET
+from config.flags import MAX_BUDGET, SCOPES
 from memory import RecallRequest
 from proxy.errors import InvalidRequest
 from proxy.identity import MAX_ID_LENGTH
@@ -28,7 +28,7 @@ async def search(request: Request, who: Caller) -> Response:
     )
     query = text(body, "query", required=True, max_chars=MAX_QUERY_CHARS) or ""
     budget = number(body, "budget", low=0, high=MAX_BUDGET, integer=True)
-    scope = choice(body, "scope", ("session", "user")) or who.settings.memory_scope
+    scope = choice(body, "scope", SCOPES) or who.settings.memory_scope
     session_id = text(body, "session_id", max_chars=MAX_ID_LENGTH)
     if scope == "session" and session_id is None:
         raise InvalidRequest("scope session needs a session_id", param="session_id")
@@ -36,6 +36,7 @@ async def search(request: Request, who: Caller) -> Response:
     budget = who.settings.memory_budget if budget is None else budget
     recalled = await who.memory.recall(RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
+        None if who.shared else who.org_id,
     ))
     return respond({
         "object": "memory.search", "query": query, "user_id": who.user_id,

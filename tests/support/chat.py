@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -30,7 +29,7 @@ class Reply:
     """What a chat completion answered."""
 
     status: int
-    headers: httpx.Headers
+    headers: Mapping[str, str]  # case-insensitive (the SDK's httpx Headers)
     text: str  # the assistant's content (a stream's deltas joined)
     model: str
 

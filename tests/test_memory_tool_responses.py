@@ -1,0 +1,115 @@
+"""Memory as a tool in OpenAI's Responses API (whole responses), through the official openai
+SDK and the scripted upstream scripted to call memory_search."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import openai
+import pytest
+from openai.types.responses import FunctionToolParam
+
+from proxy.memory_tool_dialect import TOOL_NAME
+from tests.conftest import RunningProxy
+from tests.support.formats import response_object
+from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream
+from tests.test_memory_tool import NOTE, QUESTION, remember_note, stored_turns
+
+SEARCH = {"type": "function_call", "name": TOOL_NAME, "arguments": '{"query": "billing database"}'}
+WEATHER = {"type": "function_call", "name": "get_weather", "arguments": '{"city": "Lisbon"}'}
+WEATHER_TOOL: FunctionToolParam = {
+    "type": "function", "name": "get_weather", "strict": False,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def response(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10) -> dict[str, Any]:
+    """A response whose output is `items` (`{"type": "text", "text"}` or function calls)."""
+    text = "".join(i["text"] for i in items if i["type"] == "text")
+    calls = [{"name": i["name"], "arguments": i["arguments"]} for i in items if i["type"] != "text"]
+    return response_object(text or None, function_calls=calls, input_tokens=input_tokens)
+
+
+def reply(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10) -> Reply:
+    return JSONReply(response(items, input_tokens=input_tokens))
+
+
+@pytest.fixture
+def memproxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    proxy = start_proxy(memory=True, memory_tool_prefetch=0)
+    remember_note(proxy)
+    return proxy
+
+
+@pytest.fixture
+def client(memproxy: RunningProxy) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=memproxy.base_url, api_key="sk-test", max_retries=0, timeout=60,
+                       default_headers={"X-Memory-Mode": "tool", "X-Memory-Session-Id": "now"}) as sdk:
+        yield sdk
+
+
+def sent(upstream: ScriptedUpstream) -> list[Received]:
+    return [r for r in upstream.history if r.path == "/v1/responses"]
+
+
+def test_memory_search_is_answered_and_the_client_gets_the_last_response(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(reply([{"type": "text", "text": "Let me check. "}, SEARCH]),
+                     reply([{"type": "text", "text": "It is Postgres 16."}], input_tokens=30),
+                     path="/v1/responses")
+    raw = client.responses.with_raw_response.create(model="gpt-4o", input=QUESTION)
+    final = raw.parse()
+    first, second = sent(upstream)
+    assert [t["name"] for t in first.json["tools"]] == [TOOL_NAME]
+    said, called, answered = second.json["input"][-3:]
+    assert said["type"] == "message" and called["name"] == TOOL_NAME
+    assert answered["type"] == "function_call_output" and answered["call_id"] == called["call_id"]
+    assert NOTE in answered["output"]
+    assert final.output_text == "It is Postgres 16." and final.usage is not None
+    assert final.usage.input_tokens == 10 + 30
+    assert raw.headers["x-memory-tool-searches"] == "1"
+    assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "It is Postgres 16.")]
+    # The client continues from the last round's response, whose context holds the answer.
+    client.responses.create(model="gpt-4o", input="Thanks!", previous_response_id=final.id)
+    assert sent(upstream)[-1].json["previous_response_id"] == final.id
+
+
+def test_client_function_calls_pass_and_a_searching_turn_withholds_them(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(reply([WEATHER, SEARCH]), reply([WEATHER]), path="/v1/responses")
+    final = client.responses.create(model="gpt-4o", input="Weather where the billing team sits?",
+                                    tools=[WEATHER_TOOL])
+    calls = [(item.name, item.arguments) for item in final.output if item.type == "function_call"]
+    assert calls == [("get_weather", '{"city": "Lisbon"}')]
+    first, second = sent(upstream)
+    assert [t["name"] for t in first.json["tools"]] == ["get_weather", TOOL_NAME]
+    called = [i.get("name") for i in second.json["input"] if i.get("type") == "function_call"]
+    assert called == [TOOL_NAME]
+
+
+def test_the_last_round_keeps_the_definition_but_forbids_the_call(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(memory=True, memory_mode="tool", memory_tool_rounds=1)
+    upstream.respond_with(lambda r: reply([SEARCH]) if r.path == "/v1/responses" else None)
+    with openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0) as sdk:
+        final = sdk.responses.create(model="gpt-4o", input=QUESTION)
+    assert final.output == []
+    first, last = sent(upstream)
+    assert "tool_choice" not in first.json and last.json["tool_choice"] == "none"
+    assert [t["name"] for t in last.json["tools"]] == [TOOL_NAME]
+
+
+def test_a_streamed_response_gets_injection_and_says_why(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    with client.responses.with_streaming_response.create(
+        model="gpt-4o", input=QUESTION, stream=True,
+    ) as streamed:
+        assert streamed.headers["x-memory-mode"].startswith("inject (a streamed response")
+        assert b"response.completed" in streamed.read()
+    (sent_,) = sent(upstream)
+    assert NOTE in sent_.json["instructions"] and "tools" not in sent_.json
