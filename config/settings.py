@@ -148,6 +148,12 @@ class Settings:
     data_dir: Path = _setting_factory(
         _default_data_dir, "Where the database and the vector index live."
     )
+    database_url: str | None = _setting(
+        None,
+        "PostgreSQL that holds turns, facts, summaries, profiles, jobs and full-text search "
+        "for any number of replicas, such as postgresql://memproxy:secret@db:5432/memproxy. "
+        "Unset: the embedded SQLite file under data_dir.",
+    )
     chroma_url: str | None = _setting(
         None,
         "Address of a Chroma server (`chroma run`) that holds the vectors, such as "

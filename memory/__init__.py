@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
     from memory.scopes import organization_memory
-    from memory.storage.database import Database
+    from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
     from memory.storage.injections import Injection
     from memory.storage.metrics import RequestMetrics
@@ -99,6 +99,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "BackupResult": ("memory.admin.backup", "BackupResult"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
+    "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
+    "open_database": ("memory.storage.database", "open_database"),
     "TurnLog": ("memory.log.turn_log", "TurnLog"),
     "NewTurn": ("memory.storage.turns", "NewTurn"),
     "INDEX_JOB": ("memory.log.turn_log", "INDEX_JOB"),
@@ -137,6 +139,7 @@ __all__ = [
     "RecordError",
     "ReplyChain",
     "RequestMetrics",
+    "SQLiteDatabase",
     "TurnLog",
     "VectorIndex",
     "backup",
@@ -149,6 +152,7 @@ __all__ = [
     "for_embedding",
     "inject",
     "message_text",
+    "open_database",
     "organization_memory",
     "place",
     "placing_order",

@@ -47,7 +47,7 @@ from memory.recall.render import Entry
 from memory.redact import Redactor
 from memory.scopes import organization_memory
 from memory.storage import injections, metrics, versions
-from memory.storage.database import Database, Transaction
+from memory.storage.database import Database, Transaction, open_database
 from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import ChunkRow, NewTurn
@@ -191,7 +191,7 @@ class MemoryEngine:
         # products recall needs (one query against a user's vectors) gain nothing from them.
         # Measured at 10k turns: 45 -> 24 ms of CPU per recall with one BLAS thread.
         threadpool_limits(1, user_api="blas")
-        db = await Database.open(settings.db_path)
+        db = await open_database(settings.database_url, settings.db_path)
         try:
             # The first recall after a start waited 2.3 s for these (counting its block).
             await asyncio.to_thread(load_encodings)

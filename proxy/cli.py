@@ -49,6 +49,9 @@ def backup_command(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(config_file=args.config)
+        if settings.database_url:
+            raise BackupError("the memory is in PostgreSQL (MEMPROXY_DATABASE_URL): back it up"
+                              " with pg_dump; this command copies the embedded SQLite file")
         done = backup(settings.db_path, args.dest)
     except (SettingsError, BackupError, OSError) as exc:
         print(f"memproxy: backup failed: {exc}", file=sys.stderr)

@@ -32,9 +32,9 @@ import numpy.typing as npt
 
 from memory import (
     ChunkSearch,
-    Database,
     LocalEmbedder,
     NewTurn,
+    SQLiteDatabase,
     TurnLog,
     VectorIndex,
     find_model_dir,
@@ -79,7 +79,7 @@ def bench_embedding(model_dir: Path, *, runs: int, docs: int) -> dict[str, Any]:
 async def bench_store(path: Path, *, resends: int, heavy_turns: int, light_users: int,
                       queries: int) -> dict[str, Any]:
     """Resending a 20-message history; FTS5 over one heavy user and many light ones."""
-    db = await Database.open(path)
+    db = await SQLiteDatabase.open(path)
     store, search = TurnLog(db), ChunkSearch(db)
     try:
         history = [NewTurn("user" if i % 2 == 0 else "assistant",

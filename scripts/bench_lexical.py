@@ -1,6 +1,10 @@
 """Which BM25 scales: SQLite FTS5 (porter) vs rank-bm25, on one user's memory of N chunks.
 
     python -m scripts.bench_lexical --sizes 1000,10000,100000
+    python -m scripts.bench_lexical --sizes 1000,10000 --database-url postgresql://...
+
+With --database-url the index is PostgreSQL's (memory.storage.pg_search) instead of FTS5:
+give it an empty database for each size, which it fills.
 
 rank-bm25 keeps the corpus in Python and scores every document per query; FTS5 reads only
 the posting lists of the query's terms. Both are timed on the same synthetic corpus and
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from rank_bm25 import BM25Okapi
 
-from memory import ChunkSearch, Database, NewTurn, TurnLog
+from memory import ChunkSearch, Database, NewTurn, TurnLog, open_database
 
 WORDS = (
     "deploy pipeline cluster database migration cache retry timeout alert dashboard billing "
@@ -46,9 +50,10 @@ def sentence(rng: random.Random, length: int) -> str:
     )
 
 
-async def build(path: Path, texts: list[str]) -> Database:
-    """A database holding `texts` as indexed chunks of one user."""
-    db = await Database.open(path)
+async def build(path: Path, texts: list[str], url: str | None = None) -> Database:
+    """A database (PostgreSQL at `url`, else SQLite) holding `texts` as indexed chunks of
+    one user."""
+    db = await open_database(url, path)
     log = TurnLog(db)
     after = None
     for i, text in enumerate(texts):
@@ -62,11 +67,13 @@ async def build(path: Path, texts: list[str]) -> Database:
     return db
 
 
-async def measure(size: int, queries: list[str], rng: random.Random) -> dict[str, float]:
+async def measure(
+    size: int, queries: list[str], rng: random.Random, url: str | None = None
+) -> dict[str, float]:
     """Median and p95 query time of both engines at one corpus size."""
     texts = [sentence(rng, rng.randint(8, 60)) for _ in range(size)]
     with tempfile.TemporaryDirectory() as tmp:
-        db = await build(Path(tmp) / "bench.db", texts)
+        db = await build(Path(tmp) / "bench.db", texts, url)
         try:
             search = ChunkSearch(db)
             fts = []
@@ -101,12 +108,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--database-url", action="append", default=[],
+                        help="an empty PostgreSQL database per size, in order (instead of FTS5)")
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    urls: list[str | None] = list(args.database_url) or [None] * len(sizes)
+    if len(urls) != len(sizes):
+        parser.error("give one --database-url per size")
+    engine = "FTS5" if urls[0] is None else "PG"
     rng = random.Random(7)
     queries = [sentence(rng, rng.randint(4, 10)) for _ in range(args.queries)]
-    print(f"{'chunks':>8} | {'FTS5 p50':>9} {'p95':>8} | {'rank-bm25 p50':>13} {'p95':>8} {'build':>9}")
-    for size in (int(s) for s in args.sizes.split(",")):
-        r = asyncio.run(measure(size, queries, rng))
+    print(f"{'chunks':>8} | {engine + ' p50':>9} {'p95':>8} | {'rank-bm25 p50':>13} {'p95':>8} {'build':>9}")
+    for size, url in zip(sizes, urls, strict=True):
+        r = asyncio.run(measure(size, queries, rng, url))
         print(f"{size:>8} | {r['fts5_p50']:>7.2f}ms {r['fts5_p95']:>6.2f}ms | "
               f"{r['rank_bm25_p50']:>11.2f}ms {r['rank_bm25_p95']:>6.2f}ms {r['rank_bm25_build']:>7.0f}ms")
 

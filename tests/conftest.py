@@ -20,7 +20,7 @@ from config import Settings, load_settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.servers import ChromaServer, ServerUnavailable
+from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -41,9 +41,54 @@ def embedder() -> LocalEmbedder:
     return LocalEmbedder(MODEL_DIR)
 
 
+# The storage backends. A test (or a module, with `pytestmark`) marked `both_backends` runs
+# on each when it uses `backend`, `database_url` or `make_settings`; otherwise on SQLite.
+BACKENDS = ["sqlite", "postgres"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run `both_backends` tests once per storage backend."""
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_backends"
+    ):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
 @pytest.fixture
-def make_settings(tmp_path: Path, upstream: ScriptedUpstream) -> Callable[..., Settings]:
-    """Settings pointing at the scripted upstream and a fresh data directory."""
+def backend(request: pytest.FixtureRequest) -> str:
+    """The storage backend of this test: "sqlite" (the default) or "postgres"."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def database_url(request: pytest.FixtureRequest, backend: str) -> str | None:
+    """A fresh, empty PostgreSQL database for a postgres test; None (SQLite) otherwise."""
+    if backend == "sqlite":
+        return None
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.create_database()
+
+
+@pytest.fixture
+def new_database_url(request: pytest.FixtureRequest, backend: str) -> Callable[[], str | None]:
+    """Makes another empty database of the test's backend: its URL (None for SQLite, whose
+    database is the file in a data directory)."""
+
+    def make() -> str | None:
+        if backend == "sqlite":
+            return None
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        return server.create_database()
+
+    return make
+
+
+@pytest.fixture
+def make_settings(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str | None
+) -> Callable[..., Settings]:
+    """Settings pointing at the scripted upstream, a fresh data directory and the test's
+    database."""
 
     def make(**changes: Any) -> Settings:
         env = {
@@ -57,6 +102,8 @@ def make_settings(tmp_path: Path, upstream: ScriptedUpstream) -> Callable[..., S
             "MEMPROXY_EXTRACT_EVERY": "0",
             "MEMPROXY_SUMMARY_EVERY": "0",
         }
+        if database_url is not None:
+            env["MEMPROXY_DATABASE_URL"] = database_url
         return load_settings(env=env).replace(**changes)
 
     return make
@@ -173,6 +220,19 @@ def chroma_server() -> Iterator[ChromaServer]:
         server = ChromaServer()
     except ServerUnavailable as exc:
         # CI installs everything (.ci/run): there a missing server fails instead of skipping.
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster on 127.0.0.1 for the whole run; tests create their databases."""
+    try:
+        server = PostgresServer()
+    except ServerUnavailable as exc:
         if os.environ.get("CI"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))

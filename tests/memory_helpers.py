@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any
 
 import httpx
@@ -16,6 +14,7 @@ from memory.engine import MemoryEngine
 from memory.storage.turns import NewTurn
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
+from tests.support.sql import query
 
 # Learning calls an LLM; these tests drive memory through its API only.
 QUIET = {"extract_every": 0, "summary_every": 0}
@@ -38,9 +37,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = "") 
 
 
 def db_rows(proxy: RunningProxy, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    """Rows straight from the proxy's database file."""
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        return conn.execute(sql, params).fetchall()
+    """Rows straight from the proxy's database (the file, or PostgreSQL)."""
+    return query(proxy.state.settings, sql, params)
 
 
 async def seed(settings: Settings, embedder: Any, user: str = "ada") -> None:

@@ -131,3 +131,6 @@ def test_backup_refuses_an_existing_copy_and_a_missing_database(
     assert main(["backup", str(tmp_path / "c2")]) == 1
     assert "no memproxy database" in capsys.readouterr().err
     assert not (tmp_path / "c2" / "memproxy.db").exists()
+    monkeypatch.setenv("MEMPROXY_DATABASE_URL", "postgresql://db.invalid/memproxy")
+    assert main(["backup", str(tmp_path / "c3")]) == 1
+    assert "pg_dump" in capsys.readouterr().err and not (tmp_path / "c3").exists()

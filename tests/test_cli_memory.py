@@ -8,6 +8,7 @@ import pty
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from tests.conftest import ROOT, RunningProxy
 from tests.memory_helpers import QUIET, Starter
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture
@@ -125,7 +128,8 @@ def test_sessions_and_stats(capsys: pytest.CaptureFixture[str], memproxy: Runnin
 
 
 def test_export_and_import_with_both_outputs(
-    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, start_proxy: Starter, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, start_proxy: Starter, tmp_path: Path,
+    new_database_url: Callable[[], str | None],
 ) -> None:
     chat(memproxy, "The office moved to Canal Street.", session="office")
     run(capsys, memproxy, "memories", "add", "Cycles to work", "--category", "context")
@@ -139,7 +143,8 @@ def test_export_and_import_with_both_outputs(
     status, out, _ = run(capsys, memproxy, "memories", "export")
     assert status == 0 and out.splitlines()[1:] == dump.read_text().splitlines()[1:]
 
-    target = start_proxy(memory=True, data_dir=tmp_path / "fresh", **QUIET)
+    target = start_proxy(memory=True, data_dir=tmp_path / "fresh", database_url=new_database_url(),
+                         **QUIET)
     status, out, _ = run(capsys, target, "memories", "import", str(dump))
     assert status == 0 and out.strip() == "Imported 2 turns, 1 fact; already there: nothing."
     again = run_json(capsys, target, "memories", "import", str(dump))

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any
 
 import httpx
@@ -22,6 +20,9 @@ from tests.support.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
+from tests.support.sql import query
+
+pytestmark = pytest.mark.both_backends
 
 SUMMARY = "You summarise a conversation"  # the start of memproxy's summary prompt
 FACTS = "The user, Ada, is allergic to peanuts and flies to Kyoto on 14 May."
@@ -88,8 +89,7 @@ def test_a_conversation_over_the_window_is_compacted_under_it(
     assert sent[:3] == messages[:3] and sent[-4:] == messages[-4:] and len(sent) == 8
     assert sent[3]["role"] == "system" and sent[3]["content"] == f"{HEADING}\n{FACTS}"
     wait_for_jobs(small)
-    with closing(sqlite3.connect(small.state.settings.db_path)) as conn:
-        stored = conn.execute("SELECT content FROM turns ORDER BY id").fetchall()
+    stored = query(small.state.settings, "SELECT content FROM turns ORDER BY id")
     assert [c for (c,) in stored][:-1] == [m["content"] for m in messages[1:]]  # all of them
     metrics = httpx.get(f"{small.url}/metrics").text
     assert 'memproxy_compactions_total{route="chat"} 1.0' in metrics

@@ -12,6 +12,7 @@ import json
 import random
 import re
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -25,12 +26,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from config import ApiKey
-from memory.storage.fts import CHUNK_COLUMNS, match_expression
+from memory.storage.fts import CHUNK_COLUMNS, match_expression, search_terms
+from memory.storage.postgres import PostgresDatabase
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.sql import query as sql_query
+from tests.support.sql import scalar
+
+pytestmark = pytest.mark.both_backends
 
 QUERY = "What is my favourite island, and what is my lucky charm?"
 MARK = re.compile(r"(?:isle|charm)zq\d{4}x")
@@ -226,12 +232,11 @@ def check_reads(api: httpx.Client, user: User, users: list[User]) -> int:
 
 def counts(proxy: RunningProxy, user: User) -> tuple[int, ...]:
     """Rows and vectors a user owns, straight from storage."""
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        rows = tuple(
-            conn.execute(f"SELECT count(*) FROM {table} WHERE user_id = ?", (user.resolved,))
-            .fetchone()[0]
-            for table in ("turns", "chunks", "sessions", "facts")
-        )
+    rows = tuple(
+        scalar(proxy.state.settings, f"SELECT count(*) FROM {table} WHERE user_id = ?",
+               (user.resolved,))
+        for table in ("turns", "chunks", "sessions", "facts")
+    )
     vectors = proxy.state.memory.vectors.count({"user_id": user.resolved})
     return (*rows, vectors)
 
@@ -239,6 +244,8 @@ def counts(proxy: RunningProxy, user: User) -> tuple[int, ...]:
 def check_fts_layer(proxy: RunningProxy, users: list[User]) -> int:
     """The SQL/FTS5 scope on its own: recall drops other users' rows once more later, so a
     leak in this layer alone would not show end to end."""
+    if proxy.state.settings.database_url:
+        return check_postgres_text_layer(proxy, users)
     chunks = ("SELECT c.user_id FROM chunks_fts JOIN chunks AS c ON c.id = chunks_fts.rowid"
               " WHERE chunks_fts MATCH ?")
     facts = ("SELECT f.user_id FROM facts_fts JOIN facts AS f ON f.id = facts_fts.rowid"
@@ -253,13 +260,35 @@ def check_fts_layer(proxy: RunningProxy, users: list[User]) -> int:
     return 2 * len(users)
 
 
+def check_postgres_text_layer(proxy: RunningProxy, users: list[User]) -> int:
+    """The same on PostgreSQL, through the search functions recall calls."""
+    from memory.storage import facts, turns
+
+    async def search(user: User) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+        db = await PostgresDatabase.open(str(proxy.state.settings.database_url))
+        try:
+            return (await turns.search_chunks(db, user.resolved, search_terms(QUERY), k=50),
+                    await facts.search(db, user.resolved, QUERY, k=50, now=time.time()))
+        finally:
+            await db.close()
+
+    for user in users:
+        chunk_hits, fact_hits = asyncio.run(search(user))
+        owners = sql_query(proxy.state.settings, "SELECT user_id FROM chunks WHERE id = ANY(?)",
+                       ([i for i, _ in chunk_hits],))
+        assert len(owners) == 4 and {o for (o,) in owners} == {user.resolved}, user.uid
+        owners = sql_query(proxy.state.settings, "SELECT user_id FROM facts WHERE id = ANY(?)",
+                       ([i for i, _ in fact_hits],))
+        assert owners == ([] if user.via_body else [(user.uid,)]), user.uid
+    return 2 * len(users)
+
+
 def check_vector_layer(proxy: RunningProxy, embedder: Any, users: list[User]) -> int:
     """Chroma's metadata filter on its own: every vector a user's query may reach is theirs."""
     vectors = proxy.state.memory.vectors
     query = asyncio.run(embedder.embed([QUERY]))[0]
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        owner = dict(conn.execute("SELECT 'c' || id, user_id FROM chunks UNION ALL"
-                                  " SELECT 'f' || id, user_id FROM facts").fetchall())
+    owner = dict(sql_query(proxy.state.settings, "SELECT 'c' || id, user_id FROM chunks UNION ALL"
+                                             " SELECT 'f' || id, user_id FROM facts"))
     for user in users:
         hits = vectors.query(query, k=500, where={"user_id": user.resolved})
         assert len(hits) == (4 if user.via_body else 5), (user.uid, hits)
@@ -390,12 +419,12 @@ def test_keys_bound_to_users_reach_their_own_memory_only(
             assert response.status_code == 200, response.text
         wait_for_jobs(proxy)
         # A failed job's error can quote what it worked on; the job queue is shared.
-        with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn, conn:
-            conn.execute(
-                "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
-                " last_error, created_at, updated_at) VALUES ('extract_facts', '{}', 'dead', 5,"
-                f" 5, 0, 'model said: {alice.island}', 0, 0)"
-            )
+        sql_query(
+            proxy.state.settings,
+            "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
+            " last_error, created_at, updated_at) VALUES ('extract_facts', '{}', 'dead', 5,"
+            f" 5, 0, 'model said: {alice.island}', 0, 0)",
+        )
         for path in ("/v1/memory/stats", "/v1/memory/export", "/v1/memory/facts",
                      "/v1/memory/sessions", "/v1/memory/metrics"):
             seen = http.get(path, headers=_bearer(bob))

@@ -1,5 +1,6 @@
 """JobWorker over a real Store: completion, retries with backoff, dead letters, crash
-recovery, graceful stop and concurrency."""
+recovery, graceful stop and concurrency, on SQLite and on PostgreSQL; and replicas sharing
+one PostgreSQL queue: claims that never collide, leases taken over when a replica dies."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from typing import Any
 import pytest
 
 from memory.jobs.worker import Handler, JobWorker
+from memory.storage.jobs import LEASE_SECONDS
+from tests.support.servers import PostgresServer
 from tests.support.storage import Storage
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Storage]:
-    store = await Storage.open(tmp_path / "memory.db")
+async def store(tmp_path: Path, database_url: str | None) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db", url=database_url)
     yield store
     await store.close()
 
@@ -116,15 +121,17 @@ async def test_an_unknown_kind_is_buried_at_once(
 
 
 async def test_a_job_running_at_a_crash_is_retried_after_restart(
-    tmp_path: Path, make_worker: Callable[..., JobWorker]
+    tmp_path: Path, database_url: str | None, make_worker: Callable[..., JobWorker]
 ) -> None:
     path = tmp_path / "crash.db"
-    crashed = await Storage.open(path)
-    job_id = await crashed.queue.enqueue("index", {"turn_ids": [7]})
-    assert [job.id for job in await crashed.queue.claim(None, 1, now=time.time())] == [job_id]
+    crashed = await Storage.open(path, url=database_url)
+    job_id = await crashed.queue.enqueue("index", {"turn_ids": [7]}, run_after=0)
+    # Claimed longer ago than a lease (PostgreSQL) lasts: its process is gone for good.
+    claimed = await crashed.queue.claim(None, 1, now=time.time() - LEASE_SECONDS - 1)
+    assert [job.id for job in claimed] == [job_id]
     await crashed.close()  # the process dies mid-job: nothing settles it
 
-    restarted = await Storage.open(path)
+    restarted = await Storage.open(path, url=database_url)
     try:
         handler = Recorder()
         worker = make_worker({"index": handler}, store=restarted)
@@ -412,3 +419,76 @@ async def test_a_batch_size_of_one_runs_each_job_alone(
 
     assert batches == []
     assert sorted(payload["n"] for _, payload in handler.calls) == [0, 1, 2]
+
+
+# -- replicas sharing one queue ----------------------------------------------------------------
+
+
+async def test_two_replicas_claiming_at_once_never_take_the_same_job(
+    tmp_path: Path, database_url: str | None
+) -> None:
+    replicas = [await Storage.open(tmp_path / "memory.db", url=database_url) for _ in range(2)]
+    try:
+        for n in range(40):
+            await replicas[0].queue.enqueue("index", {"n": n})
+        claims = [replicas[i % 2].queue.claim(None, 3, now=time.time()) for i in range(20)]
+        ids = [job.id for batch in await asyncio.gather(*claims) for job in batch]
+        assert len(ids) == len(set(ids)) == 40
+        assert (await replicas[1].queue.job_counts())["running"] == 40
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+
+@pytest.fixture
+async def replicas(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> AsyncIterator[tuple[Storage, Storage]]:
+    """Two replicas' databases on one PostgreSQL (leases exist only there)."""
+    url = postgres_server.create_database()
+    first = await Storage.open(tmp_path / "unused", url=url)
+    second = await Storage.open(tmp_path / "unused", url=url)
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+async def test_a_job_whose_lease_ended_is_taken_over_by_another_replica(
+    replicas: tuple[Storage, Storage],
+) -> None:
+    dying, survivor = replicas
+    job_id = await dying.queue.enqueue("index", {"turn_ids": [7]}, run_after=0)
+    # The dying replica's lease ends half a second from now, and nobody renews it.
+    (claimed,) = await dying.queue.claim(None, 1, now=time.time() - LEASE_SECONDS + 0.5)
+    assert claimed.id == job_id
+    assert await survivor.queue.claim(None, 1, now=time.time()) == []  # the lease still holds
+
+    handler = Recorder()
+    worker = JobWorker(survivor.queue, {"index": handler}, poll_interval=0.05)
+    await worker.start()
+    try:
+        await asyncio.sleep(0.6)
+        await worker.run_until_idle(timeout=5)
+    finally:
+        await worker.stop(timeout=1)
+
+    assert [payload for _, payload in handler.calls] == [{"turn_ids": [7]}]
+    assert await survivor.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+
+
+async def test_a_renewed_lease_keeps_the_job_and_a_last_attempt_is_buried_when_it_ends(
+    replicas: tuple[Storage, Storage],
+) -> None:
+    owner, other = replicas
+    kept = await owner.queue.enqueue("index", {}, run_after=0)
+    crasher = await owner.queue.enqueue("index", {}, max_attempts=1, run_after=0)
+    claimed = await owner.queue.claim(None, 2, now=time.time() - LEASE_SECONDS + 0.3)
+    assert [job.id for job in claimed] == [kept, crasher]
+
+    await owner.queue.renew([kept], time.time())
+    await asyncio.sleep(0.4)
+
+    assert await other.queue.claim(None, 5, now=time.time()) == []
+    assert await other.queue.job_counts() == {"queued": 0, "running": 1, "done": 0, "dead": 1}
+    (dead,) = await other.queue.dead_jobs(5)
+    assert dead.id == crasher and "stopped during its last attempt" in (dead.last_error or "")

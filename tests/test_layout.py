@@ -12,6 +12,8 @@ import memory
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY = ROOT / "memory"
 MIGRATIONS = MEMORY / "storage" / "migrations.py"
+POSTGRES_SCHEMA = MEMORY / "storage" / "postgres_schema.py"  # the same tables on PostgreSQL
+SCHEMAS = {str(path.relative_to(ROOT)) for path in (MIGRATIONS, POSTGRES_SCHEMA)}
 
 
 def sources(*folders: str) -> dict[str, str]:
@@ -24,22 +26,25 @@ def sources(*folders: str) -> dict[str, str]:
 
 
 def tables() -> list[str]:
-    """Every table and virtual table the migrations create, and the migrations table."""
-    found = re.findall(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)", MIGRATIONS.read_text())
+    """Every table and virtual table the migrations of both backends create, and the
+    migrations table."""
+    schema = MIGRATIONS.read_text() + POSTGRES_SCHEMA.read_text()
+    found = re.findall(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)", schema)
     return sorted(set(found))
 
 
 def test_every_table_has_its_sql_in_exactly_one_module() -> None:
-    # The migrations hold every table's schema, and own the table that records them.
-    schema = str(MIGRATIONS.relative_to(ROOT))
+    # The migrations hold every table's schema, and own the table that records them (each
+    # backend's migrations record themselves).
     owners = {}
     for table in tables():
         statement = re.compile(rf"\b(?:FROM|INTO|UPDATE|JOIN|TABLE)\s+{table}\b|\b{table}\s+MATCH\b")
         owners[table] = [
             path for path, text in sources("memory", "proxy", "config").items()
-            if statement.search(text) and (path != schema or table == "migrations")
+            if statement.search(text) and (path not in SCHEMAS or table == "migrations")
         ]
     assert len(owners) >= 15
+    assert sorted(owners.pop("migrations")) == sorted(SCHEMAS)
     assert {table: len(paths) for table, paths in owners.items()} == dict.fromkeys(owners, 1), owners
     assert all(paths[0].startswith("memory/storage/") for paths in owners.values()), owners
 
@@ -75,6 +80,7 @@ def test_each_third_party_store_library_lives_behind_one_module() -> None:
     code = sources("memory", "proxy", "config")
     for library, allowed in (
         ("aiosqlite", {"memory/storage/database.py"}),
+        ("asyncpg", {"memory/storage/postgres.py", "memory/storage/postgres_schema.py"}),
         ("chromadb", {"memory/index/vectors.py"}),
         # vectors.py checks Chroma's own SQLite file, never ours.
         ("sqlite3", {"memory/storage/database.py", "memory/storage/migrations.py",

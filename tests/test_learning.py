@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import deque
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any
 
 import httpx
@@ -25,6 +23,9 @@ from tests.support.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
+from tests.support.sql import query as sql_query
+
+pytestmark = pytest.mark.both_backends
 
 EXTRACT = "You extract durable facts"
 SUMMARY = "You summarise a conversation"
@@ -75,8 +76,7 @@ def say(proxy: RunningProxy, text: str, *, user: str = "ada", session: str = "s1
 
 
 def query(proxy: RunningProxy, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        return conn.execute(sql, params).fetchall()
+    return sql_query(proxy.state.settings, sql, params)
 
 
 def injected(upstream: ScriptedUpstream) -> str:
@@ -112,12 +112,12 @@ def test_facts_are_learned_and_injected_in_a_new_session(
     say(learning, "I prefer TypeScript for all our new backend services.",
         key="sk-client-secret-123")
     wait_for_jobs(learning)
-    rows = query(learning, "SELECT f.text, f.source, f.source_session, f.source_turn_ids,"
-                           " f.category, t.content FROM facts AS f, turns AS t"
-                           " WHERE t.id = json_extract(f.source_turn_ids, '$[0]')")
+    rows = query(learning, "SELECT text, source, source_session, source_turn_ids, category"
+                           " FROM facts")
     assert rows == [("User prefers TypeScript for new backend services.", "extracted", "s1",
-                     rows[0][3], "preference",
-                     "I prefer TypeScript for all our new backend services.")]
+                     rows[0][3], "preference")]
+    source = query(learning, "SELECT content FROM turns WHERE id = ?", (json.loads(rows[0][3])[0],))
+    assert source == [("I prefer TypeScript for all our new backend services.",)]
     asked = model.prompts[0]
     assert asked.json["model"] == "gpt-4o" and asked.json.get("stream") is None
     assert "NEW" in asked.json["messages"][1]["content"]
@@ -142,17 +142,23 @@ def test_a_reply_and_its_learning_job_are_stored_together(
 ) -> None:
     # The database refuses the extraction job: the reply it would learn from is not kept
     # either, so no reply is ever stored without its learning (nor after a crash between).
-    with closing(sqlite3.connect(learning.state.settings.db_path)) as conn:
-        conn.execute("CREATE TRIGGER refuse_learning BEFORE INSERT ON jobs"
-                     " WHEN NEW.kind = 'extract_facts' BEGIN SELECT RAISE(ABORT, 'no'); END")
+    settings = learning.state.settings
+    if settings.database_url:
+        sql_query(settings, "CREATE FUNCTION refuse_learning() RETURNS trigger LANGUAGE plpgsql"
+                  " AS $$ BEGIN IF NEW.kind = 'extract_facts' THEN RAISE EXCEPTION 'no'; END IF;"
+                  " RETURN NEW; END $$")
+        sql_query(settings, "CREATE TRIGGER refuse_learning BEFORE INSERT ON jobs"
+                  " FOR EACH ROW EXECUTE FUNCTION refuse_learning()")
+    else:
+        sql_query(settings, "CREATE TRIGGER refuse_learning BEFORE INSERT ON jobs"
+                  " WHEN NEW.kind = 'extract_facts' BEGIN SELECT RAISE(ABORT, 'no'); END")
     first = [{"role": "user", "content": "I prefer TypeScript for new backend services."}]
     reply = say(learning, first[0]["content"])
     wait_for_jobs(learning)
     assert query(learning, "SELECT role FROM turns") == [("user",)]
     assert query(learning, "SELECT count(*) FROM jobs WHERE kind = 'extract_facts'") == [(0,)]
 
-    with closing(sqlite3.connect(learning.state.settings.db_path)) as conn:
-        conn.execute("DROP TRIGGER refuse_learning")
+    sql_query(settings, "DROP TRIGGER refuse_learning" + (" ON jobs" if settings.database_url else ""))
     model.facts.append(answer(fact("User prefers TypeScript for new backend services.")))
     # The client resends the history: the old reply is stored now, once, as history; the
     # new reply with its job.
@@ -160,10 +166,10 @@ def test_a_reply_and_its_learning_job_are_stored_together(
     wait_for_jobs(learning)
     assert [r[0] for r in query(learning, "SELECT role FROM turns ORDER BY id")] == [
         "user", "assistant", "user", "assistant"]
-    jobs = query(learning, "SELECT json_extract(payload, '$.turn_id') FROM jobs"
+    jobs = query(learning, "SELECT payload FROM jobs"
                            " WHERE kind = 'extract_facts' AND status = 'done' ORDER BY id")
     replies = query(learning, "SELECT id FROM turns WHERE role = 'assistant' ORDER BY id")
-    assert jobs == [(replies[1][0],)]
+    assert [json.loads(payload)["turn_id"] for (payload,) in jobs] == [replies[1][0]]
 
 
 def test_a_repeated_fact_merges_and_a_contradiction_supersedes(

@@ -12,10 +12,12 @@ from memory.storage import turns
 from memory.storage.turns import NewTurn
 from tests.support.storage import Storage
 
+pytestmark = pytest.mark.both_backends
+
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Storage]:
-    store = await Storage.open(tmp_path / "memory.db")
+async def store(tmp_path: Path, database_url: str | None) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db", url=database_url)
     yield store
     await store.close()
 

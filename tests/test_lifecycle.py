@@ -16,6 +16,8 @@ from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
 from memory.recall.learned_recall import is_personal
 from memory.storage.turns import NewTurn
 
+pytestmark = pytest.mark.both_backends
+
 DAY = 86400.0
 
 

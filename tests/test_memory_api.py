@@ -20,6 +20,8 @@ from tests.memory_helpers import QUIET, Starter, assert_error, check_schema, db_
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 
+pytestmark = pytest.mark.both_backends
+
 
 @pytest.fixture
 def memproxy(start_proxy: Starter) -> RunningProxy:

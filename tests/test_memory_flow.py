@@ -1,8 +1,8 @@
-"""Memory end to end: the official SDK, memproxy with real storage, the scripted upstream."""
+"""Memory end to end: the official SDK, memproxy with real storage (SQLite, and PostgreSQL),
+the scripted upstream."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,10 +22,9 @@ from tests.support.scripted_upstream import (
     chat_chunks,
     chat_completion,
 )
+from tests.support.sql import query, scalar
 
-
-def db(proxy: RunningProxy) -> sqlite3.Connection:
-    return sqlite3.connect(proxy.state.settings.db_path)
+pytestmark = pytest.mark.both_backends
 
 
 def system_text(received: Any) -> str:
@@ -54,9 +53,8 @@ def test_a_fact_from_one_session_is_injected_in_another(
     assert float(reply.headers["x-memory-recall-ms"]) >= 0
     assert "x-memory-error" not in reply.headers
     wait_for_jobs(memproxy)
-    with db(memproxy) as conn:
-        rows = conn.execute("SELECT session_id, injected_tokens, items_json, recall_ms FROM "
-                            "request_metrics WHERE user_id = 'ada' ORDER BY id").fetchall()
+    rows = query(memproxy.state.settings, "SELECT session_id, injected_tokens, items_json,"
+                 " recall_ms FROM request_metrics WHERE user_id = 'ada' ORDER BY id")
     assert [r[0] for r in rows] == ["s1", "s2"]  # one row per request
     assert rows[1][1] == int(reply.headers["x-memory-injected-tokens"]) and rows[1][3] is not None
 
@@ -77,8 +75,7 @@ def test_resent_history_is_stored_once_and_replies_are_stored(
     again = chat(memproxy, history)  # the whole history once more: only its reply is new
     history.append({"role": "assistant", "content": again.text})
     wait_for_jobs(memproxy)
-    with db(memproxy) as conn:
-        rows = conn.execute("SELECT role, content, incomplete FROM turns ORDER BY id").fetchall()
+    rows = query(memproxy.state.settings, "SELECT role, content, incomplete FROM turns ORDER BY id")
     assert [(r, c) for r, c, _ in rows] == [(m["role"], m["content"]) for m in history[1:]]
     assert "streamed answer 1" in [c for _, c, _ in rows]
     assert all(flag == 0 for _, _, flag in rows)
@@ -142,8 +139,7 @@ def test_switches_do_exactly_what_they_say(memproxy: RunningProxy, upstream: Scr
 
     def turns() -> int:
         wait_for_jobs(memproxy)
-        with db(memproxy) as conn:
-            return int(conn.execute("SELECT count(*) FROM turns").fetchone()[0])
+        return int(scalar(memproxy.state.settings, "SELECT count(*) FROM turns"))
 
     before = turns()
     reply = chat(memproxy, ask, headers={"X-Memory": "off"})
@@ -177,7 +173,7 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
     from tests.support.storage import Storage
 
     settings = make_settings()
-    store = await Storage.open(settings.db_path)
+    store = await Storage.open(settings.db_path, url=settings.database_url)
     first = await store.log.append_turns("ada", "before-restart", [
         NewTurn("user", "The on-call rotation moved to Thursdays."),
     ])
@@ -187,16 +183,17 @@ async def test_queued_and_interrupted_jobs_survive_a_restart(
     assert first.job_id and second.job_id
     # A crash while the second job ran: it is still marked running.
     await store.queue.claim(None, limit=1, now=time.time() + 1)
+    if store.db.dialect == "postgres":  # and long enough ago that its lease has ended
+        async with store.db.write() as tx:
+            await tx.change("UPDATE jobs SET lease_until = 0 WHERE status = 'running'")
     await store.close()
-    with sqlite3.connect(settings.db_path) as conn:
-        states = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
+    states = dict(query(settings, "SELECT id, status FROM jobs"))
     assert sorted(states.values()) == ["queued", "running"]
 
     proxy = start_proxy(memory=True)
     wait_for_jobs(proxy)
-    with db(proxy) as conn:
-        assert {s for (s,) in conn.execute("SELECT status FROM jobs")} == {"done"}
-        assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 2
+    assert {s for (s,) in query(settings, "SELECT status FROM jobs")} == {"done"}
+    assert scalar(settings, "SELECT count(*) FROM chunks") == 2
     async with httpx.AsyncClient(base_url=proxy.base_url) as http:
         for question, expected in [("When is the on-call rotation?", "Thursdays"),
                                    ("Where are the Grafana dashboards?", "ops-observability")]:
@@ -246,7 +243,6 @@ async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[.
         for age_days in (0, 29, 31, 400):
             await engine.record(RequestMetrics("ada", created_at=now - age_days * 86400))
         assert (await engine.prune(now))["request_metrics"] == 2
-        with sqlite3.connect(engine.settings.db_path) as conn:
-            assert conn.execute("SELECT count(*) FROM request_metrics").fetchone()[0] == 2
+        assert scalar(engine.settings, "SELECT count(*) FROM request_metrics") == 2
     finally:
         await engine.close()

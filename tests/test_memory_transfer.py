@@ -27,6 +27,8 @@ from tests.memory_helpers import (
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 
+pytestmark = pytest.mark.both_backends
+
 ADA = {"X-Memory-User-Id": "ada"}
 
 
@@ -40,7 +42,8 @@ def body_of(records: list[dict[str, Any]]) -> bytes:
 
 
 async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
-    make_settings: Callable[..., Settings], embedder: Any, start_proxy: Starter, tmp_path: Path
+    make_settings: Callable[..., Settings], embedder: Any, start_proxy: Starter, tmp_path: Path,
+    new_database_url: Callable[[], str | None],
 ) -> None:
     await seed(make_settings(**QUIET), embedder)
     source = start_proxy(memory=True, **QUIET)
@@ -51,7 +54,9 @@ async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
     assert [r["type"] for r in exported[1:]] == ["turn"] * 6 + ["fact"] * 4 + ["summary"] * 2 + ["profile"]
     assert any("\u2028" in r.get("content", "") for r in exported)  # one record, one line
 
-    target = start_proxy(memory=True, data_dir=tmp_path / "empty", **QUIET)
+    target = start_proxy(
+        memory=True, data_dir=tmp_path / "empty", database_url=new_database_url(), **QUIET
+    )
     with memory_api(target, **ADA) as api:
         first = api.post("/import", content=body_of(exported))
         assert first.status_code == 200, first.text

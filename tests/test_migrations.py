@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -9,11 +10,14 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
-from memory.storage import migrations
+from memory.storage import migrations, postgres_schema
+from memory.storage.postgres import PostgresDatabase
 from tests.fixtures import make_memproxy_0002_db
+from tests.support.servers import PostgresServer
 from tests.support.storage import Storage
 
 EXPECTED_TABLES = {
@@ -30,6 +34,8 @@ EXPECTED_TABLES = {
     "summaries_fts",
     "profiles",
     "consent",
+    "injections",
+    "memory_versions",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 
@@ -226,3 +232,30 @@ def test_a_server_starts_on_a_0002_database_and_serves_all_of_it(
     # already (done jobs are kept a week, and this one is from 2023).
     assert jobs.get(1, "done") == "done" and jobs[2] == "done" and jobs[3] == "dead"
     assert dead == [("upstream answered 500",)]
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+async def test_postgres_gets_the_same_migrations_once_when_replicas_start_together(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.create_database()
+    replicas = await asyncio.gather(*(PostgresDatabase.open(url) for _ in range(3)))
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            assert await postgres_schema.applied(conn) == ALL
+            assert await postgres_schema.apply(conn) == []  # applying again is a no-op
+            tables = {r[0] for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        finally:
+            await conn.close()
+        # The same tables, FTS5's virtual tables aside (their words live in the rows).
+        assert tables == {t for t in EXPECTED_TABLES if not t.endswith("_fts")} | {
+            "fts_totals", "fts_terms", "clears", "clear_records"}
+        for replica in replicas:
+            await replica.check()
+    finally:
+        for replica in replicas:
+            await replica.close()

@@ -18,10 +18,11 @@ from memory.recall.render import Entry
 from memory.tokens import count_tokens
 from proxy.identity import resolve_user
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, assert_error, db_rows, memory_api
+from tests.memory_helpers import QUIET, assert_error, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.sql import query
 from tests.test_cli_memory import run, run_json
 from tests.test_stable_injection import cache_counts
 
@@ -33,6 +34,8 @@ KEYS = ",".join([
     "key-dave-00001:dave",  # a user in no organisation
 ])
 ADMIN = "key-admin-0001"
+pytestmark = pytest.mark.both_backends
+
 SHARED = "The staging cluster is called Bluebird."
 PRIVATE = "Alice keeps her locker code 4417 in the drawer."
 QUESTION = "What is the staging cluster called, and what is the locker code in the drawer?"
@@ -135,9 +138,9 @@ def test_no_request_names_shared_memory_as_its_user(acme: RunningProxy) -> None:
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
     ).status_code == 400
     wait_for_jobs(acme)
-    turns = db_rows(acme, "SELECT DISTINCT user_id FROM turns")
+    turns = query(acme.state.settings, "SELECT DISTINCT user_id FROM turns")
     assert [row[0] for row in turns] == ["org:acme"]
-    owners = db_rows(acme, "SELECT DISTINCT user_id FROM facts ORDER BY user_id")
+    owners = query(acme.state.settings, "SELECT DISTINCT user_id FROM facts ORDER BY user_id")
     assert [row[0] for row in owners] == [organization_memory("acme"), "alice"]
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,9 @@ from tests.conftest import RunningProxy
 from tests.support.formats import response_events, response_object
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import Drop, JSONReply, RawReply, ScriptedUpstream, SSEReply
+from tests.support.sql import query
+
+pytestmark = pytest.mark.both_backends
 
 ADA = {"X-Memory-User-Id": "ada"}
 
@@ -39,9 +40,8 @@ def sdk() -> Iterator[Sdk]:
 
 
 def turns(proxy: RunningProxy, user: str = "ada") -> list[tuple[str, str, str, int]]:
-    with closing(sqlite3.connect(proxy.state.settings.db_path)) as conn:
-        return conn.execute("SELECT session_id, role, content, incomplete FROM turns"
-                            " WHERE user_id = ? ORDER BY id", (user,)).fetchall()
+    return query(proxy.state.settings, "SELECT session_id, role, content, incomplete FROM turns"
+                 " WHERE user_id = ? ORDER BY id", (user,))
 
 
 @pytest.fixture

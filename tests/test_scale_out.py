@@ -1,14 +1,18 @@
-"""Scale-out storage: memproxy on a Chroma server instead of embedded Chroma."""
+"""Scale-out storage: memproxy on a Chroma server instead of embedded Chroma, and replicas
+sharing PostgreSQL and a Chroma server."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
-from tests.support.servers import ChromaServer
+from tests.support.servers import ChromaServer, PostgresServer
+from tests.support.sql import query
 from tests.test_memory_flow import system_text
 
 
@@ -30,3 +34,33 @@ def test_memory_on_a_chroma_server_is_recalled_and_survives_a_restart(
 
     assert "x-memory-error" not in raw.headers
     assert "runs on Postgres 16" in system_text(upstream.history[-1])
+
+
+def test_two_replicas_on_postgres_log_a_resent_history_once_and_recall_each_others_memory(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+    chroma_server: ChromaServer, postgres_server: PostgresServer,
+) -> None:
+    shared = {"chroma_url": chroma_server.url, "database_url": postgres_server.create_database()}
+    replicas = [start_proxy(memory=True, **shared), start_proxy(memory=True, **shared)]
+    said = "Our deploys go out on Tuesdays from the release-train branch."
+
+    # A client resending the same conversation, spread over both replicas at once.
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: chat(replicas[i % 2], said, user="ada", session="s1"),
+                                range(8)))
+    assert all(reply.status == 200 and "x-memory-error" not in reply.headers for reply in replies)
+    for replica in replicas:
+        wait_for_jobs(replica)
+    rows = query(replicas[0].state.settings,
+                 "SELECT role, COUNT(*) FROM turns WHERE user_id = 'ada' GROUP BY role ORDER BY role")
+    assert rows == [("assistant", 1), ("user", 1)]  # the scripted upstream's reply is the same
+    # Each new turn was queued for indexing once (the question with its request, the reply
+    # after it), and every job ran.
+    jobs = query(replicas[1].state.settings, "SELECT payload, status FROM jobs WHERE kind = 'index'")
+    indexed = sorted(i for payload, _ in jobs for i in json.loads(payload)["turn_ids"])
+    assert indexed == [i for (i,) in query(replicas[1].state.settings, "SELECT id FROM turns ORDER BY id")]
+    assert {status for _, status in jobs} == {"done"}
+
+    for replica in replicas:
+        chat(replica, "Which branch do deploys go out from?", user="ada", session="s2")
+        assert "release-train branch" in system_text(upstream.history[-1])

@@ -18,6 +18,8 @@ from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
 
+pytestmark = pytest.mark.both_backends
+
 SYSTEM = {"role": "system", "content": "Be brief."}
 FIRST = "Which database does the billing service use?"
 SECOND = "And which language is the billing service written in?"

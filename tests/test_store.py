@@ -1,4 +1,5 @@
-"""Store: exactly-once turn logging, chunks and full-text search, the job queue, metrics."""
+"""Store: exactly-once turn logging, chunks and full-text search, the job queue, metrics;
+on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, cast
 
+import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory.storage import metrics, migrations
 from memory.storage.fts import match_expression
+from memory.storage.jobs import LEASE_SECONDS
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import NewTurn
 from tests.support.storage import Storage
@@ -28,28 +31,42 @@ HISTORY = [
 ]
 
 
+pytestmark = pytest.mark.both_backends
+
+
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Storage]:
-    store = await Storage.open(tmp_path / "memory.db")
+async def store(tmp_path: Path, database_url: str | None) -> AsyncIterator[Storage]:
+    store = await Storage.open(tmp_path / "memory.db", url=database_url)
     yield store
     await store.close()
 
 
-def query_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    """Look at the file directly, as an operator with the sqlite3 shell would."""
-    with closing(sqlite3.connect(store.path)) as conn:
-        return conn.execute(sql, params).fetchall()
+async def query_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Read the tables directly, as an operator with a SQL shell would."""
+    return [tuple(row) for row in await store.db.fetch(sql, params)]
 
 
-def write_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> None:
-    with closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute(sql, params)
+async def write_db(store: Storage, sql: str, params: Sequence[Any] = ()) -> None:
+    async with store.db.write() as tx:
+        await tx.change(sql, params)
 
 
-def fts_is_consistent(store: Storage) -> bool:
+async def fts_is_consistent(store: Storage) -> bool:
+    """FTS5's own integrity check; on PostgreSQL, every row's words and the counts BM25
+    reads match the text."""
+    if store.db.dialect == "postgres":
+        stale = await query_db(store, "SELECT COUNT(*) FROM chunks WHERE tsv <>"
+                               " setweight(memproxy_words(text), 'A')"
+                               " || setweight(memproxy_words(speaker), 'B')")
+        totals = await query_db(store, "SELECT docs, tokens FROM fts_totals WHERE name = 'chunks'")
+        actual = await query_db(store, "SELECT COUNT(*), COALESCE(SUM(doc_len), 0) FROM chunks")
+        terms = await query_db(store, "SELECT lexeme, docs FROM fts_terms"
+                               " WHERE name = 'chunks' AND docs > 0 ORDER BY lexeme")
+        counted = await query_db(store, "SELECT lexeme, COUNT(*) FROM chunks,"
+                                 " unnest(tsvector_to_array(tsv)) AS lexeme GROUP BY lexeme ORDER BY lexeme")
+        return stale == [(0,)] and totals == actual and terms == counted
     try:
-        write_db(store, "INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
+        await write_db(store, "INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
     except sqlite3.DatabaseError:
         return False
     return True
@@ -73,7 +90,7 @@ async def test_resending_the_same_history_stores_each_turn_once(store: Storage) 
     assert all(r.new_ids == [] for r in results[1:])
     assert {r.last_id for r in results} == {results[0].new_ids[-1]}
     assert await store.log.count_turns("alice") == 4
-    assert query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
+    assert await query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
 
 
 async def test_turns_form_a_path(store: Storage) -> None:
@@ -94,7 +111,7 @@ async def test_a_growing_history_appends_only_the_new_tail(store: Storage) -> No
     added = await store.log.get_turns(second.new_ids)
     assert [t.role for t in added] == ["assistant", "user"]
     assert added[0].parent_id == first.last_id
-    assert query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
+    assert await query_db(store, "SELECT turn_count FROM sessions") == [(4,)]
 
 
 async def test_whitespace_and_line_endings_do_not_make_a_new_turn(store: Storage) -> None:
@@ -159,9 +176,12 @@ async def test_twenty_concurrent_resends_store_each_turn_once(store: Storage) ->
     assert (await store.queue.job_counts())["queued"] == 1
 
 
-async def test_concurrent_resends_through_two_stores_on_one_file(tmp_path: Path) -> None:
-    # Two processes behind a load balancer share the file; BEGIN IMMEDIATE serializes them.
-    stores = [await Storage.open(tmp_path / "memory.db") for _ in range(2)]
+async def test_concurrent_resends_through_two_stores_on_one_database(
+    tmp_path: Path, database_url: str | None
+) -> None:
+    # Two replicas behind a load balancer share the database; their writes are serialized
+    # (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock) and the unique index holds.
+    stores = [await Storage.open(tmp_path / "memory.db", url=database_url) for _ in range(2)]
     try:
         calls = [stores[i % 2].log.append_turns("alice", "s1", HISTORY) for i in range(20)]
         results = await asyncio.gather(*calls)
@@ -187,12 +207,12 @@ async def test_an_index_job_is_enqueued_with_the_turns_only_when_something_is_ne
 
 async def test_a_failed_append_writes_nothing(store: Storage) -> None:
     broken = [*HISTORY, NewTurn(cast(str, None), "role is NOT NULL")]
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, asyncpg.NotNullViolationError)):
         await store.log.append_turns("alice", "s1", broken)
 
     assert await store.log.count_turns() == 0
     assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 0}
-    assert query_db(store, "SELECT COUNT(*) FROM sessions") == [(0,)]
+    assert await query_db(store, "SELECT COUNT(*) FROM sessions") == [(0,)]
     assert len((await store.log.append_turns("alice", "s1", HISTORY)).new_ids) == 4
 
 
@@ -208,9 +228,9 @@ async def test_re_adding_chunks_is_idempotent(store: Storage) -> None:
     second = await store.log.add_chunks(turn, chunks)
 
     assert first == second
-    assert query_db(store, "SELECT COUNT(*) FROM chunks") == [(2,)]
+    assert await query_db(store, "SELECT COUNT(*) FROM chunks") == [(2,)]
     assert len(await store.lexical.search("alice", "miso", k=10)) == 2
-    assert fts_is_consistent(store)
+    assert await fts_is_consistent(store)
 
 
 async def test_re_adding_a_changed_chunk_updates_the_index(store: Storage) -> None:
@@ -221,7 +241,7 @@ async def test_re_adding_a_changed_chunk_updates_the_index(store: Storage) -> No
 
     assert await store.lexical.search("alice", "zebra", k=5) == []
     assert [c for c, _ in await store.lexical.search("alice", "giraffe", k=5)] == [chunk_id]
-    assert fts_is_consistent(store)
+    assert await fts_is_consistent(store)
 
 
 async def test_get_chunks_joins_the_turn_and_keeps_the_order_asked(store: Storage) -> None:
@@ -243,10 +263,10 @@ async def test_deleting_a_turn_removes_its_chunks_from_the_index(store: Storage)
     (chunk_id,) = await add_turn_with_text(store, "alice", "s1", "a unique platypus")
     turn = (await store.log.get_chunks([chunk_id]))[0].turn_id
 
-    write_db(store, "DELETE FROM turns WHERE id = ?", (turn,))
+    await write_db(store, "DELETE FROM turns WHERE id = ?", (turn,))
 
     assert await store.lexical.search("alice", "platypus", k=5) == []
-    assert fts_is_consistent(store)
+    assert await fts_is_consistent(store)
 
 
 async def test_search_ranks_better_matches_first(store: Storage) -> None:
@@ -340,7 +360,7 @@ async def test_unicode_text_is_searchable(store: Storage) -> None:
 
 async def test_claim_takes_ready_jobs_oldest_first_and_counts_the_attempt(store: Storage) -> None:
     now = time.time()
-    later = await store.queue.enqueue("index", {"n": 1}, run_after=now + 60)
+    later = await store.queue.enqueue("index", {"n": 1}, run_after=now + 30)
     first = await store.queue.enqueue("index", {"n": 2}, run_after=now - 2)
     second = await store.queue.enqueue("index", {"n": 3}, run_after=now - 1)
     other = await store.queue.enqueue("extract", {"n": 4}, run_after=now - 3)
@@ -350,7 +370,7 @@ async def test_claim_takes_ready_jobs_oldest_first_and_counts_the_attempt(store:
     assert [j.id for j in jobs] == [first, second]
     assert [(j.attempts, j.max_attempts) for j in jobs] == [(1, 5), (1, 5)]
     assert await store.queue.claim(["index"], 5, now=now) == []
-    assert [j.id for j in await store.queue.claim(None, 5, now=now + 61)] == [other, later]
+    assert [j.id for j in await store.queue.claim(None, 5, now=now + 31)] == [other, later]
     assert (await store.queue.job_counts())["running"] == 4
 
 
@@ -382,9 +402,10 @@ async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
 
 
 async def test_requeue_running_recovers_jobs_and_buries_repeat_crashers(store: Storage) -> None:
-    normal = await store.queue.enqueue("index", {})
-    crasher = await store.queue.enqueue("index", {}, max_attempts=1)
-    await store.queue.claim(None, 5, now=time.time())
+    normal = await store.queue.enqueue("index", {}, run_after=0)
+    crasher = await store.queue.enqueue("index", {}, max_attempts=1, run_after=0)
+    # Claimed so long ago that even a lease (PostgreSQL) has ended: the process is gone.
+    await store.queue.claim(None, 5, now=time.time() - LEASE_SECONDS - 1)
 
     assert await store.queue.requeue_running() == 1
 
@@ -404,26 +425,32 @@ async def test_request_metrics_are_recorded_and_pruned(store: Storage) -> None:
         )
         await metrics.insert(tx, RequestMetrics(user_id="alice", error="EmbedError: x"))
 
-    assert query_db(store, "SELECT items_json, truncated FROM request_metrics WHERE id = 1") == [
+    assert await query_db(store, "SELECT items_json, truncated FROM request_metrics WHERE id = 1") == [
         ('{"turn": 2}', 1)
     ]
     async with store.db.write() as tx:
         assert await metrics.prune(tx, older_than=time.time() - 3600) == 1
-    assert query_db(store, "SELECT error FROM request_metrics") == [("EmbedError: x",)]
+    assert await query_db(store, "SELECT error FROM request_metrics") == [("EmbedError: x",)]
 
 
-async def test_check_passes_and_close_is_idempotent(tmp_path: Path) -> None:
-    store = await Storage.open(tmp_path / "memory.db", readers=1)
+async def test_check_passes_and_close_is_idempotent(
+    tmp_path: Path, database_url: str | None
+) -> None:
+    store = await Storage.open(tmp_path / "memory.db", url=database_url, readers=1)
     await store.db.check()
     await store.close()
     await store.close()
-    with pytest.raises(ValueError):
+    with pytest.raises((ValueError, asyncpg.InterfaceError)):
         await store.db.check()
 
 
-async def test_readers_are_read_only(store: Storage) -> None:
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        await store.db.fetch("DELETE FROM jobs")
+async def test_sqlite_readers_are_read_only(tmp_path: Path) -> None:
+    store = await Storage.open(tmp_path / "memory.db")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await store.db.fetch("DELETE FROM jobs")
+    finally:
+        await store.close()
 
 
 async def test_a_sliding_window_client_continues_the_stored_path(store: Storage) -> None:

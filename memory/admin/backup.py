@@ -25,7 +25,7 @@ from pathlib import Path
 from memory.index.rebuild import queue_vector_rebuild
 from memory.log.turn_log import INDEX_JOB
 from memory.storage import turns
-from memory.storage.database import Database, DatabaseError
+from memory.storage.database import DatabaseError, SQLiteDatabase
 from memory.storage.snapshot import copy_database, integrity_problems, sidecars
 
 
@@ -86,7 +86,7 @@ def _backup(source: Path, dest_dir: Path) -> BackupResult:
 
 async def _queue_rebuild(path: Path) -> tuple[int, int]:
     """Queue the jobs that rebuild the vectors of everything in the copy; (turns, jobs)."""
-    db = await Database.open(path)
+    db = await SQLiteDatabase.open(path)
     try:
         turn_count = await turns.count(db)
         # Turns not chunked yet have their own index jobs in the copy.

@@ -81,10 +81,8 @@ class MemoryStats:
             asyncio.to_thread(self.vectors.count, {"user_id": user_id}),
             asyncio.to_thread(self.vectors.count),
         )
-        database, vector_files = await asyncio.to_thread(
-            lambda: (_size([self.db.path, *_wal_files(self.db.path)]),
-                     _size(_files(self.vectors_path)))
-        )
+        database = await self.db.size_bytes()
+        vector_files = await asyncio.to_thread(lambda: _size(_files(self.vectors_path)))
         return {
             "vectors": vectors, "vectors_total": total,
             "database_bytes": database, "vectors_bytes": vector_files,
@@ -112,10 +110,6 @@ def _percentile(values: Sequence[float], pct: int) -> float | None:
         return None
     index = min(len(values) - 1, max(0, round(pct / 100 * len(values)) - 1))
     return float(values[index])
-
-
-def _wal_files(path: Path) -> list[Path]:
-    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
 
 
 def _files(folder: Path) -> list[Path]:

@@ -35,6 +35,11 @@ class JobQueue:
         async with self.db.autocommit() as tx:
             return await jobs.claim(tx, kinds, limit, now)
 
+    async def renew(self, job_ids: Sequence[int], now: float) -> None:
+        """Extend the leases of these running jobs (PostgreSQL)."""
+        async with self.db.autocommit() as tx:
+            await jobs.renew(tx, job_ids, now)
+
     async def complete(self, job_id: int) -> None:
         """Mark a job done."""
         async with self.db.autocommit() as tx:

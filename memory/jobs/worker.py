@@ -3,7 +3,8 @@ concurrently, retry failures with exponential backoff and bury the ones that kee
 
 A job is never lost: it is claimed and settled through the database, a job interrupted by
 `stop()` goes back to the queue, and one left running by a crash is queued again by the next
-`start()`. Delivery is therefore at-least-once, so handlers must be idempotent.
+`start()` (on PostgreSQL: claimed by any replica once its lease ends; `_renew_leases` keeps the
+leases of running jobs). Delivery is therefore at-least-once, so handlers must be idempotent.
 
 A kind with a batch handler is claimed in groups: the ready jobs of that kind (up to
 `batch_size`) run in one call, in one slot, so work that arrived together (one index job per
@@ -22,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from memory.jobs.queue import JobQueue
-from memory.storage.jobs import Job
+from memory.storage.jobs import LEASE_SECONDS, Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 BatchHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
@@ -38,6 +39,7 @@ log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_log
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000
 _IDLE_CHECK_INTERVAL = 0.01
+_RENEW_EVERY = LEASE_SECONDS / 3  # a lease survives two failed renewals
 
 
 class JobWorker:
@@ -72,6 +74,7 @@ class JobWorker:
         self._running: dict[asyncio.Task[None], list[Job]] = {}
         self._stopping = False
         self._stopped: asyncio.Task[None] | None = None
+        self._renewed = 0.0
 
     async def start(self) -> None:
         """Requeue jobs a crash left running, then start claiming."""
@@ -139,6 +142,7 @@ class JobWorker:
         while not self._stopping:
             self._wake.clear()
             try:
+                await self._renew_leases()
                 delay = await self._claim_ready()
             except Exception:  # the worker must outlive a transient database error
                 log.exception("job worker: claiming jobs failed; retrying after a poll interval")
@@ -164,6 +168,14 @@ class JobWorker:
         if due is None:
             return self._poll_interval
         return min(self._poll_interval, max(0.0, due - self._clock()))
+
+    async def _renew_leases(self) -> None:
+        """Keep the leases of the running jobs, so no other replica takes them over."""
+        now = self._clock()
+        if self._running and now - self._renewed >= _RENEW_EVERY:
+            running = [job.id for group in self._running.values() for job in group]
+            await self._store.renew(running, now)
+            self._renewed = now
 
     async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:
         """One group per claimed job, except that first attempts of a batchable kind form

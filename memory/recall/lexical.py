@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from memory.storage import turns
 from memory.storage.database import Database
-from memory.storage.fts import CHUNK_COLUMNS, match_expression, search_terms
+from memory.storage.fts import search_terms
 
 # Rows the kept words may match in total; the rarest word is kept regardless.
 MATCH_ROW_BUDGET = 2000
@@ -85,7 +85,6 @@ class ChunkSearch:
         if k <= 0:
             return []
         terms = await self.terms.select(search_terms(query))
-        expression = match_expression(user_id, " ".join(terms), session_id, columns=CHUNK_COLUMNS)
-        if expression is None:
+        if not terms:
             return []
-        return await turns.search_chunks(self.db, expression, k)
+        return await turns.search_chunks(self.db, user_id, terms, k=k, session_id=session_id)

@@ -25,6 +25,12 @@ async def insert(
         " VALUES (?, ?, 'pending', ?, ?, ?)",
         (clear_id, user_id, json.dumps(dict(removed)), created_at, expires_at),
     )
+    if tx.dialect == "postgres":
+        await tx.change_many(
+            "INSERT INTO clear_records (clear_id, seq, record) VALUES (?, ?, ?)",
+            [(clear_id, seq, record) for seq, record in enumerate(records)],
+        )
+        return
     for start in range(0, len(records), _RECORD_BATCH):
         await tx.change(
             "INSERT INTO clear_records (clear_id, seq, record)"

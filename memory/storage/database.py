@@ -1,4 +1,5 @@
-"""The SQLite database: one serialized writer, round-robin readers; the only aiosqlite user.
+"""The database interface the table modules write against, and its SQLite implementation:
+one serialized writer, round-robin readers; the only aiosqlite user.
 
 One writer connection takes every write, serialized by an asyncio.Lock so a multi-statement
 transaction is never interleaved with another coroutine's statements (Datasette's write
@@ -8,18 +9,21 @@ also exclude writers in other processes.
 The table modules next to this one (turns, sessions, jobs, metrics, facts, summaries,
 profiles, clears) hold all of the SQL, as functions that take a `Connection`: the Database
 itself for a read on a reader connection, or the `Transaction` of a write. Everything
-dialect-specific (placeholders, FTS5, RETURNING, json_each) stays inside this package.
+dialect-specific (placeholders, FTS5, RETURNING, json_each) stays inside this package: the
+SQL is written for SQLite, `memory.storage.postgres` runs it on PostgreSQL, and where the two
+truly differ a table function switches on `conn.dialect`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import aiosqlite
 
@@ -30,20 +34,82 @@ _LOCKED_ATTEMPTS = 6  # each waits the busy timeout: 30 s in all for a write loc
 _T = TypeVar("_T")
 # SQLite's default limit on bound parameters is 32766; stay far below it.
 IN_BATCH = 500
-Row = sqlite3.Row
 DatabaseError = sqlite3.Error  # what a statement the database refuses raises
+Dialect = Literal["sqlite", "postgres"]
+
+
+class Row(Protocol):
+    """A result row, by position (or slice) or column name: sqlite3.Row or asyncpg's Record."""
+
+    def __getitem__(self, key: Any, /) -> Any: ...
+
+    def __iter__(self) -> Any: ...
+
+    def __len__(self) -> int: ...
 
 
 class Connection(Protocol):
     """What the table functions read through: a Database (a reader) or a Transaction."""
+
+    @property
+    def dialect(self) -> Dialect:
+        """Which SQL the connection speaks."""
+        ...
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one statement and return its rows."""
         ...
 
 
-class Transaction:
+class Transaction(Connection, Protocol):
+    """Statements of one write."""
+
+    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one INSERT/UPDATE/DELETE and return how many rows it changed."""
+        ...
+
+    async def change_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter row."""
+        ...
+
+
+class Database(Connection, Protocol):
+    """The memory database: reads, write transactions, readiness, closing."""
+
+    def write(self) -> AbstractAsyncContextManager[Transaction]:
+        """One write transaction: committed on exit, rolled back on error."""
+        ...
+
+    def autocommit(self) -> AbstractAsyncContextManager[Transaction]:
+        """A connection whose statements each commit on their own (single-row updates)."""
+        ...
+
+    async def check(self) -> None:
+        """Raise unless the database answers (readiness probe)."""
+        ...
+
+    async def size_bytes(self) -> int:
+        """How much storage the database takes."""
+        ...
+
+    async def close(self) -> None:
+        """Close every connection; safe to call twice."""
+        ...
+
+
+async def open_database(url: str | None, path: Path) -> Database:
+    """PostgreSQL at `url` when one is given, else the SQLite file at `path`."""
+    if url:
+        from memory.storage.postgres import PostgresDatabase  # asyncpg only when asked for
+
+        return await PostgresDatabase.open(url)
+    return await SQLiteDatabase.open(path)
+
+
+class SQLiteTransaction:
     """Statements of one write, which holds the writer until it ends."""
+
+    dialect: Dialect = "sqlite"
 
     def __init__(self, db: aiosqlite.Connection, *, retry_locked: bool = False) -> None:
         self._db = db
@@ -68,8 +134,10 @@ class Transaction:
         return await (_when_unlocked(statement) if self._retry_locked else statement())
 
 
-class Database:
-    """The memory database: one serialized writer, round-robin readers."""
+class SQLiteDatabase:
+    """The memory database in a SQLite file: one serialized writer, round-robin readers."""
+
+    dialect: Dialect = "sqlite"
 
     def __init__(
         self, path: Path, writer: aiosqlite.Connection, readers: list[aiosqlite.Connection]
@@ -81,7 +149,7 @@ class Database:
         self._write_lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, path: Path, *, readers: int = 4) -> Database:
+    async def open(cls, path: Path, *, readers: int = 4) -> SQLiteDatabase:
         """Create or upgrade the database at `path` and open its connections."""
         if readers < 1:
             raise ValueError("a database needs at least one reader connection")
@@ -111,8 +179,13 @@ class Database:
     async def check(self) -> None:
         """Raise unless both the writer and a reader answer (readiness probe)."""
         # Touch a table: SELECT 1 alone succeeds without reading the file at all.
-        await migrations.recorded(Transaction(self._writer))
+        await migrations.recorded(SQLiteTransaction(self._writer))
         await migrations.recorded(self)
+
+    async def size_bytes(self) -> int:
+        """The file and its write-ahead log, in bytes."""
+        files = [self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm"))]
+        return sum(f.stat().st_size for f in files if f.exists())
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a reader connection and return its rows."""
@@ -120,24 +193,24 @@ class Database:
         return list(await reader.execute_fetchall(sql, params))
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[Transaction]:
+    async def write(self) -> AsyncIterator[SQLiteTransaction]:
         """One write transaction (BEGIN IMMEDIATE): committed on exit, rolled back on error."""
         async with self._write_lock:
             # aiosqlite queues calls in order, so even when this task is cancelled
             # mid-await, the ROLLBACK runs after the statement that was interrupted.
             try:
                 await _when_unlocked(lambda: self._writer.execute("BEGIN IMMEDIATE"))
-                yield Transaction(self._writer)
+                yield SQLiteTransaction(self._writer)
                 await self._writer.commit()
             except BaseException:
                 await self._writer.rollback()
                 raise
 
     @asynccontextmanager
-    async def autocommit(self) -> AsyncIterator[Transaction]:
+    async def autocommit(self) -> AsyncIterator[SQLiteTransaction]:
         """The writer for statements that each commit on their own (single-row updates)."""
         async with self._write_lock:
-            yield Transaction(self._writer, retry_locked=True)
+            yield SQLiteTransaction(self._writer, retry_locked=True)
 
 
 async def fetch_in(
@@ -150,6 +223,13 @@ async def fetch_in(
         batch = list(ids[start : start + IN_BATCH])
         rows += await conn.fetch(sql.format(marks=marks(len(batch))), [*prefix, *batch])
     return rows
+
+
+def in_values(conn: Connection, values: Sequence[Any]) -> tuple[str, Any]:
+    """SQL after a column that tests membership in `values`, and its one parameter."""
+    if conn.dialect == "postgres":
+        return "= ANY(?)", list(values)
+    return "IN (SELECT value FROM json_each(?))", json.dumps(list(values))
 
 
 def marks(count: int) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from memory.storage.database import Connection, Row, Transaction, only_row
-from memory.storage.fts import match_expression, owner_token
+from memory.storage import pg_search
+from memory.storage.database import Connection, Row, Transaction, in_values, only_row
+from memory.storage.fts import match_expression, owner_token, search_terms
 
 _COLUMNS = (
     "id, user_id, text, category, confidence, importance, mentions, source, source_session, "
@@ -132,8 +133,9 @@ async def add_mention(
     expires_at: float | None, now: float,
 ) -> None:
     """One more mention: confidence up by the step (capped at 1), seen now."""
+    smaller = "LEAST" if tx.dialect == "postgres" else "MIN"
     await tx.change(
-        "UPDATE facts SET mentions = mentions + 1, confidence = MIN(1.0, confidence + ?),"
+        f"UPDATE facts SET mentions = mentions + 1, confidence = {smaller}(1.0, confidence + ?),"
         " last_seen = ?, updated_at = ?, source_turn_ids = ?, expires_at = ? WHERE id = ?",
         (confidence_step, now, now, json.dumps(list(source_turn_ids)), expires_at, fact_id),
     )
@@ -165,11 +167,12 @@ async def chain_of(conn: Connection, user_id: str, fact_id: int) -> int | None:
 
 async def get_many(conn: Connection, user_id: str | None, ids: Sequence[int]) -> list[Fact]:
     """These facts (of this user, or of anyone for background jobs), in no set order."""
-    sql = f"SELECT {_COLUMNS} FROM facts WHERE id IN (SELECT value FROM json_each(?))"
+    among, values = in_values(conn, ids)
+    sql = f"SELECT {_COLUMNS} FROM facts WHERE id {among}"
     if user_id is None:
-        rows = await conn.fetch(sql, (json.dumps(list(ids)),))
+        rows = await conn.fetch(sql, (values,))
     else:
-        rows = await conn.fetch(sql + " AND user_id = ?", (json.dumps(list(ids)), user_id))
+        rows = await conn.fetch(sql + " AND user_id = ?", (values, user_id))
     return [_fact(row) for row in rows]
 
 
@@ -195,8 +198,12 @@ async def page(
         expression = match_expression(user_id, query)
         if expression is None:
             return []
-        where.append("id IN (SELECT rowid FROM facts_fts WHERE facts_fts MATCH ?)")
-        params.append(expression)
+        if conn.dialect == "postgres":
+            where.append(pg_search.MATCHES)
+            params.append(search_terms(query))
+        else:
+            where.append("id IN (SELECT rowid FROM facts_fts WHERE facts_fts MATCH ?)")
+            params.append(expression)
     if before is not None:
         where.append("id < ?")
         params.append(before)
@@ -223,6 +230,10 @@ async def search(
     expression = match_expression(user_id, query)
     if expression is None or k <= 0:
         return []
+    if conn.dialect == "postgres":
+        sql = pg_search.bm25_sql("facts", f"user_id = ? AND {_ACTIVE}")
+        rows = await conn.fetch(sql, (search_terms(query), user_id, now, k))
+        return [(int(row[0]), float(row[1])) for row in rows]
     rows = await conn.fetch(
         "SELECT f.id, -s.rank FROM facts_fts AS s JOIN facts AS f ON f.id = s.rowid"
         f" WHERE facts_fts MATCH ? AND f.user_id = ? AND {_ACTIVE}"
@@ -274,10 +285,11 @@ async def count_by_session(
     conn: Connection, user_id: str, session_ids: Sequence[str]
 ) -> dict[str, int]:
     """How many current versions learned in each of these sessions (absent: none)."""
+    among, values = in_values(conn, session_ids)
     rows = await conn.fetch(
         "SELECT source_session, COUNT(*) FROM facts WHERE user_id = ? AND valid_to IS NULL"
-        " AND source_session IN (SELECT value FROM json_each(?)) GROUP BY source_session",
-        (user_id, json.dumps(list(session_ids))),
+        f" AND source_session {among} GROUP BY source_session",
+        (user_id, values),
     )
     return {str(row[0]): int(row[1]) for row in rows}
 
@@ -357,10 +369,9 @@ async def delete(tx: Transaction, user_id: str, ids: Sequence[int] | None = None
     if ids is None:
         rows = await tx.fetch("DELETE FROM facts WHERE user_id = ? RETURNING id", (user_id,))
     else:
+        among, values = in_values(tx, ids)
         rows = await tx.fetch(
-            "DELETE FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))"
-            " RETURNING id",
-            (user_id, json.dumps(list(ids))),
+            f"DELETE FROM facts WHERE user_id = ? AND id {among} RETURNING id", (user_id, values)
         )
     return [int(row[0]) for row in rows]
 

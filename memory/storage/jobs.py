@@ -3,6 +3,12 @@
     queued --claim--> running --complete--> done
                          |--retry_later--> queued (run_after in the future)
                          '--bury---------> dead (kept with its error)
+
+On SQLite one process owns the queue, and its next start requeues what a crash left running.
+On PostgreSQL several replicas share it: a claim skips rows another replica is claiming
+(FOR UPDATE SKIP LOCKED) and holds a lease (`lease_until`) that its worker renews while the
+job runs; a running job whose lease ended belongs to a replica that died, and any replica
+claims it again (or buries it when that was its last attempt, as a restart would).
 """
 
 from __future__ import annotations
@@ -16,6 +22,15 @@ from typing import Any
 from memory.storage.database import Connection, Transaction, marks, only_row
 
 STATUSES = ("queued", "running", "done", "dead")
+# How long a claim holds a job on PostgreSQL unless renewed: a dead replica's job waits this
+# long before another replica takes it over. Workers renew at a third of it.
+LEASE_SECONDS = 60.0
+_CRASHED = (
+    "UPDATE jobs SET status = 'dead', updated_at = ?, last_error ="
+    " 'the process stopped during its last attempt; last error: '"
+    " || COALESCE(last_error, 'none')"
+    " WHERE status = 'running' AND attempts >= max_attempts"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +72,46 @@ async def enqueue(
 
 
 async def claim(
-    tx: Transaction, kinds: Sequence[str] | None, limit: int, now: float
+    tx: Transaction, kinds: Sequence[str] | None, limit: int, now: float, *,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> list[Job]:
-    """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first."""
-    kind_filter = ""
-    params: list[Any] = [now, now]
-    if kinds is not None:
-        kind_filter = f" AND kind IN ({marks(len(kinds))})"
-        params.extend(kinds)
-    params.append(limit)
-    rows = await tx.fetch(
-        "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?"
-        " WHERE id IN (SELECT id FROM jobs WHERE status = 'queued' AND run_after <= ?"
-        f"{kind_filter} ORDER BY run_after, id LIMIT ?)"
-        " RETURNING id, kind, payload, attempts, max_attempts, run_after",
-        params,
-    )
+    """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first.
+
+    On PostgreSQL the claim holds each job for `lease_seconds`, and jobs whose lease ended
+    are ready again.
+    """
+    kind_filter = f" AND kind IN ({marks(len(kinds))})" if kinds is not None else ""
+    if tx.dialect == "postgres":
+        await tx.change(_CRASHED + " AND lease_until <= ?", (now, now))
+        rows = await tx.fetch(
+            "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?,"
+            " lease_until = ? WHERE id IN (SELECT id FROM jobs WHERE"
+            " ((status = 'queued' AND run_after <= ?) OR (status = 'running' AND lease_until <= ?))"
+            f"{kind_filter} ORDER BY run_after, id LIMIT ? FOR UPDATE SKIP LOCKED)"
+            " RETURNING id, kind, payload, attempts, max_attempts, run_after",
+            [now, now + lease_seconds, now, now, *(kinds or ()), limit],
+        )
+    else:
+        rows = await tx.fetch(
+            "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?"
+            " WHERE id IN (SELECT id FROM jobs WHERE status = 'queued' AND run_after <= ?"
+            f"{kind_filter} ORDER BY run_after, id LIMIT ?)"
+            " RETURNING id, kind, payload, attempts, max_attempts, run_after",
+            [now, now, *(kinds or ()), limit],
+        )
     rows.sort(key=lambda row: (row[5], row[0]))
     return [Job(row[0], row[1], json.loads(row[2]), row[3], row[4]) for row in rows]
+
+
+async def renew(
+    tx: Transaction, job_ids: Sequence[int], now: float, *, lease_seconds: float = LEASE_SECONDS
+) -> None:
+    """Extend the leases of these running jobs (PostgreSQL; SQLite has no leases)."""
+    if tx.dialect == "postgres" and job_ids:
+        await tx.change(
+            "UPDATE jobs SET lease_until = ? WHERE status = 'running' AND id = ANY(?)",
+            (now + lease_seconds, list(job_ids)),
+        )
 
 
 async def complete(tx: Transaction, job_id: int) -> None:
@@ -103,19 +140,16 @@ async def bury(tx: Transaction, job_id: int, error: str) -> None:
 
 
 async def requeue_running(tx: Transaction) -> int:
-    """Crash recovery: queue again the jobs left running; return how many."""
+    """Crash recovery: queue again the jobs left running (on PostgreSQL, only those whose
+    lease ended: the others belong to live replicas); return how many."""
     now = time.time()
+    expired, params = (" AND lease_until <= ?", (now,)) if tx.dialect == "postgres" else ("", ())
     # A job that was mid-attempt at every crash may be what crashes the process.
-    await tx.change(
-        "UPDATE jobs SET status = 'dead', updated_at = ?, last_error ="
-        " 'the process stopped during its last attempt; last error: '"
-        " || COALESCE(last_error, 'none')"
-        " WHERE status = 'running' AND attempts >= max_attempts",
-        (now,),
-    )
+    await tx.change(_CRASHED + expired, (now, *params))
     return await tx.change(
-        "UPDATE jobs SET status = 'queued', run_after = ?, updated_at = ? WHERE status = 'running'",
-        (now, now),
+        "UPDATE jobs SET status = 'queued', run_after = ?, updated_at = ? WHERE status = 'running'"
+        + expired,
+        (now, now, *params),
     )
 
 

@@ -95,7 +95,13 @@ async def take_rows(
 
 async def put_rows(tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert rows take_rows returned, for `user_id` (undoing a clear)."""
-    if rows:
+    if rows and tx.dialect == "postgres":
+        await tx.change_many(
+            f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
+            f" VALUES (?, {', '.join('?' * len(ROW_FIELDS))})",
+            [(user_id, *(row[f] for f in ROW_FIELDS)) for row in rows],
+        )
+    elif rows:
         await tx.change(
             f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
             f" SELECT ?, {', '.join(f'value ->> {f!r}' for f in ROW_FIELDS)}"

@@ -14,11 +14,12 @@ async def touch(
     tx: Transaction, user_id: str, session_id: str, times: Sequence[float], added: int
 ) -> None:
     """Record activity at `times` that added `added` turns (creating the row if needed)."""
+    larger = "GREATEST" if tx.dialect == "postgres" else "MAX"
     await tx.change(
         "INSERT INTO sessions (user_id, session_id, created_at, last_active, turn_count)"
         " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, session_id) DO UPDATE SET"
-        " last_active = MAX(last_active, excluded.last_active),"
-        " turn_count = turn_count + excluded.turn_count",
+        f" last_active = {larger}(sessions.last_active, excluded.last_active),"
+        " turn_count = sessions.turn_count + excluded.turn_count",
         (user_id, session_id, min(times), max(times), added),
     )
 

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from memory.storage.database import Connection, Row, Transaction, only_row
-from memory.storage.fts import match_expression, owner_token, session_token
+from memory.storage import pg_search
+from memory.storage.database import Connection, Row, Transaction, in_values, only_row
+from memory.storage.fts import match_expression, owner_token, search_terms, session_token
 
 _COLUMNS = (
     "id, user_id, session_id, text, data, source_turn_ids, last_turn_id, user_turns, tokens, "
@@ -122,11 +123,12 @@ async def get(conn: Connection, user_id: str, summary_id: int) -> Summary | None
 
 async def get_many(conn: Connection, user_id: str | None, ids: Sequence[int]) -> list[Summary]:
     """These summaries (of this user, or of anyone for background jobs), in no set order."""
-    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id IN (SELECT value FROM json_each(?))"
+    among, values = in_values(conn, ids)
+    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id {among}"
     if user_id is None:
-        rows = await conn.fetch(sql, (json.dumps(list(ids)),))
+        rows = await conn.fetch(sql, (values,))
     else:
-        rows = await conn.fetch(sql + " AND user_id = ?", (json.dumps(list(ids)), user_id))
+        rows = await conn.fetch(sql + " AND user_id = ?", (values, user_id))
     return [_summary(row) for row in rows]
 
 
@@ -137,6 +139,12 @@ async def search(
     expression = match_expression(user_id, query, session_id)
     if expression is None or k <= 0:
         return []
+    if conn.dialect == "postgres":
+        scope, params = ("user_id = ?", [user_id]) if session_id is None else (
+            "user_id = ? AND session_id = ?", [user_id, session_id])
+        sql = pg_search.bm25_sql("summaries", scope + " AND superseded_by IS NULL")
+        rows = await conn.fetch(sql, (search_terms(query), *params, k))
+        return [(int(row[0]), float(row[1])) for row in rows]
     rows = await conn.fetch(
         "SELECT s.id, -f.rank FROM summaries_fts AS f JOIN summaries AS s ON s.id = f.rowid"
         " WHERE summaries_fts MATCH ? AND s.user_id = ? AND s.superseded_by IS NULL"
@@ -150,11 +158,12 @@ async def exists(
     conn: Connection, user_id: str, session_id: str, text: str, created_at: float | None
 ) -> bool:
     """Whether the session has a summary with this text (and creation time, when given)."""
-    rows = await conn.fetch(
-        "SELECT 1 FROM summaries WHERE user_id = ? AND session_id = ? AND text = ?"
-        " AND (? IS NULL OR created_at = ?) LIMIT 1",
-        (user_id, session_id, text, created_at, created_at),
-    )
+    sql = "SELECT 1 FROM summaries WHERE user_id = ? AND session_id = ? AND text = ?"
+    params: list[Any] = [user_id, session_id, text]
+    if created_at is not None:
+        sql += " AND created_at = ?"
+        params.append(created_at)
+    rows = await conn.fetch(sql + " LIMIT 1", params)
     return bool(rows)
 
 
@@ -178,11 +187,11 @@ async def count_by_session(
     conn: Connection, user_id: str, session_ids: Sequence[str]
 ) -> dict[str, int]:
     """How many current summaries each of these sessions has (absent: none)."""
+    among, values = in_values(conn, session_ids)
     rows = await conn.fetch(
         "SELECT session_id, COUNT(*) FROM summaries WHERE user_id = ?"
-        " AND superseded_by IS NULL AND session_id IN (SELECT value FROM json_each(?))"
-        " GROUP BY session_id",
-        (user_id, json.dumps(list(session_ids))),
+        f" AND superseded_by IS NULL AND session_id {among} GROUP BY session_id",
+        (user_id, values),
     )
     return {str(row[0]): int(row[1]) for row in rows}
 

@@ -12,8 +12,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
-from memory.storage.database import Connection, Row, Transaction, fetch_in, only_row
-from memory.storage.fts import CHUNK_COLUMNS, owner_token, session_token, term_expression
+from memory.storage import pg_search
+from memory.storage.database import (
+    Connection,
+    Row,
+    Transaction,
+    fetch_in,
+    in_values,
+    only_row,
+)
+from memory.storage.fts import (
+    CHUNK_COLUMNS,
+    match_expression,
+    owner_token,
+    session_token,
+    term_expression,
+)
 
 _TURN_COLUMNS = (
     "id, user_id, session_id, parent_id, position, role, name, content, content_hash, "
@@ -216,7 +230,7 @@ async def count(
     role: str | None = None,
 ) -> int:
     """How many turns are stored: everyone's, a user's, or a session's (of one role)."""
-    where, params = ["1"], []
+    where, params = ["TRUE"], []
     for column, value in (("user_id", user_id), ("session_id", session_id), ("role", role)):
         if value is not None:
             where.append(f"{column} = ?")
@@ -302,8 +316,20 @@ async def neighbour_chunks(conn: Connection, ids: Sequence[int]) -> list[tuple[i
     return [(int(row[0]), int(row[1])) for row in rows]
 
 
-async def search_chunks(conn: Connection, expression: str, k: int) -> list[tuple[int, float]]:
-    """Best `k` (chunk_id, score) for an FTS5 MATCH expression (memory.storage.fts)."""
+async def search_chunks(
+    conn: Connection, user_id: str, terms: Sequence[str], *, k: int, session_id: str | None = None
+) -> list[tuple[int, float]]:
+    """Best `k` (chunk_id, bm25) of the user's (session's) chunks holding any of the words
+    (memory.storage.fts.search_terms) in their text or speaker, best first."""
+    if conn.dialect == "postgres":
+        scope, params = ("user_id = ?", [user_id]) if session_id is None else (
+            "user_id = ? AND session_id = ?", [user_id, session_id])
+        sql = pg_search.bm25_sql("chunks", scope)
+        rows = await conn.fetch(sql, (list(terms), *params, k))
+        return [(int(row[0]), float(row[1])) for row in rows]
+    expression = match_expression(user_id, " ".join(terms), session_id, columns=CHUNK_COLUMNS)
+    if expression is None:
+        return []
     # rank is bm25 weighted (1, 0.5, 0, 0) by the migration; lower is better: negate it.
     rows = await conn.fetch(
         "SELECT rowid, -rank FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
@@ -314,6 +340,9 @@ async def search_chunks(conn: Connection, expression: str, k: int) -> list[tuple
 
 async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]:
     """How many chunks (of every user) each word matches, in the order given."""
+    if conn.dialect == "postgres":
+        rows = await conn.fetch(pg_search.term_counts_sql("chunks"), (list(terms),))
+        return [int(row[0]) for row in rows]
     # One statement counts every word; each is a quoted FTS5 string.
     one = "(SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH ?)"
     rows = await conn.fetch(
@@ -325,9 +354,8 @@ async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]
 
 async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:
     """Which of these chunk ids still exist."""
-    rows = await conn.fetch(
-        "SELECT id FROM chunks WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
-    )
+    among, values = in_values(conn, ids)
+    rows = await conn.fetch(f"SELECT id FROM chunks WHERE id {among}", (values,))
     return {int(row[0]) for row in rows}
 
 
@@ -382,6 +410,8 @@ async def _insert_chunks(
         " sess, speaker) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(turn_id, *chunk, *scope) for chunk in chunks],
     )
+    if tx.dialect == "postgres":
+        return  # a trigger indexes each row (memory.storage.postgres_schema)
     # One statement for the batch: see the migration for why this is not a trigger.
     await tx.change(
         "INSERT INTO chunks_fts (rowid, text, speaker, owner, sess)"

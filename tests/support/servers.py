@@ -1,13 +1,16 @@
-"""Real servers on 127.0.0.1 for the scale-out tests: a Chroma server (`chroma run` from the
-chromadb package) in a temporary directory, gone when its context exits:
+"""Real servers on 127.0.0.1 for the scale-out tests, each in a temporary directory and gone
+when its context exits: a Chroma server (`chroma run` from the chromadb package) and
+PostgreSQL (Debian's `postgresql` package):
 
-    with ChromaServer() as chroma:
-        settings = settings.replace(chroma_url=chroma.url)
+    with ChromaServer() as chroma, PostgresServer() as postgres:
+        settings = settings.replace(chroma_url=chroma.url, database_url=postgres.create_database())
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,3 +90,69 @@ class ChromaServer:
     def _read_log(self) -> str:
         self._log.flush()
         return (Path(self._tmp.name) / "log").read_text(errors="replace")[-2000:]
+
+
+def postgres_bin() -> Path:
+    """The newest `/usr/lib/postgresql/*/bin`, or ServerUnavailable."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))
+    if not found:
+        raise ServerUnavailable("PostgreSQL is not installed (Debian package `postgresql`)")
+    return Path(found[-1])
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of its own (initdb) on a free loopback port.
+
+    PostgreSQL refuses to run as root: as root (CI) the cluster belongs to the unprivileged
+    `postgres` user the Debian package creates, and every command runs through runuser.
+    """
+
+    def __init__(self) -> None:
+        self.bin = postgres_bin()
+        self.port = free_port()
+        self._tmp = tempfile.mkdtemp(prefix="memproxy-pg-")
+        self._data = Path(self._tmp) / "data"
+        self._as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self._databases = 0
+
+    def url(self, database: str = "postgres") -> str:
+        """The connection URL of one database (superuser `postgres`, trusted on loopback)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A new empty database; return its URL."""
+        self._databases += 1
+        name = f"test_{self._databases}"
+        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return self.url(name)
+
+    def __enter__(self) -> PostgresServer:
+        if self._as_user:
+            shutil.chown(self._tmp, "postgres")
+        self._run("initdb", "-D", str(self._data), "-U", "postgres", "-A", "trust",
+                  "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        try:
+            # fsync off: a test cluster never needs to survive a power cut.
+            self._run("pg_ctl", "-D", str(self._data), "-l", str(Path(self._tmp) / "log"),
+                      "-w", "-t", str(int(START_SECONDS)), "-o",
+                      f"-h 127.0.0.1 -p {self.port} -k {self._tmp} -F -c max_connections=200",
+                      "start")
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self._data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _run(self, program: str, *args: str) -> None:
+        done = subprocess.run([*self._as_user, str(self.bin / program), *args],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            log = Path(self._tmp) / "log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{program} failed: {done.stderr[-2000:]} {tail}")
