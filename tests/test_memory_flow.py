@@ -242,7 +242,9 @@ async def test_metrics_rows_are_pruned_after_retention(make_settings: Callable[.
         now = time.time()
         for age_days in (0, 29, 31, 400):
             await engine.record(RequestMetrics("ada", created_at=now - age_days * 86400))
-        assert (await engine.prune(now))["request_metrics"] == 2
-        assert scalar(engine.settings, "SELECT count(*) FROM request_metrics") == 2
+        # The engine's own maintenance prunes once at the start too, and may come first.
+        await engine.prune(now)
+        ages = query(engine.settings, "SELECT created_at FROM request_metrics ORDER BY created_at")
+        assert [round((now - created) / 86400) for (created,) in ages] == [29, 0]
     finally:
         await engine.close()
