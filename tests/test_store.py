@@ -383,11 +383,12 @@ async def test_concurrent_claims_never_hand_out_a_job_twice(store: Storage) -> N
 
 
 async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
-    a, b = await store.queue.enqueue("index", {}), await store.queue.enqueue("index", {}, max_attempts=1)
-    await store.queue.claim(None, 2, now=time.time())
+    await store.queue.enqueue("index", {})
+    b = await store.queue.enqueue("index", {}, max_attempts=1)
+    a, buried = await store.queue.claim(None, 2, now=time.time())
 
     await store.queue.retry_later(a, "TimeoutError: slow", run_after=time.time() + 3600)
-    await store.queue.bury(b, "ValueError: bad payload")
+    await store.queue.bury(buried, "ValueError: bad payload")
 
     assert await store.queue.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
     (dead,) = await store.queue.dead_jobs(10)
@@ -395,8 +396,8 @@ async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
     assert await store.queue.next_job_due() == pytest.approx(time.time() + 3600, abs=5)
     (job,) = await store.queue.claim(None, 5, now=time.time() + 3601)
     assert job.attempts == 2
-    await store.queue.complete(job.id)
-    await store.queue.retry_later(job.id, "too late", run_after=0)  # must not revive a done job
+    assert await store.queue.complete(job)
+    await store.queue.retry_later(job, "too late", run_after=0)  # must not revive a done job
     assert (await store.queue.job_counts())["done"] == 1
     assert await store.queue.prune_done_jobs(older_than=time.time() + 1) == 1
 
