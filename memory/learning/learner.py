@@ -23,7 +23,7 @@ import numpy as np
 
 from config import Settings
 from memory.index.learned_vectors import fact_metadata
-from memory.index.vectors import VectorIndex
+from memory.index.shared_vectors import SharedVectors
 from memory.jobs.worker import JobFailed
 from memory.learning.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide, grounded_in
 from memory.learning.facts import Fact, FactStore
@@ -70,7 +70,7 @@ class Learner:
 
     def __init__(
         self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
-        vectors: VectorIndex, embed: Embed,
+        vectors: SharedVectors, embed: Embed,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -166,7 +166,7 @@ class Learner:
                 source="extracted", source_session=session_id, source_turn_ids=turn_ids,
                 restart=True,
             )
-            await asyncio.to_thread(self.vectors.delete, ids=[f"f{decision.target}"])
+            await self.vectors.delete(ids=[f"f{decision.target}"])
         else:
             fact = await self.facts.add(
                 user_id, item.fact, item.category, confidence=item.confidence,
@@ -174,15 +174,12 @@ class Learner:
                 source_turn_ids=turn_ids, expires_at=expires,
             )
         # Now, not only by the queued sync job: the next item of this answer must see it.
-        await asyncio.to_thread(
-            self.vectors.add, [f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)]
-        )
+        await self.vectors.add([f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)])
         return fact
 
     async def _neighbours(self, user_id: str, vector: np.ndarray, k: int) -> list[Neighbour]:
-        hits = await asyncio.to_thread(
-            self.vectors.query, vector, k=k, where={"user_id": user_id, "source": "fact"}
-        )
+        await self.vectors.refresh([user_id])  # facts another replica learned count too
+        hits = await self.vectors.query(vector, k=k, where={"user_id": user_id, "source": "fact"})
         similarity = {int(key[1:]): score for key, score in hits}
         found = await self.facts.get_many(user_id, list(similarity))
         return [Neighbour(f.id, f.text, f.category, similarity[f.id]) for f in found if f.active]

@@ -351,6 +351,13 @@ CREATE INDEX injections_by_user ON injections (user_id);
 {_forgetting_triggers()}
 """
 
+_VECTOR_GENERATIONS = """
+CREATE TABLE vector_generations (
+    user_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
+);
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -360,6 +367,9 @@ MIGRATIONS: list[Migration] = [
     # reply turn's request_id holds that response id, found per user by this index.
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
     ("0006_injections", _INJECTIONS),
+    # Per-user vector generations (memory/storage/versions.py): bumped after every write of
+    # a user's vectors, so replicas sharing a Chroma server know their copies are stale.
+    ("0007_vector_generations", _VECTOR_GENERATIONS),
 ]
 
 

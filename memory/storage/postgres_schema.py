@@ -389,6 +389,12 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004_recall", _RECALL),
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
     ("0006_injections", _INJECTIONS),
+    ("0007_vector_generations", """
+CREATE TABLE vector_generations (
+    user_id TEXT PRIMARY KEY,
+    generation BIGINT NOT NULL
+);
+"""),
 ]
 
 
