@@ -487,7 +487,7 @@ async def test_a_renewed_lease_keeps_the_job_and_a_last_attempt_is_buried_when_i
     claimed = await owner.queue.claim(None, 2, now=time.time() - LEASE_SECONDS + 0.3)
     assert [job.id for job in claimed] == [kept, crasher]
 
-    assert await owner.queue.renew([claimed[0]], time.time()) == []
+    await owner.queue.renew([claimed[0]], time.time())
     await asyncio.sleep(0.4)
 
     assert await other.queue.claim(None, 5, now=time.time()) == []
@@ -518,8 +518,10 @@ async def test_a_worker_that_lost_its_lease_cannot_settle_the_job_its_new_claim_
         await asyncio.sleep(0.3)
         # The slow replica finished, but its claim was no longer the job's: nothing settled.
         assert await slow.queue.job_counts() == {"queued": 0, "running": 1, "done": 0, "dead": 0}
-        lost = await slow.queue.renew([taken, replace(taken, attempts=1)], time.time())
-        assert [job.attempts for job in lost] == [1]
+        # Nor can it renew the new claim's lease (the survivor's claim runs a lease from now).
+        await slow.queue.renew([replace(taken, attempts=1)], time.time() + 10 * LEASE_SECONDS)
+        ((lease_until,),) = await slow.db.fetch("SELECT lease_until FROM jobs")
+        assert lease_until < time.time() + 3 * LEASE_SECONDS
     finally:
         await worker.stop(timeout=1)
     assert await survivor.queue.complete(taken)

@@ -36,10 +36,10 @@ class JobQueue:
         async with self.db.autocommit() as tx:
             return await jobs.claim(tx, kinds, limit, now, lease_seconds=self.lease_seconds)
 
-    async def renew(self, claims: Sequence[Job], now: float) -> list[Job]:
-        """Extend the leases of these claims (PostgreSQL); return those no longer held."""
+    async def renew(self, claims: Sequence[Job], now: float) -> None:
+        """Extend the leases of these claims that are still held (PostgreSQL)."""
         async with self.db.autocommit() as tx:
-            return await jobs.renew(tx, claims, now, lease_seconds=self.lease_seconds)
+            await jobs.renew(tx, claims, now, lease_seconds=self.lease_seconds)
 
     async def complete(self, job: Job) -> bool:
         """Mark a claimed job done; False when the claim was lost meanwhile."""

@@ -173,10 +173,7 @@ class JobWorker:
         now = self._clock()
         # Every third of a lease: a lease survives two failed renewals.
         if self._running and now - self._renewed >= self._store.lease_seconds / 3:
-            running = [job for group in self._running.values() for job in group]
-            for job in await self._store.renew(running, now):
-                log.warning("job %d (%s) lost its lease: another replica claimed it again",
-                            job.id, job.kind)
+            await self._store.renew([job for group in self._running.values() for job in group], now)
             self._renewed = now
 
     async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:

@@ -114,18 +114,15 @@ async def claim(
 
 async def renew(
     tx: Transaction, claims: Sequence[Job], now: float, *, lease_seconds: float = LEASE_SECONDS
-) -> list[Job]:
-    """Extend the leases of these claims (PostgreSQL; SQLite has no leases); return the
-    claims no longer held (another replica claimed the job again)."""
-    if tx.dialect != "postgres" or not claims:
-        return []
-    kept = await tx.fetch(
-        "UPDATE jobs SET lease_until = ? WHERE status = 'running'"
-        " AND (id, attempts) IN (SELECT * FROM unnest(?::bigint[], ?::int[])) RETURNING id, attempts",
-        (now + lease_seconds, [job.id for job in claims], [job.attempts for job in claims]),
-    )
-    held = {(row[0], row[1]) for row in kept}
-    return [job for job in claims if (job.id, job.attempts) not in held]
+) -> None:
+    """Extend the leases of these claims that are still held (PostgreSQL; SQLite has no
+    leases)."""
+    if tx.dialect == "postgres" and claims:
+        await tx.change(
+            "UPDATE jobs SET lease_until = ? WHERE status = 'running'"
+            " AND (id, attempts) IN (SELECT * FROM unnest(?::bigint[], ?::int[]))",
+            (now + lease_seconds, [job.id for job in claims], [job.attempts for job in claims]),
+        )
 
 
 async def complete(tx: Transaction, job: Job) -> bool:
