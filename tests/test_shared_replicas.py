@@ -1,8 +1,11 @@
 """Engines of several replicas on one PostgreSQL and one Chroma server: a replica's vector
-copies follow the other replicas' writes (vector generations)."""
+copies follow the other replicas' writes (vector generations), and learning for one user on
+two replicas at once gives the facts one replica would (the facts lock)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -79,3 +82,46 @@ async def test_a_replica_keeps_its_copy_current_through_its_own_writes(
     assert "Pier 39" in found.block
     # Kept in step and advanced to the new generation, not dropped and loaded again.
     assert engine.vectors._cache._users["ada"] is copy
+
+
+class Extractor:
+    """The learning model: every extraction answers the same fact; with `together`, no
+    answer is given until that many calls are waiting (so their jobs apply it at once)."""
+
+    def __init__(self, together: int = 1) -> None:
+        self.barrier = asyncio.Barrier(together)
+
+    async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:
+        await self.barrier.wait()
+        return json.dumps([{
+            "fact": "User uses Helix as their code editor", "category": "preference",
+            "confidence": 0.9, "importance": 8, "updates_previous": None, "expires": None,
+        }])
+
+
+async def learn(engine: MemoryEngine, user: str, session: str) -> None:
+    """The extract_facts job of one exchange in which `user` names their editor."""
+    turn_id = await engine.remember_request(
+        user, session, [{"role": "user", "content": "I use Helix as my code editor these days."}],
+        model="gpt-4o", request_id=session,
+    )
+    await engine.learner.extract(
+        {"user_id": user, "session_id": session, "turn_id": turn_id, "model": "gpt-4o"}
+    )
+
+
+async def test_two_replicas_learning_for_one_user_at_once_merge_as_one_replica_would(
+    replicas: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    first, second = replicas
+    first.learner.llm = Extractor()
+    await learn(first, "grace", "s1")
+    await learn(first, "grace", "s2")
+    alone = [(f.text, f.mentions) for f in await first.facts.active("grace")]
+    assert alone == [("User uses Helix as their code editor", 2)]  # merged, as one replica does
+
+    both = Extractor(together=2)
+    first.learner.llm = second.learner.llm = both
+    await asyncio.gather(learn(first, "ada", "s1"), learn(second, "ada", "s2"))
+
+    assert [(f.text, f.mentions) for f in await second.facts.active("ada")] == alone

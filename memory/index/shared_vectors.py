@@ -14,7 +14,7 @@ never drops a copy; it stays, as one code path, for the price of that read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -34,8 +34,12 @@ class SharedVectors:
     async def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
     ) -> None:
-        """Insert or replace vectors by id, then count the write."""
-        await self._bump(await asyncio.to_thread(self.index.add, ids, vectors, metadatas))
+        """Insert or replace vectors by id, then count the write (and, for the recall cache,
+        which sessions' own turns it added)."""
+        owners = await asyncio.to_thread(self.index.add, ids, vectors, metadatas)
+        turns = {(str(m["user_id"]), str(m["session_id"])) for m in metadatas
+                 if m.get("source") == "turn"}
+        await self._bump(owners, turns)
 
     async def delete(
         self, *, ids: Sequence[str] | None = None, where: Mapping[str, str] | None = None
@@ -55,9 +59,11 @@ class SharedVectors:
         """Up to `k` (id, cosine similarity) pairs matching `where`, best first."""
         return await asyncio.to_thread(self.index.query, vector, k=k, where=where)
 
-    async def _bump(self, user_ids: set[str]) -> None:
+    async def _bump(
+        self, user_ids: set[str], sessions: Collection[tuple[str, str]] = ()
+    ) -> None:
         if not user_ids:
             return
         async with self.db.autocommit() as tx:
-            bumped = await versions.bump_vectors(tx, sorted(user_ids))
+            bumped = await versions.bump_vectors(tx, user_ids, sessions)
         await asyncio.to_thread(self.index.advance, bumped)

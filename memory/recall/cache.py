@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-# The memory versions a result was recalled at (each: the writes to the memory, and the
-# generation of its vectors): the user's, and the organisation's when the request reaches
-# its shared memory. The vector generation counts too: a turn's chunks are written (and
-# counted) before its vectors, so a result recalled in between lacks their dense hits.
+# The memory versions a result was recalled at (each: the writes to the memory, and those of
+# its vectors, besides the session's own; memory.storage.versions): the user's, and the
+# organisation's when the request reaches its shared memory. The vectors count apart: a
+# turn's chunks are written (and counted) before its vectors, so a result recalled in
+# between lacks their dense hits.
 Version = tuple[int, int]
 Stamp = tuple[Version, Version | None]
 

@@ -353,8 +353,10 @@ CREATE INDEX injections_by_user ON injections (user_id);
 
 _VECTOR_GENERATIONS = """
 CREATE TABLE vector_generations (
-    user_id TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    PRIMARY KEY (user_id, session_id)
 );
 """
 
@@ -368,7 +370,8 @@ MIGRATIONS: list[Migration] = [
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
     ("0006_injections", _INJECTIONS),
     # Per-user vector generations (memory/storage/versions.py): bumped after every write of
-    # a user's vectors, so replicas sharing a Chroma server know their copies are stale.
+    # a user's vectors, so replicas sharing a Chroma server know their copies are stale;
+    # rows per session as in memory_versions, for the recall cache.
     ("0007_vector_generations", _VECTOR_GENERATIONS),
 ]
 

@@ -391,8 +391,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006_injections", _INJECTIONS),
     ("0007_vector_generations", """
 CREATE TABLE vector_generations (
-    user_id TEXT PRIMARY KEY,
-    generation BIGINT NOT NULL
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    PRIMARY KEY (user_id, session_id)
 );
 """),
 ]
