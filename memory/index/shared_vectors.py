@@ -14,6 +14,7 @@ never drops a copy; it stays, as one code path, for the price of that read.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
@@ -23,6 +24,8 @@ from memory.index.vectors import Metadata, VectorIndex
 from memory.storage import versions
 from memory.storage.database import Database
 
+SEEN_KEPT = 4096  # users whose generation last given to the index is remembered
+
 
 class SharedVectors:
     """A VectorIndex whose writes bump, and whose searches check, vector generations."""
@@ -30,6 +33,9 @@ class SharedVectors:
     def __init__(self, db: Database, index: VectorIndex) -> None:
         self.db = db
         self.index = index
+        # The generation last given to the index per user: an unchanged one needs no call,
+        # which would wait for the index's lock behind any write in progress.
+        self._seen: OrderedDict[str, int] = OrderedDict()
 
     async def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
@@ -51,7 +57,15 @@ class SharedVectors:
         """Before searching these users: drop their copies that another replica's writes
         made stale."""
         generations = await versions.vector_generations(self.db, user_ids)
-        await asyncio.to_thread(self.index.refresh, generations)
+        changed = {u: g for u, g in generations.items() if self._seen.get(u) != g}
+        if not changed:
+            return
+        await asyncio.to_thread(self.index.refresh, changed)
+        for user_id, generation in changed.items():
+            self._seen[user_id] = generation
+            self._seen.move_to_end(user_id)
+        while len(self._seen) > SEEN_KEPT:
+            self._seen.popitem(last=False)
 
     async def query(
         self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str]
