@@ -5,6 +5,8 @@ pass our own vectors, so the collection has no embedding function and never load
 Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on;
 with embedded Chroma the copies are also kept in files beside it (index/vector_copies.py,
 folder `vector-copies/<collection>`), so a restart does not have to ask Chroma for them.
+Writes return the users whose vectors they changed: index/shared_vectors.py counts them in
+the database, so that replicas sharing a Chroma server drop the copies another one made stale.
 
 The index heals itself: when a call fails because the collection was deleted, or its
 directory is gone or damaged, the collection is created again (empty; a damaged directory is
