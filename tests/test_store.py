@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.storage import metrics, migrations
+from memory.storage import metrics, migrations, versions
 from memory.storage.fts import match_expression
 from memory.storage.jobs import LEASE_SECONDS
 from memory.storage.metrics import RequestMetrics
@@ -467,3 +467,17 @@ async def test_a_sliding_window_client_continues_the_stored_path(store: Storage)
     # One matching message alone is not a window: it starts a new branch at the root.
     lone = await store.log.append_turns("u", "s", [history[3]])
     assert len(lone.new_ids) == 1
+
+
+async def test_vector_writes_move_the_recall_stamp_except_a_sessions_own_turn_vectors(
+    store: Storage,
+) -> None:
+    db = store.db
+    before = await versions.stamp(db, "ada", "s1")
+    async with db.autocommit() as tx:  # the vectors of session s1's own turns
+        assert await versions.bump_vectors(tx, {"ada"}, {("ada", "s1")}) == {"ada": 1}
+    assert await versions.stamp(db, "ada", "s1") == before  # a retry in s1 still hits
+    async with db.autocommit() as tx:  # another session's, a fact's: s1 must recall again
+        assert await versions.bump_vectors(tx, {"ada"}, {("ada", "s2")}) == {"ada": 2}
+    assert await versions.stamp(db, "ada", "s1") != before
+    assert await versions.vector_generations(db, ["ada", "bob"]) == {"ada": 2, "bob": 0}
