@@ -20,6 +20,7 @@ from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_mod
 from memory.index.learned_vectors import LearnedVectors
 from memory.index.quantized import int8_model_dir
 from memory.index.rebuild import VectorRebuild
+from memory.index.shared_vectors import SharedVectors
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
 from memory.jobs.worker import JobWorker
@@ -127,9 +128,11 @@ class MemoryEngine:
         # Every turn, fact, summary and imported record is redacted before it is stored.
         self.redact = Redactor(settings.redact)
         self.log = TurnLog(db, redact=self.redact)
-        self.queue = JobQueue(db)
+        self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.lexical = ChunkSearch(db)
         self.vectors = vectors
+        # Every search and write of users' vectors goes through this (index/shared_vectors.py).
+        self.shared_vectors = SharedVectors(db, vectors)
         self.embedder = embedder
         self.weights = Weights(
             settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
@@ -153,17 +156,19 @@ class MemoryEngine:
         )
         self.summaries = SummaryStore(db, redact=self.redact, notify=self._notify)
         self.profiles = ProfileStore(db, redact=self.redact, notify=self._notify)
-        self.learned_vectors = LearnedVectors(db, self.profiles, vectors, embedder.embed)
+        self.learned_vectors = LearnedVectors(
+            db, self.profiles, self.shared_vectors, embedder.embed
+        )
         self.manage = Management(
-            settings, self.log, vectors, self.facts, self.summaries, self.profiles,
+            settings, self.log, self.shared_vectors, self.facts, self.summaries, self.profiles,
             index_job=INDEX_JOB, notify=self._notify,
         )
         self.learned_recall = LearnedRecall(
-            self.facts, self.summaries, self.profiles, vectors, self.weights,
+            self.facts, self.summaries, self.profiles, self.shared_vectors, self.weights,
             k=settings.recall_candidates,
         )
         self.learner = Learner(
-            settings, self.log, self.facts, self.summaries, vectors, embedder.embed
+            settings, self.log, self.facts, self.summaries, self.shared_vectors, embedder.embed
         )
         self.worker = JobWorker(
             self.queue, {
@@ -391,7 +396,7 @@ class MemoryEngine:
         if ids:
             async with self._indexing:
                 vectors = await self.embedder.embed(texts)
-            await asyncio.to_thread(self.vectors.add, ids, vectors, metas)
+            await self.shared_vectors.add(ids, vectors, metas)
 
     # -- recall
 
@@ -435,10 +440,14 @@ class MemoryEngine:
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
             embedding = time.perf_counter()
-            vector = (
-                (await self.embedder.embed([for_embedding(query, words)]))[0]
-                if self.weights.dense else None
-            )
+            vector: np.ndarray | None = None
+            if self.weights.dense:
+                # Meanwhile: are the copies of the vectors to search still current?
+                embedded, _ = await asyncio.gather(
+                    self.embedder.embed([for_embedding(query, words)]),
+                    self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
+                )
+                vector = embedded[0]
             embed_ms = _ms(embedding) if vector is not None else 0.0
             dense, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
@@ -496,7 +505,7 @@ class MemoryEngine:
         where = {"user_id": user_id, "source": "turn"} if session_id is None else {
             "user_id": user_id, "session_id": session_id, "source": "turn",
         }
-        return await asyncio.to_thread(self.vectors.query, vector, k=k, where=where)
+        return await self.shared_vectors.query(vector, k=k, where=where)
 
     async def _candidates(
         self, user_id: str, present: str, dense: list[tuple[str, float]],

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memory.jobs.queue import JobQueue
 from memory.jobs.worker import Handler, JobWorker
 from memory.storage.jobs import LEASE_SECONDS
 from tests.support.servers import PostgresServer
@@ -485,10 +487,68 @@ async def test_a_renewed_lease_keeps_the_job_and_a_last_attempt_is_buried_when_i
     claimed = await owner.queue.claim(None, 2, now=time.time() - LEASE_SECONDS + 0.3)
     assert [job.id for job in claimed] == [kept, crasher]
 
-    await owner.queue.renew([kept], time.time())
+    await owner.queue.renew([claimed[0]], time.time())
     await asyncio.sleep(0.4)
 
     assert await other.queue.claim(None, 5, now=time.time()) == []
     assert await other.queue.job_counts() == {"queued": 0, "running": 1, "done": 0, "dead": 1}
     (dead,) = await other.queue.dead_jobs(5)
     assert dead.id == crasher and "stopped during its last attempt" in (dead.last_error or "")
+
+
+async def test_a_worker_that_lost_its_lease_cannot_settle_the_job_its_new_claim_owns(
+    replicas: tuple[Storage, Storage],
+) -> None:
+    slow, survivor = replicas
+    job_id = await slow.queue.enqueue("index", {}, run_after=0)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck(payload: dict[str, Any]) -> None:
+        started.set()
+        await release.wait()
+
+    worker = JobWorker(slow.queue, {"index": stuck}, poll_interval=0.05)
+    await worker.start()
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        # Seen from a lease later: the slow replica's claim has ended, the survivor's begins.
+        (taken,) = await survivor.queue.claim(None, 1, now=time.time() + LEASE_SECONDS + 1)
+        assert (taken.id, taken.attempts) == (job_id, 2)
+        release.set()
+        await asyncio.sleep(0.3)
+        # The slow replica finished, but its claim was no longer the job's: nothing settled.
+        assert await slow.queue.job_counts() == {"queued": 0, "running": 1, "done": 0, "dead": 0}
+        # Nor can it renew the new claim's lease (the survivor's claim runs a lease from now).
+        await slow.queue.renew([replace(taken, attempts=1)], time.time() + 10 * LEASE_SECONDS)
+        ((lease_until,),) = await slow.db.fetch("SELECT lease_until FROM jobs")
+        assert lease_until < time.time() + 3 * LEASE_SECONDS
+    finally:
+        await worker.stop(timeout=1)
+    assert await survivor.queue.complete(taken)
+    assert not await slow.queue.complete(replace(taken, attempts=1))
+    assert await survivor.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}
+
+
+async def test_a_short_lease_is_renewed_while_its_job_runs(
+    replicas: tuple[Storage, Storage],
+) -> None:
+    owner, other = replicas
+    leased = JobQueue(owner.db, lease_seconds=0.6)  # as MEMPROXY_JOB_LEASE_SECONDS=0.6 would
+    await leased.enqueue("index", {}, run_after=0)
+    handler = Recorder()
+
+    async def slow(payload: dict[str, Any]) -> None:
+        await handler(payload)
+        await asyncio.sleep(1.5)
+
+    worker = JobWorker(leased, {"index": slow}, poll_interval=0.05)
+    await worker.start()
+    try:
+        for _ in range(12):  # 1.2 s: twice the lease, which renewals keep
+            await asyncio.sleep(0.1)
+            assert await other.queue.claim(None, 1, now=time.time()) == []
+        await worker.run_until_idle(timeout=5)
+    finally:
+        await worker.stop(timeout=1)
+    assert len(handler.calls) == 1
+    assert await other.queue.job_counts() == {"queued": 0, "running": 0, "done": 1, "dead": 0}

@@ -36,6 +36,7 @@ EXPECTED_TABLES = {
     "consent",
     "injections",
     "memory_versions",
+    "vector_generations",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 

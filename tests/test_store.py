@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.storage import metrics, migrations
+from memory.storage import metrics, migrations, versions
 from memory.storage.fts import match_expression
 from memory.storage.jobs import LEASE_SECONDS
 from memory.storage.metrics import RequestMetrics
@@ -383,11 +383,12 @@ async def test_concurrent_claims_never_hand_out_a_job_twice(store: Storage) -> N
 
 
 async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
-    a, b = await store.queue.enqueue("index", {}), await store.queue.enqueue("index", {}, max_attempts=1)
-    await store.queue.claim(None, 2, now=time.time())
+    await store.queue.enqueue("index", {})
+    b = await store.queue.enqueue("index", {}, max_attempts=1)
+    a, buried = await store.queue.claim(None, 2, now=time.time())
 
     await store.queue.retry_later(a, "TimeoutError: slow", run_after=time.time() + 3600)
-    await store.queue.bury(b, "ValueError: bad payload")
+    await store.queue.bury(buried, "ValueError: bad payload")
 
     assert await store.queue.job_counts() == {"queued": 1, "running": 0, "done": 0, "dead": 1}
     (dead,) = await store.queue.dead_jobs(10)
@@ -395,8 +396,8 @@ async def test_jobs_move_through_retry_bury_and_done(store: Storage) -> None:
     assert await store.queue.next_job_due() == pytest.approx(time.time() + 3600, abs=5)
     (job,) = await store.queue.claim(None, 5, now=time.time() + 3601)
     assert job.attempts == 2
-    await store.queue.complete(job.id)
-    await store.queue.retry_later(job.id, "too late", run_after=0)  # must not revive a done job
+    assert await store.queue.complete(job)
+    await store.queue.retry_later(job, "too late", run_after=0)  # must not revive a done job
     assert (await store.queue.job_counts())["done"] == 1
     assert await store.queue.prune_done_jobs(older_than=time.time() + 1) == 1
 
@@ -466,3 +467,17 @@ async def test_a_sliding_window_client_continues_the_stored_path(store: Storage)
     # One matching message alone is not a window: it starts a new branch at the root.
     lone = await store.log.append_turns("u", "s", [history[3]])
     assert len(lone.new_ids) == 1
+
+
+async def test_vector_writes_move_the_recall_stamp_except_a_sessions_own_turn_vectors(
+    store: Storage,
+) -> None:
+    db = store.db
+    before = await versions.stamp(db, "ada", "s1")
+    async with db.autocommit() as tx:  # the vectors of session s1's own turns
+        assert await versions.bump_vectors(tx, {"ada"}, {("ada", "s1")}) == {"ada": 1}
+    assert await versions.stamp(db, "ada", "s1") == before  # a retry in s1 still hits
+    async with db.autocommit() as tx:  # another session's, a fact's: s1 must recall again
+        assert await versions.bump_vectors(tx, {"ada"}, {("ada", "s2")}) == {"ada": 2}
+    assert await versions.stamp(db, "ada", "s1") != before
+    assert await versions.vector_generations(db, ["ada", "bob"]) == {"ada": 2, "bob": 0}

@@ -23,9 +23,9 @@ async def test_wait_for_jobs_counts_statuses_and_names_what_is_still_pending(
     db_path = tmp_path / "memproxy.db"
     store = await Storage.open(db_path)
     try:
-        done = await store.queue.enqueue("index", {"turn_ids": [1]})
-        await store.queue.claim(None, limit=1, now=time.time())
-        await store.queue.complete(done)
+        await store.queue.enqueue("index", {"turn_ids": [1]})
+        (claimed,) = await store.queue.claim(None, limit=1, now=time.time())
+        await store.queue.complete(claimed)
         await store.queue.enqueue("settle_clear", {"clear_id": "x"}, run_after=time.time() + 3600)
         # Only a job due later is pending: it counts only when asked for.
         assert wait_for_jobs(db_path, timeout=5) == {"done": 1, "queued": 1}

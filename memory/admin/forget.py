@@ -7,11 +7,10 @@ and recall never uses a vector whose row is gone, so nothing forgotten is ever r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from memory.index.vectors import VectorIndex
+from memory.index.shared_vectors import SharedVectors
 from memory.learning.facts import queue_sync
 from memory.storage import facts, jobs, metrics, profiles, sessions, summaries, turns
 from memory.storage.database import Database, Transaction
@@ -74,7 +73,7 @@ async def drop_chunk_vectors_later(tx: Transaction, chunk_ids: Sequence[int]) ->
 class ChunkVectorDropper:
     """The `drop_chunk_vectors` job: delete vectors of chunks that no longer exist."""
 
-    def __init__(self, db: Database, vectors: VectorIndex) -> None:
+    def __init__(self, db: Database, vectors: SharedVectors) -> None:
         self.db = db
         self.vectors = vectors
 
@@ -87,7 +86,7 @@ class ChunkVectorDropper:
             alive = await turns.existing_chunks(self.db, batch)
             gone = [f"c{i}" for i in batch if i not in alive]
             if gone:
-                await asyncio.to_thread(self.vectors.delete, ids=gone)
+                await self.vectors.delete(ids=gone)
 
 
 async def _facts_only_from(

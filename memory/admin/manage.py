@@ -12,7 +12,7 @@ from memory.admin.importer import Importer
 from memory.admin.records import RecordSource
 from memory.admin.sessions import SessionStore
 from memory.admin.stats import MemoryStats
-from memory.index.vectors import VectorIndex
+from memory.index.shared_vectors import SharedVectors
 from memory.jobs.worker import Handler
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
@@ -24,7 +24,7 @@ class Management:
     """Sessions, records (export), importer, clears and stats over one database."""
 
     def __init__(
-        self, settings: Settings, log: TurnLog, vectors: VectorIndex, facts: FactStore,
+        self, settings: Settings, log: TurnLog, vectors: SharedVectors, facts: FactStore,
         summaries: SummaryStore, profiles: ProfileStore, *, index_job: str,
         notify: Callable[[], None],
     ) -> None:
@@ -40,7 +40,7 @@ class Management:
             notify=notify,
         )
         self.stats = MemoryStats(
-            db, vectors, facts, profiles, vectors_path=settings.vectors_path
+            db, vectors.index, facts, profiles, vectors_path=settings.vectors_path
         )
         dropper = ChunkVectorDropper(db, vectors)
         self.handlers: dict[str, Handler] = {

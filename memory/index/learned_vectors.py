@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from memory.index.vectors import Metadata, VectorIndex
+from memory.index.shared_vectors import SharedVectors
+from memory.index.vectors import Metadata
 from memory.learning.facts import Fact, facts_by_id
 from memory.learning.profiles import ProfileStore, profile_vector_id
 from memory.learning.summaries import summaries_by_id
@@ -26,7 +27,7 @@ class LearnedVectors:
     """Runs sync_vectors jobs against one vector index."""
 
     def __init__(
-        self, db: Database, profiles: ProfileStore, vectors: VectorIndex, embed: Embed
+        self, db: Database, profiles: ProfileStore, vectors: SharedVectors, embed: Embed
     ) -> None:
         self.db = db
         self.profiles = profiles
@@ -74,11 +75,11 @@ class LearnedVectors:
                 "turn_id": 0, "created_at": profile.updated_at,
             })
         if drop:
-            await asyncio.to_thread(self.vectors.delete, ids=drop)
+            await self.vectors.delete(ids=drop)
         if keep:
             ids = list(keep)
             vectors = await self.embed([keep[i][0] for i in ids])
-            await asyncio.to_thread(self.vectors.add, ids, vectors, [keep[i][1] for i in ids])
+            await self.vectors.add(ids, vectors, [keep[i][1] for i in ids])
 
 
 def fact_metadata(fact: Fact) -> Metadata:

@@ -10,8 +10,13 @@ matrix product, exact cosine, in a few milliseconds even at 100k vectors.
 
 The copies live in an LRU bounded by bytes. A copy is loaded on first use, from its file
 when there is one (index/vector_copies.py) or else from Chroma, kept in step on every add (the
-index is the only writer), and dropped on any delete that may touch it, to be reloaded when
-next needed.
+index is the only writer in this process), and dropped on any delete that may touch it, to
+be reloaded when next needed.
+
+Other replicas sharing a Chroma server write too. Each copy carries the user's vector
+generation (memory.storage.versions) it is known to include; `refresh` is told the
+generations just read from the database and drops the copies older than those, and a load
+is labelled with the newest generation read before it (a lower label only costs a reload).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ Value = str | int | float | bool
 # One row of a loaded copy: id, vector, metadata.
 Row = tuple[str, Sequence[float] | Vectors, Mapping[str, Value]]
 MISSING = -1  # code of a metadata key a row does not have
+GENERATIONS_KEPT = 4096  # users whose last read generation is remembered while not loaded
 
 if TYPE_CHECKING:
     from memory.index.vector_copies import CopyFiles
@@ -42,6 +48,8 @@ class UserVectors:
         self.matrix: Vectors = np.zeros((16, dim), dtype=np.float32)
         self.columns: dict[str, npt.NDArray[np.int32]] = {}
         self.codes: dict[str, dict[Value, int]] = {}
+        # The user's vector generation this copy includes every write of.
+        self.generation = 0
 
     @property
     def nbytes(self) -> int:
@@ -120,6 +128,8 @@ class VectorCache:
         self.copies = copies
         # Users held in memory whose file was discarded since: written back when dropped.
         self._unsaved: set[str] = set()
+        # The newest vector generation read for each user (the label of their next load).
+        self._read: OrderedDict[str, int] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -137,6 +147,8 @@ class VectorCache:
             vectors.upsert(self._load(user_id))
             if self.copies is not None:
                 self.copies.write(user_id, vectors)
+        if user_id not in self._users:
+            vectors.generation = self._read.get(user_id, 0)
         self._users[user_id] = vectors
         self._users.move_to_end(user_id)
         hits = vectors.search(vector, k, where)
@@ -154,18 +166,35 @@ class VectorCache:
             # An id may have moved to another user: drop any other copy that holds it.
             for user_id, other in list(self._users.items()):
                 if other is not held and id_ in other.rows:
-                    del self._users[user_id]
-                    self._unsaved.discard(user_id)
+                    self._drop(user_id)
         self._evict()
 
-    def changing(self, user_ids: Iterable[str] | None) -> None:
-        """Before a write that may change these users' vectors (None: anyone's), discard
-        their files; copies in memory stay and are saved when dropped."""
+    def refresh(self, generations: Mapping[str, int]) -> None:
+        """Drop the copies older than these generations, just read from the database
+        (another replica wrote those users' vectors since the copies were loaded)."""
+        for user_id, generation in generations.items():
+            held = self._users.get(user_id)
+            if held is not None and held.generation < generation:
+                self._drop(user_id)
+                if self.copies is not None:
+                    self.copies.discard([user_id])
+            self._read[user_id] = max(generation, self._read.get(user_id, 0))
+            self._read.move_to_end(user_id)
+        while len(self._read) > GENERATIONS_KEPT:
+            self._read.popitem(last=False)
+
+    def advance(self, generations: Mapping[str, int]) -> None:
+        """After this process's own write bumped these generations: a copy one behind holds
+        that write (upsert kept it in step) and nothing else missed, so it stays current."""
+        for user_id, generation in generations.items():
+            held = self._users.get(user_id)
+            if held is not None and held.generation == generation - 1:
+                held.generation = generation
+
+    def changing(self, user_ids: Iterable[str]) -> None:
+        """Before a write that may change these users' vectors, discard their files; copies
+        in memory stay and are saved when dropped."""
         if self.copies is None:
-            return
-        if user_ids is None:
-            self.copies.clear()
-            self._unsaved.update(self._users)
             return
         users = set(user_ids)
         self.copies.discard(users)
@@ -186,8 +215,11 @@ class VectorCache:
             return
         for held_by, vectors in list(self._users.items()):
             if held_by == user_id or (ids is not None and any(i in vectors.rows for i in ids)):
-                del self._users[held_by]
-                self._unsaved.discard(held_by)
+                self._drop(held_by)
+
+    def _drop(self, user_id: str) -> None:
+        del self._users[user_id]
+        self._unsaved.discard(user_id)
 
     def _evict(self) -> None:
         total = sum(v.nbytes for v in self._users.values())

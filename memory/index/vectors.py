@@ -5,6 +5,8 @@ pass our own vectors, so the collection has no embedding function and never load
 Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on;
 with embedded Chroma the copies are also kept in files beside it (index/vector_copies.py,
 folder `vector-copies/<collection>`), so a restart does not have to ask Chroma for them.
+Writes return the users whose vectors they changed: index/shared_vectors.py counts them in
+the database, so that replicas sharing a Chroma server drop the copies another one made stale.
 
 The index heals itself: when a call fails because the collection was deleted, or its
 directory is gone or damaged, the collection is created again (empty; a damaged directory is
@@ -82,28 +84,33 @@ class VectorIndex:
 
     def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]
-    ) -> None:
-        """Insert or replace vectors by id (idempotent)."""
+    ) -> set[str]:
+        """Insert or replace vectors by id (idempotent); return the users whose vectors
+        changed."""
         if not len(ids) == len(vectors) == len(metadatas):
             raise ValueError(
                 f"add needs as many vectors and metadatas as ids: "
                 f"{len(ids)} ids, {len(vectors)} vectors, {len(metadatas)} metadatas"
             )
         if not ids:
-            return
+            return set()
 
-        def upsert() -> None:
-            owners = self._owners(ids) | {str(metadata.get("user_id")) for metadata in metadatas}
+        def upsert() -> set[str]:
+            # A moved id (SQLite reuses a deleted chunk's) matters only to the copies' files.
+            moved = self._owners(ids) if self._cache.copies is not None else set()
+            owners = moved | {str(metadata.get("user_id")) for metadata in metadatas}
             self._cache.changing(owners)
             self._collection.upsert(
                 ids=list(ids),
                 embeddings=np.asarray(vectors, dtype=np.float32),
                 metadatas=[dict(metadata) for metadata in metadatas],
             )
+            return owners
 
         with self._lock:
-            self._healing(upsert)
+            owners = self._healing(upsert)
             self._cache.upsert(ids, np.asarray(vectors, dtype=np.float32), metadatas)
+        return owners
 
     def query(
         self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str]
@@ -128,26 +135,41 @@ class VectorIndex:
 
     def delete(
         self, *, ids: Sequence[str] | None = None, where: Mapping[str, str] | None = None
-    ) -> None:
-        """Delete vectors by id and/or metadata equality; at least one must be given."""
+    ) -> set[str]:
+        """Delete vectors by id and/or metadata equality, at least one given; return the
+        users who held them."""
         if ids is None and where is None:
             raise ValueError("delete needs ids or where; refusing to delete everything")
         if ids is not None and not ids:
-            return
+            return set()
 
-        def remove() -> None:
+        def remove() -> set[str]:
             if where is not None and "user_id" in where:
-                self._cache.changing([where["user_id"]])
+                owners = {where["user_id"]}
             else:
-                self._cache.changing(self._owners(ids) if ids is not None else None)
+                owners = self._owners(ids, where)
+            self._cache.changing(owners)
             self._collection.delete(
                 ids=list(ids) if ids is not None else None,
                 where=where_clause(where) if where is not None else None,
             )
+            return owners
 
         with self._lock:
-            self._healing(remove)
+            owners = self._healing(remove)
             self._cache.forget(ids=ids, user_id=where.get("user_id") if where else None)
+        return owners
+
+    def refresh(self, generations: Mapping[str, int]) -> None:
+        """Drop the users' copies older than these vector generations (index/vector_cache.py)."""
+        with self._lock:
+            self._cache.refresh(generations)
+
+    def advance(self, generations: Mapping[str, int]) -> None:
+        """Keep current the copies that this process's write just brought to these
+        generations."""
+        with self._lock:
+            self._cache.advance(generations)
 
     def count(self, where: Mapping[str, str] | None = None) -> int:
         """Number of vectors in the collection, or of those matching `where`."""
@@ -162,12 +184,14 @@ class VectorIndex:
         with self._lock:
             return [c.name for c in self._client.list_collections() if c.name != self.name]
 
-    def _owners(self, ids: Sequence[str]) -> set[str]:
-        """Users who hold any of `ids` now (an id can move: SQLite reuses a deleted chunk's),
-        asked only when their copies' files must be discarded."""
-        if self._cache.copies is None:
-            return set()
-        found = self._collection.get(ids=list(ids), include=["metadatas"])
+    def _owners(
+        self, ids: Sequence[str] | None, where: Mapping[str, str] | None = None
+    ) -> set[str]:
+        """Users who hold any of the vectors named now."""
+        found = self._collection.get(
+            ids=list(ids) if ids is not None else None,
+            where=where_clause(where) if where is not None else None, include=["metadatas"],
+        )
         return {str(metadata.get("user_id")) for metadata in found["metadatas"] or []}
 
     def _user_rows(self, user_id: str) -> list[Row]:

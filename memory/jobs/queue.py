@@ -15,8 +15,9 @@ from memory.storage.jobs import DeadJob, Job
 class JobQueue:
     """The durable queue in one database."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, lease_seconds: float = jobs.LEASE_SECONDS) -> None:
         self.db = db
+        self.lease_seconds = lease_seconds
 
     async def enqueue(
         self, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
@@ -33,27 +34,27 @@ class JobQueue:
         if limit <= 0 or (kinds is not None and not kinds):
             return []
         async with self.db.autocommit() as tx:
-            return await jobs.claim(tx, kinds, limit, now)
+            return await jobs.claim(tx, kinds, limit, now, lease_seconds=self.lease_seconds)
 
-    async def renew(self, job_ids: Sequence[int], now: float) -> None:
-        """Extend the leases of these running jobs (PostgreSQL)."""
+    async def renew(self, claims: Sequence[Job], now: float) -> None:
+        """Extend the leases of these claims that are still held (PostgreSQL)."""
         async with self.db.autocommit() as tx:
-            await jobs.renew(tx, job_ids, now)
+            await jobs.renew(tx, claims, now, lease_seconds=self.lease_seconds)
 
-    async def complete(self, job_id: int) -> None:
-        """Mark a job done."""
+    async def complete(self, job: Job) -> bool:
+        """Mark a claimed job done; False when the claim was lost meanwhile."""
         async with self.db.autocommit() as tx:
-            await jobs.complete(tx, job_id)
+            return await jobs.complete(tx, job)
 
-    async def retry_later(self, job_id: int, error: str, run_after: float) -> None:
-        """Put a running job back in the queue, not before `run_after`."""
+    async def retry_later(self, job: Job, error: str, run_after: float) -> None:
+        """Put a claimed job back in the queue, not before `run_after`."""
         async with self.db.autocommit() as tx:
-            await jobs.retry_later(tx, job_id, error, run_after)
+            await jobs.retry_later(tx, job, error, run_after)
 
-    async def bury(self, job_id: int, error: str) -> None:
-        """Move a job to the dead letters, keeping its error."""
+    async def bury(self, job: Job, error: str) -> None:
+        """Move a claimed job to the dead letters, keeping its error."""
         async with self.db.autocommit() as tx:
-            await jobs.bury(tx, job_id, error)
+            await jobs.bury(tx, job, error)
 
     async def requeue_running(self) -> int:
         """Crash recovery: queue again the jobs left running; return how many."""

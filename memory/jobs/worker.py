@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from memory.jobs.queue import JobQueue
-from memory.storage.jobs import LEASE_SECONDS, Job
+from memory.storage.jobs import Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 BatchHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
@@ -39,7 +39,6 @@ log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_log
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000
 _IDLE_CHECK_INTERVAL = 0.01
-_RENEW_EVERY = LEASE_SECONDS / 3  # a lease survives two failed renewals
 
 
 class JobWorker:
@@ -115,7 +114,7 @@ class JobWorker:
             for job in in_flight[task]:
                 # Guarded in the store: a job the handler settled anyway stays settled.
                 await self._store.retry_later(
-                    job.id, "interrupted: the worker stopped during this attempt",
+                    job, "interrupted: the worker stopped during this attempt",
                     run_after=self._clock(),
                 )
         log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
@@ -172,9 +171,9 @@ class JobWorker:
     async def _renew_leases(self) -> None:
         """Keep the leases of the running jobs, so no other replica takes them over."""
         now = self._clock()
-        if self._running and now - self._renewed >= _RENEW_EVERY:
-            running = [job.id for group in self._running.values() for job in group]
-            await self._store.renew(running, now)
+        # Every third of a lease: a lease survives two failed renewals.
+        if self._running and now - self._renewed >= self._store.lease_seconds / 3:
+            await self._store.renew([job for group in self._running.values() for job in group], now)
             self._renewed = now
 
     async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:
@@ -215,7 +214,7 @@ class JobWorker:
                     await self._failed(job, exc)
             return
         for job in jobs:
-            await self._store.complete(job.id)
+            await self._complete(job)
 
     async def _sleep(self, delay: float) -> None:
         try:
@@ -228,13 +227,13 @@ class JobWorker:
         handler = self._handlers.get(job.kind)
         if handler is None:
             log.error("job %d has kind %r, which has no handler; burying it", job.id, job.kind)
-            await self._store.bury(job.id, f"no handler is registered for job kind {job.kind!r}")
+            await self._store.bury(job, f"no handler is registered for job kind {job.kind!r}")
             return
         try:
             await handler(job.payload)
         except JobFailed as exc:
             log.error("job %d (%s) failed for good: %s", job.id, job.kind, str(exc)[:200])
-            await self._store.bury(job.id, str(exc)[:_MAX_FAILED_CHARS])
+            await self._store.bury(job, str(exc)[:_MAX_FAILED_CHARS])
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
         except asyncio.CancelledError as exc:
@@ -243,18 +242,23 @@ class JobWorker:
             # Nobody cancelled this task: a cancelled future inside the handler leaked out.
             await self._failed(job, exc)
         else:
-            await self._store.complete(job.id)
+            await self._complete(job)
+
+    async def _complete(self, job: Job) -> None:
+        if not await self._store.complete(job):
+            log.warning("job %d (%s) finished after losing its lease: its new claim settles it",
+                        job.id, job.kind)
 
     async def _failed(self, job: Job, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
         what = f"job {job.id} ({job.kind}) failed attempt {job.attempts} of {job.max_attempts}"
         if job.attempts >= job.max_attempts:
             log.error("%s and is dead: %s", what, error, exc_info=exc)
-            await self._store.bury(job.id, error)
+            await self._store.bury(job, error)
             return
         delay = self.backoff(job.attempts)
         log.warning("%s, retrying in %.1fs: %s", what, delay, error)
-        await self._store.retry_later(job.id, error, run_after=self._clock() + delay)
+        await self._store.retry_later(job, error, run_after=self._clock() + delay)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)

@@ -12,22 +12,20 @@ only: credentials stay with the caller.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from config import Settings
 from memory.index.learned_vectors import fact_metadata
-from memory.index.vectors import VectorIndex
+from memory.index.shared_vectors import SharedVectors
 from memory.jobs.worker import JobFailed
 from memory.learning.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide, grounded_in
 from memory.learning.facts import Fact, FactStore
-from memory.learning.lifecycle import evict_down_to
+from memory.learning.lifecycle import evict_down_to, facts_lock
 from memory.learning.llm_output import (
     ExtractedFact,
     MalformedOutput,
@@ -70,7 +68,7 @@ class Learner:
 
     def __init__(
         self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
-        vectors: VectorIndex, embed: Embed,
+        vectors: SharedVectors, embed: Embed,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -79,7 +77,6 @@ class Learner:
         self.vectors = vectors
         self.embed = embed
         self.llm: LLM | None = None
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
 
     async def queue_after_reply(
         self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str
@@ -121,7 +118,7 @@ class Learner:
             turns, new_from, [{"id": n.id, "fact": n.text, "category": n.category} for n in known]
         )
         items = await self._ask(str(payload["model"]), messages, user_id, validate_facts)
-        async with self._user_lock(user_id):
+        async with facts_lock(self.facts.db, user_id):
             for item in items:
                 if (item.confidence < self.settings.extract_min_confidence
                         or item.importance < self.settings.extract_min_importance):
@@ -166,7 +163,7 @@ class Learner:
                 source="extracted", source_session=session_id, source_turn_ids=turn_ids,
                 restart=True,
             )
-            await asyncio.to_thread(self.vectors.delete, ids=[f"f{decision.target}"])
+            await self.vectors.delete(ids=[f"f{decision.target}"])
         else:
             fact = await self.facts.add(
                 user_id, item.fact, item.category, confidence=item.confidence,
@@ -174,15 +171,12 @@ class Learner:
                 source_turn_ids=turn_ids, expires_at=expires,
             )
         # Now, not only by the queued sync job: the next item of this answer must see it.
-        await asyncio.to_thread(
-            self.vectors.add, [f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)]
-        )
+        await self.vectors.add([f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)])
         return fact
 
     async def _neighbours(self, user_id: str, vector: np.ndarray, k: int) -> list[Neighbour]:
-        hits = await asyncio.to_thread(
-            self.vectors.query, vector, k=k, where={"user_id": user_id, "source": "fact"}
-        )
+        await self.vectors.refresh([user_id])  # facts another replica learned count too
+        hits = await self.vectors.query(vector, k=k, where={"user_id": user_id, "source": "fact"})
         similarity = {int(key[1:]): score for key, score in hits}
         found = await self.facts.get_many(user_id, list(similarity))
         return [Neighbour(f.id, f.text, f.category, similarity[f.id]) for f in found if f.active]
@@ -233,21 +227,6 @@ class Learner:
                 f"unusable model output after one repair: {error}; then: {exc}\n"
                 f"--- first answer ---\n{raw}\n--- repair answer ---\n{again}"
             ) from None
-
-    @contextlib.asynccontextmanager
-    async def _user_lock(self, user_id: str) -> AsyncIterator[None]:
-        # One user's facts are changed by one job at a time: dedup must see the last write.
-        lock, users = self._locks.get(user_id) or (asyncio.Lock(), 0)
-        self._locks[user_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[user_id]
-            if users == 1:
-                del self._locks[user_id]
-            else:
-                self._locks[user_id] = (lock, users - 1)
 
 
 def _cap_tokens(text: str, cap: int) -> tuple[str, int]:

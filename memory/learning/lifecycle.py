@@ -16,14 +16,22 @@ deleted.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager
 
 from memory.learning.facts import DAY, Fact, FactStore
 from memory.storage import facts as fact_rows
+from memory.storage.database import Database
 
 CATEGORY_WEIGHT = {
     "context": 3.0, "todo": 2.0, "decision": 1.0, "preference": 1.0, "project": 1.0,
     "relationship": 0.6, "identity": 0.5,
 }
+
+
+def facts_lock(db: Database, user_id: str) -> AbstractAsyncContextManager[None]:
+    """Held while one user's learned facts are merged, superseded or evicted: one job at a
+    time on any replica (a database lock), so a dedup decision sees the last write."""
+    return db.hold(f"facts:{user_id}")
 
 
 def eviction_score(fact: Fact, now: float) -> float:
@@ -59,4 +67,8 @@ async def prune_all(facts: FactStore, keep: int, now: float | None = None) -> in
     """Bring every user above `keep` active facts down to it; return how many were evicted."""
     now = time.time() if now is None else now
     users = await fact_rows.users_above(facts.db, keep, now)
-    return sum([await evict_down_to(facts, user_id, keep, now) for user_id in users])
+    evicted = 0
+    for user_id in users:
+        async with facts_lock(facts.db, user_id):
+            evicted += await evict_down_to(facts, user_id, keep, now)
+    return evicted

@@ -16,9 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-# The memory versions a result was recalled at: the user's, and the organisation's when
-# the request reaches its shared memory.
-Stamp = tuple[int, int | None]
+# The memory versions a result was recalled at (each: the writes to the memory, and those of
+# its vectors, besides the session's own; memory.storage.versions): the user's, and the
+# organisation's when the request reaches its shared memory. The vectors count apart: a
+# turn's chunks are written (and counted) before its vectors, so a result recalled in
+# between lacks their dense hits.
+Version = tuple[int, int]
+Stamp = tuple[Version, Version | None]
 
 
 def cache_key(*parts: Any, messages: Sequence[Mapping[str, Any]]) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from memory.index.vectors import VectorIndex
+from memory.index.shared_vectors import SharedVectors
 from memory.learning.facts import Fact, FactStore
 from memory.learning.profiles import ProfileStore, profile_vector_id
 from memory.learning.summaries import SummaryStore
@@ -85,7 +85,7 @@ class LearnedRecall:
 
     def __init__(
         self, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        vectors: VectorIndex, weights: Weights, *, k: int,
+        vectors: SharedVectors, weights: Weights, *, k: int,
     ) -> None:
         self.facts = facts
         self.summaries = summaries
@@ -215,7 +215,7 @@ class LearnedRecall:
         where = {"user_id": user_id, "source": source}
         if session_id is not None:
             where["session_id"] = session_id
-        return await asyncio.to_thread(self.vectors.query, vector, k=self.k, where=where)
+        return await self.vectors.query(vector, k=self.k, where=where)
 
 
 def _fact_item(fact: Fact, c: Candidate) -> LearnedItem:

@@ -84,6 +84,11 @@ class Database(Connection, Protocol):
         """A connection whose statements each commit on their own (single-row updates)."""
         ...
 
+    def hold(self, key: str) -> AbstractAsyncContextManager[None]:
+        """A lock on `key`, held until the block ends, against every process sharing the
+        database, for work that spans several writes (and vector writes) of one user."""
+        ...
+
     async def check(self) -> None:
         """Raise unless the database answers (readiness probe)."""
         ...
@@ -147,6 +152,7 @@ class SQLiteDatabase:
         self._readers = readers
         self._next_reader = itertools.cycle(range(len(readers)))
         self._write_lock = asyncio.Lock()
+        self._held: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
 
     @classmethod
     async def open(cls, path: Path, *, readers: int = 4) -> SQLiteDatabase:
@@ -211,6 +217,21 @@ class SQLiteDatabase:
         """The writer for statements that each commit on their own (single-row updates)."""
         async with self._write_lock:
             yield SQLiteTransaction(self._writer, retry_locked=True)
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """A lock on `key` until the block ends (in this process: one process owns the file)."""
+        lock, holders = self._held.get(key) or (asyncio.Lock(), 0)
+        self._held[key] = (lock, holders + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, holders = self._held[key]
+            if holders == 1:
+                del self._held[key]
+            else:
+                self._held[key] = (lock, holders - 1)
 
 
 async def fetch_in(

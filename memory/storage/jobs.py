@@ -9,6 +9,12 @@ On PostgreSQL several replicas share it: a claim skips rows another replica is c
 (FOR UPDATE SKIP LOCKED) and holds a lease (`lease_until`) that its worker renews while the
 job runs; a running job whose lease ended belongs to a replica that died, and any replica
 claims it again (or buries it when that was its last attempt, as a restart would).
+
+A claim is named by the job's id and its attempt number (`attempts` only ever grows, and
+every claim adds one): renewing and settling a job match both, so a worker that lost its
+lease, and whose job another replica claimed since, can neither extend the new claim's lease
+nor settle the job in its place (its complete() says False). The job may still have run twice
+(a worker that outlives its lease cannot be stopped from outside): handlers stay idempotent.
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from typing import Any
 from memory.storage.database import Connection, Transaction, marks, only_row
 
 STATUSES = ("queued", "running", "done", "dead")
-# How long a claim holds a job on PostgreSQL unless renewed: a dead replica's job waits this
-# long before another replica takes it over. Workers renew at a third of it.
+# How long a claim holds a job on PostgreSQL unless renewed (the default of the setting
+# job_lease_seconds): a dead replica's job waits this long before another replica takes it
+# over. Workers renew at a third of it.
 LEASE_SECONDS = 60.0
+# The claim a renewal or settlement is for: still running, and not claimed again since.
+_HELD = " AND status = 'running' AND attempts = ?"
 _CRASHED = (
     "UPDATE jobs SET status = 'dead', updated_at = ?, last_error ="
     " 'the process stopped during its last attempt; last error: '"
@@ -64,7 +73,7 @@ async def enqueue(
     now = time.time()
     inserted = await tx.fetch(
         "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
-        " created_at, updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
+        " created_at, updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?, ?) RETURNING id, attempts",
         (kind, json.dumps(payload), max_attempts, now if run_after is None else run_after,
          now, now),
     )  # fmt: skip
@@ -104,38 +113,41 @@ async def claim(
 
 
 async def renew(
-    tx: Transaction, job_ids: Sequence[int], now: float, *, lease_seconds: float = LEASE_SECONDS
+    tx: Transaction, claims: Sequence[Job], now: float, *, lease_seconds: float = LEASE_SECONDS
 ) -> None:
-    """Extend the leases of these running jobs (PostgreSQL; SQLite has no leases)."""
-    if tx.dialect == "postgres" and job_ids:
+    """Extend the leases of these claims that are still held (PostgreSQL; SQLite has no
+    leases)."""
+    if tx.dialect == "postgres" and claims:
         await tx.change(
-            "UPDATE jobs SET lease_until = ? WHERE status = 'running' AND id = ANY(?)",
-            (now + lease_seconds, list(job_ids)),
+            "UPDATE jobs SET lease_until = ? WHERE status = 'running'"
+            " AND (id, attempts) IN (SELECT * FROM unnest(?::bigint[], ?::int[]))",
+            (now + lease_seconds, [job.id for job in claims], [job.attempts for job in claims]),
         )
 
 
-async def complete(tx: Transaction, job_id: int) -> None:
-    """Mark a job done."""
-    await tx.change(
-        "UPDATE jobs SET status = 'done', updated_at = ? WHERE id = ?", (time.time(), job_id)
-    )
+async def complete(tx: Transaction, job: Job) -> bool:
+    """Mark a claimed job done; False when the claim was lost (the job is not changed)."""
+    return await tx.change(
+        "UPDATE jobs SET status = 'done', updated_at = ? WHERE id = ?" + _HELD,
+        (time.time(), job.id, job.attempts),
+    ) == 1
 
 
-async def retry_later(tx: Transaction, job_id: int, error: str, run_after: float) -> None:
-    """Put a running job back in the queue, not before `run_after`."""
-    # Only a running job: a late call must not revive a job already done or dead.
+async def retry_later(tx: Transaction, job: Job, error: str, run_after: float) -> None:
+    """Put a claimed job back in the queue, not before `run_after`."""
+    # Only this claim: a late call must not revive a job already done, dead or claimed again.
     await tx.change(
         "UPDATE jobs SET status = 'queued', last_error = ?, run_after = ?, updated_at = ?"
-        " WHERE id = ? AND status = 'running'",
-        (error, run_after, time.time(), job_id),
+        " WHERE id = ?" + _HELD,
+        (error, run_after, time.time(), job.id, job.attempts),
     )
 
 
-async def bury(tx: Transaction, job_id: int, error: str) -> None:
-    """Move a job to the dead letters, keeping its error."""
+async def bury(tx: Transaction, job: Job, error: str) -> None:
+    """Move a claimed job to the dead letters, keeping its error."""
     await tx.change(
-        "UPDATE jobs SET status = 'dead', last_error = ?, updated_at = ? WHERE id = ?",
-        (error, time.time(), job_id),
+        "UPDATE jobs SET status = 'dead', last_error = ?, updated_at = ? WHERE id = ?" + _HELD,
+        (error, time.time(), job.id, job.attempts),
     )
 
 

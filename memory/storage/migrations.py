@@ -351,6 +351,15 @@ CREATE INDEX injections_by_user ON injections (user_id);
 {_forgetting_triggers()}
 """
 
+_VECTOR_GENERATIONS = """
+CREATE TABLE vector_generations (
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    PRIMARY KEY (user_id, session_id)
+);
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -360,6 +369,10 @@ MIGRATIONS: list[Migration] = [
     # reply turn's request_id holds that response id, found per user by this index.
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
     ("0006_injections", _INJECTIONS),
+    # Per-user vector generations (memory/storage/versions.py): bumped after every write of
+    # a user's vectors, so replicas sharing a Chroma server know their copies are stale;
+    # rows per session as in memory_versions, for the recall cache.
+    ("0007_vector_generations", _VECTOR_GENERATIONS),
 ]
 
 

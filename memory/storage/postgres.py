@@ -8,7 +8,8 @@ transaction-level advisory lock, so writes are serialized across every replica e
 SQLite's BEGIN IMMEDIATE serializes them in one file: what a write reads (the turns already
 logged, a fact to merge with) cannot change before it commits. Statements in `autocommit()`
 (the job queue's claims and settlements, metrics rows) each commit on their own without it;
-claims skip locked rows instead (memory.storage.jobs).
+claims skip locked rows instead (memory.storage.jobs). `hold(key)` is a transaction-level
+advisory lock on the key's hash, for work of one user that spans several writes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from memory.storage.database import Dialect, Row
 
 # Any fixed number: the advisory lock every write transaction holds until it ends.
 _WRITE_LOCK = 7_305_210_412
+# Any fixed int4: the namespace of hold()'s locks (two-key advisory locks, apart from the above).
+_KEY_LOCKS = 730_521
 
 
 class PostgresTransaction:
@@ -55,8 +58,9 @@ class PostgresDatabase:
 
     dialect: Dialect = "postgres"
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, url: str) -> None:
         self._pool = pool
+        self._url = url
         # Writers of this process queue here rather than each holding a pooled connection
         # while it waits for the database lock, which would leave none for reads.
         self._write_lock = asyncio.Lock()
@@ -70,7 +74,7 @@ class PostgresDatabase:
         finally:
             await conn.close()
         pool = await asyncpg.create_pool(url, min_size=1, max_size=connections)
-        return cls(pool)
+        return cls(pool, url)
 
     async def close(self) -> None:
         """Close every connection; safe to call twice."""
@@ -102,6 +106,20 @@ class PostgresDatabase:
         """A pooled connection whose statements each commit on their own."""
         async with self._pool.acquire() as conn:
             yield PostgresTransaction(conn)
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """A lock on `key` against every replica until the block ends (or the replica dies:
+        its connection closes and the server releases the lock)."""
+        # A connection of its own, not a pooled one: the holder's work reads and writes
+        # through the pool, so holders filling the pool would wait on each other for good.
+        conn = await asyncpg.connect(self._url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _KEY_LOCKS, key)
+                yield
+        finally:
+            await conn.close()
 
 
 @functools.lru_cache(maxsize=1024)

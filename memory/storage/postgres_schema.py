@@ -389,6 +389,14 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004_recall", _RECALL),
     ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
     ("0006_injections", _INJECTIONS),
+    ("0007_vector_generations", """
+CREATE TABLE vector_generations (
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    PRIMARY KEY (user_id, session_id)
+);
+"""),
 ]
 
 
