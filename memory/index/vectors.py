@@ -18,7 +18,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -156,6 +156,28 @@ class VectorIndex:
                 return self._healing(lambda: self._collection.count())
             clause = where_clause(where)
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
+
+    def pages(self, size: int = PAGE) -> Iterator[tuple[list[str], npt.NDArray[np.float32], list[Metadata]]]:
+        """Every vector of the collection with its id and metadata, `size` at a time (a copy
+        to another Chroma; the collection must not change meanwhile)."""
+        offset = 0
+        while True:
+            with self._lock:
+                page = self._healing(lambda: self._collection.get(
+                    include=["embeddings", "metadatas"], limit=size, offset=offset
+                ))
+            if not page["ids"]:
+                return
+            embeddings = page["embeddings"] if page["embeddings"] is not None else []
+            yield (list(page["ids"]), np.asarray(embeddings, dtype=np.float32),
+                   [cast(Metadata, m) for m in page["metadatas"] or []])
+            offset += len(page["ids"])
+
+    def missing(self, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` the collection does not hold."""
+        with self._lock:
+            found = set(self._healing(lambda: self._collection.get(ids=list(ids), include=[]))["ids"])
+        return [id_ for id_ in ids if id_ not in found]
 
     def other_collections(self) -> list[str]:
         """Names of the other collections in the same Chroma (another model's, say)."""

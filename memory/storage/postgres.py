@@ -24,6 +24,7 @@ import asyncpg
 from memory.storage import migrations, postgres_schema
 from memory.storage.database import Dialect, Row
 
+PostgresError = asyncpg.PostgresError  # what a statement the server refuses raises
 # Any fixed number: the advisory lock every write transaction holds until it ends.
 _WRITE_LOCK = 7_305_210_412
 

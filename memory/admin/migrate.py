@@ -1,0 +1,142 @@
+"""`memproxy migrate`: moving an embedded install up to PostgreSQL and a Chroma server.
+
+The database's rows go to PostgreSQL with their ids (storage/bulk_copy.py): the destination's
+schema is made by its own migrations, its full-text columns and counters by its triggers, and
+its id sequences start after the copied ids. Vector ids are row ids ("c123" for chunk 123),
+so vectors stay valid across the copy:
+- with a Chroma server (`chroma_url`), the embedded collection of the configured embedding
+  model is copied to it, vectors and metadata as they are (no re-embedding), skipping the
+  ids the server holds already;
+- without one, vectors are not copied: a memproxy on PostgreSQL started with the same
+  MEMPROXY_DATA_DIR keeps using the embedded Chroma there, which still matches every row.
+  Replicas on several machines need a Chroma server.
+
+The source must be stopped: it is read in one snapshot that no other process may share
+(storage/bulk_copy.snapshot), also while the vectors are copied, so no server starts meanwhile.
+Every step is resumable and idempotent: running the command again after an interruption goes
+on where it stopped, and once done adds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from config import Settings
+from memory.engine import collection_name
+from memory.index.vectors import VectorIndex
+from memory.storage import bulk_copy, jobs
+from memory.storage.bulk_copy import Batch, CopyRefused, SourceBusy
+from memory.storage.postgres import PostgresDatabase, PostgresError
+
+VECTOR_PAGE = 1000
+
+
+class MigrateError(Exception):
+    """The copy stopped or was refused; what was committed stays, and a rerun goes on."""
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    """What a migrate found and did."""
+
+    source_rows: dict[str, int]  # per table, in the source
+    dest_rows: dict[str, int]  # per table, in the destination afterwards
+    copied_rows: dict[str, int]  # per table, by this run
+    copied_vectors: dict[str, int]  # per collection, by this run ({} without a Chroma server)
+    seconds: float
+
+
+def migrate(
+    settings: Settings, dest_url: str, *, chroma_url: str | None = None,
+    batch_size: int = 2000, on_batch: Callable[[Batch], None] | None = None,
+) -> MigrateResult:
+    """Copy the embedded install of `settings` into the PostgreSQL database at `dest_url`
+    (and its vectors to the Chroma server at `chroma_url`).
+
+    Runs its own event loop: call it from synchronous code, or in a worker thread.
+    """
+    started = time.perf_counter()
+    try:
+        with bulk_copy.snapshot(settings.db_path) as source:
+            source_rows = bulk_copy.source_counts(source)
+            copied, dest_rows = asyncio.run(_copy_rows(
+                source, dest_url, source_name=str(settings.db_path.resolve()),
+                new_vectors=(chroma_url, collection_name(settings)) if chroma_url else None,
+                batch_size=batch_size, on_batch=on_batch,
+            ))
+            vectors = (_copy_vectors(settings, chroma_url, on_batch=on_batch)
+                       if chroma_url else {})
+    except (SourceBusy, CopyRefused, sqlite3.Error, PostgresError) as exc:
+        raise MigrateError(str(exc)) from exc
+    return MigrateResult(source_rows, dest_rows, copied, vectors, time.perf_counter() - started)
+
+
+async def _copy_rows(
+    source: sqlite3.Connection, dest_url: str, *, source_name: str,
+    new_vectors: tuple[str, str] | None, batch_size: int,
+    on_batch: Callable[[Batch], None] | None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Copy the rows (checking first, for a new copy, that the collection `new_vectors`
+    names on its Chroma server is empty); rows copied and rows held, per table."""
+    dest = await PostgresDatabase.open(dest_url)  # creates or upgrades its schema
+    try:
+        done = await bulk_copy.begin(source, dest, source_name=source_name)
+        if not done and new_vectors is not None:
+            _check_empty(*new_vectors)
+        copied = await bulk_copy.copy_tables(
+            source, dest, source_name=source_name, done=done, batch_size=batch_size,
+            on_batch=on_batch,
+        )
+        async with dest.write() as tx:
+            await jobs.expire_unleased(tx)
+        return copied, await bulk_copy.count_rows(dest)
+    finally:
+        await dest.close()
+
+
+def _check_empty(chroma_url: str, name: str) -> None:
+    """Refuse a server whose collection already holds vectors: their ids (row ids of another
+    database) would be taken for copies of ours."""
+    server = VectorIndex.connect(chroma_url, name)
+    try:
+        held = server.count()
+    finally:
+        server.close()
+    if held:
+        raise CopyRefused(f"the Chroma server's collection {name} already holds {held} vectors;"
+                          " copy to a new server or delete that collection")
+
+
+def _copy_vectors(
+    settings: Settings, chroma_url: str, *, on_batch: Callable[[Batch], None] | None
+) -> dict[str, int]:
+    """Copy the configured embedding model's collection to the server (a collection of an
+    earlier model is not read by this version); vectors copied, by collection."""
+    name = collection_name(settings)
+    source = VectorIndex.open(settings.vectors_path, name)
+    try:
+        server = VectorIndex.connect(chroma_url, name)
+        try:
+            return {name: _copy_collection(source, server, on_batch=on_batch)}
+        finally:
+            server.close()
+    finally:
+        source.close()
+
+
+def _copy_collection(
+    source: VectorIndex, server: VectorIndex, *, on_batch: Callable[[Batch], None] | None
+) -> int:
+    copied = 0
+    for ids, vectors, metadatas in source.pages(VECTOR_PAGE):
+        missing = set(server.missing(ids))
+        keep = [i for i, id_ in enumerate(ids) if id_ in missing]
+        server.add([ids[i] for i in keep], vectors[keep], [metadatas[i] for i in keep])
+        copied += len(keep)
+        if on_batch is not None:
+            on_batch(Batch(f"vectors {source.name}", len(ids), len(keep)))
+    return copied

@@ -1,0 +1,227 @@
+"""`memproxy migrate`: an embedded install moved up to PostgreSQL and a Chroma server keeps
+every row, every vector and what recall finds; a second run adds nothing, an interrupted copy
+resumes to the same result, and a running source or a used destination is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config import Settings
+from memory import CopiedBatch, MigrateError, VectorIndex, collection_name, migrate
+from memory.storage.bulk_copy import TABLES
+from tests.conftest import ROOT, RunningProxy
+from tests.memory_helpers import memory_api
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
+from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
+from tests.support.sql import query, scalar
+from tests.test_learning import PlaysTheModel, answer, fact
+
+SESSIONS = {
+    ("ada", "infra"): ["We run the billing service on Postgres 16 in eu-west-1.",
+                       "Deploys go out on Tuesdays from the release-train branch.",
+                       "The staging cluster is called kestrel."],
+    ("ada", "home"): ["My cat Miso hates the vacuum cleaner.",
+                      "We are repainting the kitchen in sage green."],
+    ("bob", "work"): ["The mobile app ships through Fastlane every second Friday.",
+                      "Our on-call rotation uses PagerDuty with a weekly handover."],
+}
+MANUAL_FACTS = {"ada": ["Ada prefers TypeScript for new services."],
+                "bob": ["Bob's team is called Falcon."]}
+QUERIES = [("ada", "which database does billing use?"), ("ada", "what is the cat called?"),
+           ("ada", "when do deploys go out?"), ("bob", "how does the mobile app ship?")]
+
+
+@pytest.fixture(scope="module")
+def chroma() -> Iterator[ChromaServer]:
+    """A Chroma server of this module's own: the shared one holds other tests' vectors."""
+    try:
+        server = ChromaServer()
+    except ServerUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    with server:
+        yield server
+
+
+@pytest.fixture
+def source(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> RunningProxy:
+    """An embedded install filled through the proxy: turns in a few sessions, learned facts
+    (one superseded), rolled-up summaries, facts and a profile through the memory API, every
+    job done."""
+    model = PlaysTheModel()
+    upstream.respond_with(model)
+    model.facts.extend([
+        answer(fact("User's billing service runs on Postgres 16.", "project")),
+        answer(fact("User deploys on Tuesdays.", "project")),
+        answer(fact("User deploys on Wednesdays.", "project")),
+    ])
+    model.summaries.extend([json.dumps({"text": f"Summary {i}: infrastructure and habits."})
+                            for i in range(5)])
+    proxy = start_proxy(memory=True, extract_every=1, summary_every=2)
+    for (user, session), lines in SESSIONS.items():
+        history: list[dict[str, Any]] = []
+        for line in lines:
+            history.append({"role": "user", "content": line})
+            history.append({"role": "assistant", "content": chat(
+                proxy, history, user=user, session=session).text})
+        wait_for_jobs(proxy)
+    for user, texts in MANUAL_FACTS.items():
+        with memory_api(proxy, **{"X-Memory-User-Id": user}) as api:
+            for text in texts:
+                assert api.post("/facts", json={"text": text, "category": "preference"}
+                                ).status_code == 201
+    with memory_api(proxy, **{"X-Memory-User-Id": "ada"}) as api:
+        assert api.put("/consent", json={"consent": True}).status_code == 200
+        assert api.put("/profile", json={"fields": {"role": "staff engineer"},
+                                         "text": "I maintain billing."}).status_code == 200
+    wait_for_jobs(proxy)
+    return proxy
+
+
+def search(proxy: RunningProxy) -> list[list[tuple[str, str]]]:
+    """The items /v1/memory/search finds for each of QUERIES."""
+    found = []
+    for user, text in QUERIES:
+        with memory_api(proxy, **{"X-Memory-User-Id": user}) as api:
+            items = api.post("/search", json={"query": text}).json()["items"]
+        found.append([(item["source"], item["id"]) for item in items])
+    return found
+
+
+def counts(target: Settings | Path) -> dict[str, int]:
+    return {table: int(scalar(target, f"SELECT COUNT(*) FROM {table}")) for table in TABLES}
+
+
+def run_migrate(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, in its own process."""
+    env = {**os.environ, "MEMPROXY_DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, "-m", "proxy", "migrate", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def new_install(data_dir: Path) -> Path:
+    """A data directory with an empty database (the schema comes with the copy's snapshot)."""
+    data_dir.mkdir()
+    sqlite3.connect(data_dir / "memproxy.db").close()
+    return data_dir
+
+
+def fts_mismatches(settings: Settings) -> list[Any]:
+    """Where PostgreSQL's full-text counters differ from what the rows hold."""
+    wrong: list[Any] = []
+    for table in ("chunks", "facts", "summaries"):
+        held = query(settings, "SELECT docs, tokens FROM fts_totals WHERE name = ?", (table,))
+        actual = query(settings, f"SELECT COUNT(*), COALESCE(SUM(doc_len), 0) FROM {table}")
+        if held != actual:
+            wrong.append((table, held, actual))
+        terms = query(settings, "SELECT lexeme, docs FROM fts_terms WHERE name = ? AND docs > 0"
+                      " ORDER BY lexeme", (table,))
+        recount = query(settings, f"SELECT lexeme, COUNT(*) FROM {table},"
+                        " unnest(tsvector_to_array(tsv)) AS lexeme GROUP BY lexeme ORDER BY lexeme")
+        if terms != recount:
+            wrong.append((table, "terms", len(terms), len(recount)))
+    return wrong
+
+
+def test_a_migrated_install_has_the_same_rows_vectors_and_recall(
+    source: RunningProxy, start_proxy: Callable[..., RunningProxy],
+    postgres_server: PostgresServer, chroma: ChromaServer, tmp_path: Path,
+) -> None:
+    settings = source.state.settings
+    before = search(source)
+    assert all(before), before
+    refused = run_migrate(settings.data_dir, postgres_server.create_database())
+    assert refused.returncode == 1 and "stop memproxy" in refused.stderr
+    source.stop()
+    rows = counts(settings.db_path)
+    assert all(rows[t] for t in ("turns", "chunks", "facts", "summaries", "profiles")), rows
+    embedded = VectorIndex.open(settings.vectors_path, collection_name(settings))
+    vectors = embedded.count()
+    embedded.close()
+
+    dest_url = postgres_server.create_database()
+    done = run_migrate(settings.data_dir, dest_url, "--chroma-url", chroma.url,
+                       "--batch-size", "4")
+    assert done.returncode == 0, done.stderr
+    replica = start_proxy(memory=True, database_url=dest_url, chroma_url=chroma.url,
+                          data_dir=tmp_path / "replica")
+    moved = replica.state.settings
+    assert counts(moved) == rows
+    assert fts_mismatches(moved) == []
+    assert replica.state.memory.vectors.count() == vectors
+    assert search(replica) == before
+    # New rows get new ids after the copied ones.
+    assert chat(replica, "The kestrel cluster moved to eu-central-1.", user="ada",
+                session="infra-2").status == 200
+    wait_for_jobs(replica)
+    assert scalar(moved, "SELECT MAX(id) FROM turns") == rows["turns"] + 2
+    replica.stop()
+
+    after = counts(moved)
+    again = run_migrate(settings.data_dir, dest_url, "--chroma-url", chroma.url)
+    assert again.returncode == 0, again.stderr
+    assert counts(moved) == after
+    copied = [line.split()[-1] for line in again.stdout.splitlines()
+              if line.split()[0] in TABLES]
+    assert copied == ["0"] * len(TABLES)
+    assert f"vectors {collection_name(settings)}: 0 copied" in again.stdout
+
+    # Another install into this database: refused, nothing written.
+    other = run_migrate(new_install(tmp_path / "other"), dest_url)
+    assert other.returncode == 1 and "holds a copy of" in other.stderr
+    assert counts(moved) == after
+
+
+class Interrupted(Exception):
+    """Stands for a copy cut off after some batches."""
+
+
+def test_an_interrupted_migrate_resumes_to_the_same_result(
+    source: RunningProxy, postgres_server: PostgresServer, tmp_path: Path,
+) -> None:
+    settings = source.state.settings
+    source.stop()
+    whole = postgres_server.create_database()
+    migrate(settings, whole)
+    resumed = postgres_server.create_database()
+    batches: list[CopiedBatch] = []
+
+    def cut_after(n: int) -> Callable[[CopiedBatch], None]:
+        def on_batch(batch: CopiedBatch) -> None:
+            batches.append(batch)
+            if len(batches) % n == 0:
+                raise Interrupted
+
+        return on_batch
+
+    for _ in range(200):
+        try:
+            migrate(settings, resumed, batch_size=3, on_batch=cut_after(7))
+            break
+        except Interrupted:
+            pass
+    assert len(batches) > 14  # cut at least twice
+    assert sum(b.rows for b in batches) == sum(counts(settings.db_path).values())
+
+    def dump(url: str) -> dict[str, Any]:
+        target = settings.replace(database_url=url)
+        tables = {t: query(target, f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
+        return {**tables, "fts": query(target, "SELECT * FROM fts_totals ORDER BY name"),
+                "terms": query(target, "SELECT * FROM fts_terms WHERE docs > 0 ORDER BY 1, 2"),
+                "next": query(target, "SELECT last_value, is_called FROM turns_id_seq")}
+
+    assert dump(resumed) == dump(whole)
+    with pytest.raises(MigrateError, match="holds a copy of"):
+        migrate(settings.replace(data_dir=new_install(tmp_path / "other")), whole)
