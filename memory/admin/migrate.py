@@ -20,7 +20,6 @@ on where it stopped, and once done adds nothing.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from config import Settings
 from memory.engine import collection_name
 from memory.index.vectors import VectorIndex
 from memory.storage import bulk_copy, jobs
-from memory.storage.bulk_copy import Batch, CopyRefused, SourceBusy
+from memory.storage.bulk_copy import Batch, CopyRefused, Source, SourceBusy
+from memory.storage.database import DatabaseError
 from memory.storage.postgres import PostgresDatabase, PostgresError
 
 VECTOR_PAGE = 1000
@@ -70,13 +70,13 @@ def migrate(
             ))
             vectors = (_copy_vectors(settings, chroma_url, on_batch=on_batch)
                        if chroma_url else {})
-    except (SourceBusy, CopyRefused, sqlite3.Error, PostgresError) as exc:
+    except (SourceBusy, CopyRefused, DatabaseError, PostgresError) as exc:
         raise MigrateError(str(exc)) from exc
     return MigrateResult(source_rows, dest_rows, copied, vectors, time.perf_counter() - started)
 
 
 async def _copy_rows(
-    source: sqlite3.Connection, dest_url: str, *, source_name: str,
+    source: Source, dest_url: str, *, source_name: str,
     new_vectors: tuple[str, str] | None, batch_size: int,
     on_batch: Callable[[Batch], None] | None,
 ) -> tuple[dict[str, int], dict[str, int]]:

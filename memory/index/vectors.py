@@ -15,6 +15,7 @@ the jobs that rebuild the vectors from the database (index/rebuild.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 import time
@@ -157,14 +158,17 @@ class VectorIndex:
             clause = where_clause(where)
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
 
-    def pages(self, size: int = PAGE) -> Iterator[tuple[list[str], npt.NDArray[np.float32], list[Metadata]]]:
+    def pages(
+        self, size: int = PAGE
+    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], list[Metadata]]]:
         """Every vector of the collection with its id and metadata, `size` at a time (a copy
         to another Chroma; the collection must not change meanwhile)."""
         offset = 0
         while True:
             with self._lock:
-                page = self._healing(lambda: self._collection.get(
-                    include=["embeddings", "metadatas"], limit=size, offset=offset
+                page = self._healing(functools.partial(
+                    self._collection.get, include=["embeddings", "metadatas"], limit=size,
+                    offset=offset,
                 ))
             if not page["ids"]:
                 return

@@ -10,7 +10,9 @@ row-for-row and schema-driven: a function per table would repeat the same statem
 Resuming: rows go in batches in rowid order (ids are kept), and each batch commits together
 with its table's progress row in `memproxy_migrate`, so an interrupted copy goes on after the
 last committed batch; ON CONFLICT DO NOTHING keeps a batch from adding a row twice (AFTER
-INSERT triggers, such as the full-text counters, fire only for rows really inserted). That
+INSERT triggers, such as the full-text counters, fire only for rows really inserted; the rows
+of `memory_versions` are mostly made by the destination's triggers before their copies come,
+which then keep the destination's counts). That
 table is this module's bookkeeping, kept afterwards as the record of the copy; it also tells a
 database a copy began in from one that already holds other memory, which is refused.
 
@@ -33,6 +35,7 @@ from memory.storage import migrations
 from memory.storage.database import Transaction
 from memory.storage.postgres import PostgresDatabase
 
+Source = sqlite3.Connection  # the snapshot() being copied
 # Parents before children: turns before chunks and injections, clears before clear_records.
 TABLES = (
     "sessions", "turns", "chunks", "jobs", "request_metrics", "facts", "summaries",
@@ -76,7 +79,7 @@ class Batch:
 
 
 @contextmanager
-def snapshot(path: Path) -> Iterator[sqlite3.Connection]:
+def snapshot(path: Path) -> Iterator[Source]:
     """The source database, upgraded to this version's schema, read in one transaction that
     no other process can share; SourceBusy when one has the file open."""
     if not path.is_file():
@@ -101,7 +104,7 @@ def snapshot(path: Path) -> Iterator[sqlite3.Connection]:
 
 
 async def begin(
-    source: sqlite3.Connection, dest: PostgresDatabase, *, source_name: str
+    source: Source, dest: PostgresDatabase, *, source_name: str
 ) -> dict[str, int]:
     """Where an earlier copy from this source stopped: the last rowid copied per table ({}
     for a new copy). CopyRefused when the copy cannot be made (see _progress)."""
@@ -112,7 +115,7 @@ async def begin(
 
 
 async def copy_tables(
-    source: sqlite3.Connection, dest: PostgresDatabase, *, source_name: str,
+    source: Source, dest: PostgresDatabase, *, source_name: str,
     done: dict[str, int], batch_size: int = 2000,
     on_batch: Callable[[Batch], None] | None = None,
 ) -> dict[str, int]:
@@ -135,13 +138,13 @@ async def count_rows(db: PostgresDatabase) -> dict[str, int]:
             for table in TABLES}
 
 
-def source_counts(source: sqlite3.Connection) -> dict[str, int]:
+def source_counts(source: Source) -> dict[str, int]:
     """How many rows each copied table holds in the source snapshot."""
     return {table: int(source.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
             for table in TABLES}
 
 
-def _check_tables(source: sqlite3.Connection) -> None:
+def _check_tables(source: Source) -> None:
     names = {str(row[0]) for row in source.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
     )}
@@ -168,7 +171,7 @@ async def _progress(tx: Transaction, source_name: str) -> dict[str, int]:
 
 
 async def _copy_table(
-    source: sqlite3.Connection, dest: PostgresDatabase, table: str, *, source_name: str,
+    source: Source, dest: PostgresDatabase, table: str, *, source_name: str,
     after: int | None, batch_size: int, on_batch: Callable[[Batch], None] | None,
 ) -> int:
     columns, insert = await _insert_statement(source, dest, table)
@@ -197,7 +200,7 @@ async def _copy_table(
 
 
 async def _insert_statement(
-    source: sqlite3.Connection, dest: PostgresDatabase, table: str
+    source: Source, dest: PostgresDatabase, table: str
 ) -> tuple[list[tuple[str, str]], str]:
     """The columns both schemas have, with their PostgreSQL types, and the statement that
     inserts a batch of them (one array per column)."""
