@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("dest_url", help="the PostgreSQL database, postgresql://...")
     migrate.add_argument("--chroma-url", help="also copy the vectors to this Chroma server;"
                          " without it they stay in the embedded Chroma of the data directory")
-    migrate.add_argument("--batch-size", type=int, default=2000, help="rows per committed batch")
+    migrate.add_argument("--batch-size", type=int, default=2000, help="rows (or vectors) per committed batch")
     migrate.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
     cli_memory.add_commands(commands)
     return parser
@@ -94,6 +94,9 @@ def migrate_command(args: argparse.Namespace) -> int:
         print(f"memproxy: migrate failed: {exc} (what was copied stays; run it again to go"
               " on)", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("memproxy: migrate interrupted; run it again to go on", file=sys.stderr)
+        return 130
     print(f"{'TABLE':<16} {'SOURCE':>9} {'DEST':>9} {'COPIED':>9}")
     for table, count in done.source_rows.items():
         print(f"{table:<16} {count:>9} {done.dest_rows[table]:>9} {done.copied_rows[table]:>9}")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from config import Settings
@@ -42,9 +43,9 @@ QUERIES = [("ada", "which database does billing use?"), ("ada", "what is the cat
            ("ada", "when do deploys go out?"), ("bob", "how does the mobile app ship?")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def chroma() -> Iterator[ChromaServer]:
-    """A Chroma server of this module's own: the shared one holds other tests' vectors."""
+    """A Chroma server of the test's own: a copy needs a collection nothing else wrote."""
     try:
         server = ChromaServer()
     except ServerUnavailable as exc:
@@ -189,16 +190,18 @@ class Interrupted(Exception):
 
 
 def test_an_interrupted_migrate_resumes_to_the_same_result(
-    source: RunningProxy, postgres_server: PostgresServer, tmp_path: Path,
+    source: RunningProxy, postgres_server: PostgresServer, chroma: ChromaServer, tmp_path: Path,
 ) -> None:
     settings = source.state.settings
     source.stop()
+    # A job the stopped server left running: on PostgreSQL a replica takes it over.
+    query(settings.db_path, "UPDATE jobs SET status = 'running' WHERE id = 1")
     whole = postgres_server.create_database()
     migrate(settings, whole)
     resumed = postgres_server.create_database()
     batches: list[CopiedBatch] = []
 
-    def cut_after(n: int) -> Callable[[CopiedBatch], None]:
+    def cut_every(n: int) -> Callable[[CopiedBatch], None]:
         def on_batch(batch: CopiedBatch) -> None:
             batches.append(batch)
             if len(batches) % n == 0:
@@ -206,14 +209,23 @@ def test_an_interrupted_migrate_resumes_to_the_same_result(
 
         return on_batch
 
-    for _ in range(200):
+    for _ in range(100):
         try:
-            migrate(settings, resumed, batch_size=3, on_batch=cut_after(7))
+            migrate(settings, resumed, chroma_url=chroma.url, batch_size=3,
+                    on_batch=cut_every(7))
             break
         except Interrupted:
             pass
-    assert len(batches) > 14  # cut at least twice
-    assert sum(b.rows for b in batches) == sum(counts(settings.db_path).values())
+    else:
+        raise AssertionError("the interrupted copy never finished")
+    row_batches = [b for b in batches if b.table in TABLES]
+    vector_batches = [b for b in batches if b.table.startswith("vectors ")]
+    assert len(row_batches) > 14 and len(vector_batches) > 7  # cut in both
+    # Each run goes on after the last batch committed: every row and vector is read once.
+    rows = sum(counts(settings.db_path).values())
+    vectors = len(stored_vectors(settings.vectors_path, settings))
+    assert sum(b.rows for b in row_batches) == rows
+    assert sum(b.rows for b in vector_batches) == sum(b.inserted for b in vector_batches) == vectors
 
     def dump(url: str) -> dict[str, Any]:
         target = settings.replace(database_url=url)
@@ -223,5 +235,26 @@ def test_an_interrupted_migrate_resumes_to_the_same_result(
                 "next": query(target, "SELECT last_value, is_called FROM turns_id_seq")}
 
     assert dump(resumed) == dump(whole)
+    assert query(settings.replace(database_url=whole),
+                 "SELECT id, lease_until FROM jobs WHERE status = 'running'") == [(1, 0.0)]
+    on_server, embedded = (stored_vectors(where, settings)
+                           for where in (chroma.url, settings.vectors_path))
+    assert [(id_, meta) for id_, _, meta in on_server] == [(id_, meta) for id_, _, meta in embedded]
+    # The same float32 vectors (the server's JSON may round the last digit).
+    assert np.allclose([v for _, v, _ in on_server], [v for _, v, _ in embedded], atol=1e-6)
     with pytest.raises(MigrateError, match="holds a copy of"):
         migrate(settings.replace(data_dir=new_install(tmp_path / "other")), whole)
+
+
+def stored_vectors(where: Path | str, settings: Settings) -> list[tuple[str, Any, Any]]:
+    """Every vector of the settings' collection, embedded (a path) or on a server (a URL)."""
+    name = collection_name(settings)
+    index = VectorIndex.open(where, name) if isinstance(where, Path) else VectorIndex.connect(
+        where, name)
+    try:
+        return sorted(((id_, vector, dict(metadata))
+                       for ids, vectors, metadatas in index.pages(50)
+                       for id_, vector, metadata in zip(ids, vectors, metadatas, strict=True)),
+                      key=lambda stored: stored[0])
+    finally:
+        index.close()

@@ -32,8 +32,6 @@ from memory.storage.bulk_copy import Batch, CopyRefused, Source, SourceBusy
 from memory.storage.database import DatabaseError
 from memory.storage.postgres import PostgresDatabase, PostgresError
 
-VECTOR_PAGE = 1000
-
 
 class MigrateError(Exception):
     """The copy stopped or was refused; what was committed stays, and a rerun goes on."""
@@ -55,7 +53,8 @@ def migrate(
     batch_size: int = 2000, on_batch: Callable[[Batch], None] | None = None,
 ) -> MigrateResult:
     """Copy the embedded install of `settings` into the PostgreSQL database at `dest_url`
-    (and its vectors to the Chroma server at `chroma_url`).
+    (and its vectors to the Chroma server at `chroma_url`), `batch_size` rows or vectors at a
+    time.
 
     Runs its own event loop: call it from synchronous code, or in a worker thread.
     """
@@ -63,80 +62,88 @@ def migrate(
     try:
         with bulk_copy.snapshot(settings.db_path) as source:
             source_rows = bulk_copy.source_counts(source)
-            copied, dest_rows = asyncio.run(_copy_rows(
-                source, dest_url, source_name=str(settings.db_path.resolve()),
-                new_vectors=(chroma_url, collection_name(settings)) if chroma_url else None,
-                batch_size=batch_size, on_batch=on_batch,
+            copied, dest_rows, vectors = asyncio.run(_copy(
+                source, settings, dest_url, chroma_url=chroma_url, batch_size=batch_size,
+                on_batch=on_batch,
             ))
-            vectors = (_copy_vectors(settings, chroma_url, on_batch=on_batch)
-                       if chroma_url else {})
     except (SourceBusy, CopyRefused, DatabaseError, PostgresError) as exc:
         raise MigrateError(str(exc)) from exc
     return MigrateResult(source_rows, dest_rows, copied, vectors, time.perf_counter() - started)
 
 
-async def _copy_rows(
-    source: Source, dest_url: str, *, source_name: str,
-    new_vectors: tuple[str, str] | None, batch_size: int,
-    on_batch: Callable[[Batch], None] | None,
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Copy the rows (checking first, for a new copy, that the collection `new_vectors`
-    names on its Chroma server is empty); rows copied and rows held, per table."""
+async def _copy(
+    source: Source, settings: Settings, dest_url: str, *, chroma_url: str | None,
+    batch_size: int, on_batch: Callable[[Batch], None] | None,
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Rows copied and rows held per table, and vectors copied per collection."""
+    source_name = str(settings.db_path.resolve())
     dest = await PostgresDatabase.open(dest_url)  # creates or upgrades its schema
     try:
         done = await bulk_copy.begin(source, dest, source_name=source_name)
-        if not done and new_vectors is not None:
-            _check_empty(*new_vectors)
-        copied = await bulk_copy.copy_tables(
-            source, dest, source_name=source_name, done=done, batch_size=batch_size,
-            on_batch=on_batch,
-        )
-        async with dest.write() as tx:
-            await jobs.expire_unleased(tx)
-        return copied, await bulk_copy.count_rows(dest)
+        vectors = Vectors(settings, chroma_url) if chroma_url else None
+        try:
+            if vectors is not None and vectors.key not in done:
+                vectors.check_empty()
+            copied = await bulk_copy.copy_tables(
+                source, dest, source_name=source_name, done=done, batch_size=batch_size,
+                on_batch=on_batch,
+            )
+            async with dest.write() as tx:
+                await jobs.expire_unleased(tx)
+            moved = {} if vectors is None else await vectors.copy(
+                dest, source_name=source_name, done=done, page=batch_size, on_batch=on_batch)
+        finally:
+            if vectors is not None:
+                vectors.close()
+        return copied, await bulk_copy.count_rows(dest), moved
     finally:
         await dest.close()
 
 
-def _check_empty(chroma_url: str, name: str) -> None:
-    """Refuse a server whose collection already holds vectors: their ids (row ids of another
-    database) would be taken for copies of ours."""
-    server = VectorIndex.connect(chroma_url, name)
-    try:
-        held = server.count()
-    finally:
-        server.close()
-    if held:
-        raise CopyRefused(f"the Chroma server's collection {name} already holds {held} vectors;"
-                          " copy to a new server or delete that collection")
+class Vectors:
+    """The configured embedding model's collection, embedded and on the Chroma server (a
+    collection of an earlier model is not read by this version)."""
 
-
-def _copy_vectors(
-    settings: Settings, chroma_url: str, *, on_batch: Callable[[Batch], None] | None
-) -> dict[str, int]:
-    """Copy the configured embedding model's collection to the server (a collection of an
-    earlier model is not read by this version); vectors copied, by collection."""
-    name = collection_name(settings)
-    source = VectorIndex.open(settings.vectors_path, name)
-    try:
-        server = VectorIndex.connect(chroma_url, name)
+    def __init__(self, settings: Settings, chroma_url: str) -> None:
+        self.name = collection_name(settings)
+        self.key = f"vectors {self.name}"  # its progress in the destination database
+        self.source = VectorIndex.open(settings.vectors_path, self.name)
         try:
-            return {name: _copy_collection(source, server, on_batch=on_batch)}
-        finally:
-            server.close()
-    finally:
-        source.close()
+            self.server = VectorIndex.connect(chroma_url, self.name)
+        except BaseException:
+            self.source.close()
+            raise
 
+    def check_empty(self) -> None:
+        """Refuse a server whose collection already holds vectors: their ids (row ids of
+        another database) would be taken for copies of ours."""
+        held = self.server.count()
+        if held:
+            raise CopyRefused(f"the Chroma server's collection {self.name} already holds"
+                              f" {held} vectors; copy to a new server or delete that collection")
 
-def _copy_collection(
-    source: VectorIndex, server: VectorIndex, *, on_batch: Callable[[Batch], None] | None
-) -> int:
-    copied = 0
-    for ids, vectors, metadatas in source.pages(VECTOR_PAGE):
-        missing = set(server.missing(ids))
-        keep = [i for i, id_ in enumerate(ids) if id_ in missing]
-        server.add([ids[i] for i in keep], vectors[keep], [metadatas[i] for i in keep])
-        copied += len(keep)
-        if on_batch is not None:
-            on_batch(Batch(f"vectors {source.name}", len(ids), len(keep)))
-    return copied
+    async def copy(
+        self, dest: PostgresDatabase, *, source_name: str, done: dict[str, int], page: int,
+        on_batch: Callable[[Batch], None] | None,
+    ) -> dict[str, int]:
+        """Copy the vectors after those an earlier run noted in `done`, noting each page in
+        the destination database; how many were new, by collection."""
+        offset, copied = done.get(self.key, 0), 0
+        for ids, vectors, metadatas in self.source.pages(page, start=offset):
+            # An id the server holds already came from a page copied but not yet noted.
+            missing = set(self.server.missing(ids))
+            keep = [i for i, id_ in enumerate(ids) if id_ in missing]
+            self.server.add([ids[i] for i in keep], vectors[keep], [metadatas[i] for i in keep])
+            offset += len(ids)
+            async with dest.write() as tx:
+                await bulk_copy.record(tx, source_name=source_name, name=self.key, last=offset,
+                                       copied=len(keep))
+            copied += len(keep)
+            if on_batch is not None:
+                on_batch(Batch(self.key, len(ids), len(keep)))
+        return {self.name: copied}
+
+    def close(self) -> None:
+        """Release both clients."""
+        self.server.close()
+        self.source.close()

@@ -159,11 +159,12 @@ class VectorIndex:
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
 
     def pages(
-        self, size: int = PAGE
+        self, size: int = PAGE, *, start: int = 0
     ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], list[Metadata]]]:
-        """Every vector of the collection with its id and metadata, `size` at a time (a copy
-        to another Chroma; the collection must not change meanwhile)."""
-        offset = 0
+        """Every vector of the collection from the `start`-th on, with its id and metadata,
+        `size` at a time in a fixed order (a copy to another Chroma; the collection must not
+        change meanwhile)."""
+        offset = start
         while True:
             with self._lock:
                 page = self._healing(functools.partial(

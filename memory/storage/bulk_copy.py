@@ -106,8 +106,9 @@ def snapshot(path: Path) -> Iterator[Source]:
 async def begin(
     source: Source, dest: PostgresDatabase, *, source_name: str
 ) -> dict[str, int]:
-    """Where an earlier copy from this source stopped: the last rowid copied per table ({}
-    for a new copy). CopyRefused when the copy cannot be made (see _progress)."""
+    """Where an earlier copy from this source stopped: the last rowid copied per table, and
+    what else record() noted ({} for a new copy). CopyRefused when the copy cannot be made
+    (see _progress)."""
     _check_tables(source)
     async with dest.write() as tx:
         await tx.fetch(_PROGRESS)
@@ -130,6 +131,21 @@ async def copy_tables(
         )
     await _reset_sequences(dest)
     return gained
+
+
+async def record(
+    tx: Transaction, *, source_name: str, name: str, last: int, copied: int
+) -> None:
+    """Note that what `name` (a table, or another part of the copy) holds up to `last` has
+    been copied, `copied` of it new; begin() returns it to the next run."""
+    await tx.change(
+        "INSERT INTO memproxy_migrate (source, name, last_rowid, copied, updated_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (source, name) DO UPDATE SET"
+        " last_rowid = EXCLUDED.last_rowid,"
+        " copied = memproxy_migrate.copied + EXCLUDED.copied,"
+        " updated_at = EXCLUDED.updated_at",
+        (source_name, name, last, copied, time.time()),
+    )
 
 
 async def count_rows(db: PostgresDatabase) -> dict[str, int]:
@@ -185,14 +201,7 @@ async def _copy_table(
         last = int(rows[-1][0])
         async with dest.write() as tx:
             inserted = await tx.change(insert, arrays)
-            await tx.change(
-                "INSERT INTO memproxy_migrate (source, name, last_rowid, copied, updated_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (source, name) DO UPDATE SET"
-                " last_rowid = EXCLUDED.last_rowid,"
-                " copied = memproxy_migrate.copied + EXCLUDED.copied,"
-                " updated_at = EXCLUDED.updated_at",
-                (source_name, table, last, inserted, time.time()),
-            )
+            await record(tx, source_name=source_name, name=table, last=last, copied=inserted)
         gained += inserted
         if on_batch is not None:
             on_batch(Batch(table, len(rows), inserted))
