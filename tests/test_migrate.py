@@ -183,6 +183,8 @@ def test_a_migrated_install_has_the_same_rows_vectors_and_recall(
     other = run_migrate(new_install(tmp_path / "other"), dest_url)
     assert other.returncode == 1 and "holds a copy of" in other.stderr
     assert counts(moved) == after
+    # The embedded install is left as it was, for a server to start on again.
+    assert search(start_proxy(memory=True)) == before
 
 
 class Interrupted(Exception):

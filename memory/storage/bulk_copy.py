@@ -9,12 +9,12 @@ row-for-row and schema-driven: a function per table would repeat the same statem
 
 Resuming: rows go in batches in rowid order (ids are kept), and each batch commits together
 with its table's progress row in `memproxy_migrate`, so an interrupted copy goes on after the
-last committed batch; ON CONFLICT DO NOTHING keeps a batch from adding a row twice (AFTER
-INSERT triggers, such as the full-text counters, fire only for rows really inserted; the rows
-of `memory_versions` are mostly made by the destination's triggers before their copies come,
-which then keep the destination's counts). That
-table is this module's bookkeeping, kept afterwards as the record of the copy; it also tells a
-database a copy began in from one that already holds other memory, which is refused.
+last committed batch. ON CONFLICT DO NOTHING skips a row the destination has already: the
+rows of `memory_versions` are mostly made by the destination's triggers before their copies
+come (and keep the destination's counts). AFTER INSERT triggers, such as the full-text
+counters, fire only for rows really inserted. `memproxy_migrate` is this module's
+bookkeeping, kept afterwards as the record of the copy; it also tells a database a copy began
+in from one that already holds other memory, which is refused.
 
 The source is read in one transaction of a connection in SQLite's exclusive locking mode:
 one consistent snapshot, and a refusal while any other process (a running memproxy) has the
@@ -126,7 +126,7 @@ async def copy_tables(
     gained: dict[str, int] = {}
     for table in TABLES:
         gained[table] = await _copy_table(
-            source, dest, table, source_name=source_name, after=done.get(table),
+            source, dest, table, source_name=source_name, after=done.get(table, 0),
             batch_size=batch_size, on_batch=on_batch,
         )
     await _reset_sequences(dest)
@@ -188,13 +188,13 @@ async def _progress(tx: Transaction, source_name: str) -> dict[str, int]:
 
 async def _copy_table(
     source: Source, dest: PostgresDatabase, table: str, *, source_name: str,
-    after: int | None, batch_size: int, on_batch: Callable[[Batch], None] | None,
+    after: int, batch_size: int, on_batch: Callable[[Batch], None] | None,
 ) -> int:
     columns, insert = await _insert_statement(source, dest, table)
     convert = [_CONVERT[kind] for _, kind in columns]
     select = (f"SELECT rowid, {', '.join(name for name, _ in columns)} FROM {table}"
               " WHERE rowid > ? ORDER BY rowid LIMIT ?")
-    last, gained = after if after is not None else 0, 0
+    last, gained = after, 0
     while rows := source.execute(select, (last, batch_size)).fetchall():
         arrays = [[None if row[i + 1] is None else fn(row[i + 1]) for row in rows]
                   for i, fn in enumerate(convert)]
