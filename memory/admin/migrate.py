@@ -5,10 +5,12 @@ schema is made by its own migrations, its full-text columns and counters by its 
 its id sequences start after the copied ids. Vector ids are row ids ("c123" for chunk 123),
 so vectors stay valid across the copy:
 - with a Chroma server (`chroma_url`), the embedded collection of the configured embedding
-  model is copied to it, vectors and metadata as they are (no re-embedding), skipping the
-  ids the server holds already;
+  model is copied to it, vectors and metadata as they are (no re-embedding), page by page,
+  each page noted in the destination database like a batch of rows (ids the server holds
+  already are skipped, so a page copied but not noted adds nothing when copied again);
 - without one, vectors are not copied: a memproxy on PostgreSQL started with the same
-  MEMPROXY_DATA_DIR keeps using the embedded Chroma there, which still matches every row.
+  MEMPROXY_DATA_DIR keeps using the embedded Chroma there, which still matches every row
+  (as does the Chroma server of an install that has MEMPROXY_CHROMA_URL set already).
   Replicas on several machines need a Chroma server.
 
 The source must be stopped: it is read in one snapshot that no other process may share
@@ -59,6 +61,9 @@ def migrate(
     Runs its own event loop: call it from synchronous code, or in a worker thread.
     """
     started = time.perf_counter()
+    if chroma_url and settings.chroma_url:
+        raise MigrateError(f"the vectors are on the Chroma server {settings.chroma_url} already"
+                           " (MEMPROXY_CHROMA_URL): migrate without a Chroma server address")
     try:
         with bulk_copy.snapshot(settings.db_path) as source:
             source_rows = bulk_copy.source_counts(source)
