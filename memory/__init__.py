@@ -8,7 +8,7 @@
       index/      chunking, embeddings, the vector index and its per-user copies
       recall/     query, lexical search, ranking, the memory block and its injection
       learning/   facts, summaries, the profile, and the jobs that learn them
-      admin/      sessions, stats, backup, export/import, clear-all, forgetting
+      admin/      sessions, stats, backup, migrate, export/import, clear-all, forgetting
       scopes.py   the reserved ids of an organisation's shared memory
 
 Names load on first use (PEP 562), so a command that needs only a constant does not pay
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from memory.admin.backup import BackupError, BackupResult, backup
     from memory.admin.clearing import ClearExpired, ClearNotFound
+    from memory.admin.migrate import MigrateError, MigrateResult, migrate
     from memory.admin.record_checks import RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from memory.recall.lexical import ChunkSearch
     from memory.recall.query import build_query, for_embedding
     from memory.scopes import organization_memory
+    from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
     from memory.storage.injections import Injection
@@ -97,6 +99,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "backup": ("memory.admin.backup", "backup"),
     "BackupError": ("memory.admin.backup", "BackupError"),
     "BackupResult": ("memory.admin.backup", "BackupResult"),
+    "migrate": ("memory.admin.migrate", "migrate"),
+    "MigrateError": ("memory.admin.migrate", "MigrateError"),
+    "MigrateResult": ("memory.admin.migrate", "MigrateResult"),
+    "CopiedBatch": ("memory.storage.bulk_copy", "Batch"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
     "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
@@ -122,6 +128,7 @@ __all__ = [
     "ClearExpired",
     "ClearNotFound",
     "ConsentRequired",
+    "CopiedBatch",
     "CursorError",
     "Database",
     "Embedder",
@@ -131,6 +138,8 @@ __all__ = [
     "Injection",
     "LocalEmbedder",
     "MemoryEngine",
+    "MigrateError",
+    "MigrateResult",
     "NewTurn",
     "Placed",
     "RecallRequest",
@@ -152,6 +161,7 @@ __all__ = [
     "for_embedding",
     "inject",
     "message_text",
+    "migrate",
     "open_database",
     "organization_memory",
     "place",

@@ -1,5 +1,6 @@
-"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py), and
-`memories`, `sessions` and `stats` against a running server (proxy/cli_memory.py)."""
+"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py),
+`memproxy migrate` (memory/admin/migrate.py), and `memories`, `sessions` and `stats` against a
+running server (proxy/cli_memory.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backup.add_argument("dest", type=Path, help="new data directory to write the copy to")
     backup.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    migrate = commands.add_parser(
+        "migrate", help="copy this data directory's memory into PostgreSQL (and a Chroma"
+        " server); stop memproxy first"
+    )
+    migrate.add_argument("dest_url", help="the PostgreSQL database, postgresql://...")
+    migrate.add_argument("--chroma-url", help="also copy the vectors to this Chroma server;"
+                         " without it they stay in the embedded Chroma of the data directory")
+    migrate.add_argument("--batch-size", type=int, default=2000, help="rows (or vectors) per committed batch")
+    migrate.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
     cli_memory.add_commands(commands)
     return parser
 
@@ -40,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "backup":
         return backup_command(args)
+    if args.command == "migrate":
+        return migrate_command(args)
     return cli_memory.run(args)
 
 
@@ -59,6 +71,40 @@ def backup_command(args: argparse.Namespace) -> int:
     print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"
           f" {done.seconds:.1f} s. A server started on it (MEMPROXY_DATA_DIR={args.dest})"
           f" rebuilds the vector index first: {done.rebuild_jobs} queued jobs.")
+    return 0
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    """Copy MEMPROXY_DATA_DIR's memory into PostgreSQL (memory/admin/migrate.py)."""
+    from memory import CopiedBatch, MigrateError, migrate
+
+    def progress(batch: CopiedBatch) -> None:
+        print(f"  {batch.table}: {batch.inserted} of {batch.rows} new", file=sys.stderr)
+
+    try:
+        settings = load_settings(config_file=args.config)
+        if settings.database_url:
+            raise MigrateError("MEMPROXY_DATABASE_URL is set: this command copies the embedded"
+                               " SQLite file of MEMPROXY_DATA_DIR; unset it")
+        if not args.dest_url.startswith(("postgresql://", "postgres://")):
+            raise MigrateError(f"DEST_URL is postgresql://..., not {args.dest_url!r}")
+        done = migrate(settings, args.dest_url, chroma_url=args.chroma_url,
+                       batch_size=max(1, args.batch_size), on_batch=progress)
+    except (SettingsError, MigrateError, OSError) as exc:
+        print(f"memproxy: migrate failed: {exc} (what was copied stays; run it again to go"
+              " on)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("memproxy: migrate interrupted; run it again to go on", file=sys.stderr)
+        return 130
+    print(f"{'TABLE':<16} {'SOURCE':>9} {'DEST':>9} {'COPIED':>9}")
+    for table, count in done.source_rows.items():
+        print(f"{table:<16} {count:>9} {done.dest_rows[table]:>9} {done.copied_rows[table]:>9}")
+    for collection, count in done.copied_vectors.items():
+        print(f"vectors {collection}: {count} copied")
+    print(f"Done in {done.seconds:.1f} s. Start memproxy with MEMPROXY_DATABASE_URL=DEST_URL"
+          + (f" and MEMPROXY_CHROMA_URL={args.chroma_url}." if args.chroma_url else
+             f" and the same MEMPROXY_DATA_DIR={settings.data_dir} (its embedded Chroma)."))
     return 0
 
 

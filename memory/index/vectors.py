@@ -17,10 +17,11 @@ the jobs that rebuild the vectors from the database (index/rebuild.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -178,6 +179,32 @@ class VectorIndex:
                 return self._healing(lambda: self._collection.count())
             clause = where_clause(where)
             return self._healing(lambda: len(self._collection.get(where=clause, include=[])["ids"]))
+
+    def pages(
+        self, size: int = PAGE, *, start: int = 0
+    ) -> Iterator[tuple[list[str], npt.NDArray[np.float32], list[Metadata]]]:
+        """Every vector of the collection from the `start`-th on, with its id and metadata,
+        `size` at a time in a fixed order (a copy to another Chroma; the collection must not
+        change meanwhile)."""
+        offset = start
+        while True:
+            with self._lock:
+                page = self._healing(functools.partial(
+                    self._collection.get, include=["embeddings", "metadatas"], limit=size,
+                    offset=offset,
+                ))
+            if not page["ids"]:
+                return
+            embeddings = page["embeddings"] if page["embeddings"] is not None else []
+            yield (list(page["ids"]), np.asarray(embeddings, dtype=np.float32),
+                   [cast(Metadata, m) for m in page["metadatas"] or []])
+            offset += len(page["ids"])
+
+    def missing(self, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` the collection does not hold."""
+        with self._lock:
+            found = set(self._healing(lambda: self._collection.get(ids=list(ids), include=[]))["ids"])
+        return [id_ for id_ in ids if id_ not in found]
 
     def other_collections(self) -> list[str]:
         """Names of the other collections in the same Chroma (another model's, say)."""

@@ -165,6 +165,15 @@ async def requeue_running(tx: Transaction) -> int:
     )
 
 
+async def expire_unleased(tx: Transaction) -> int:
+    """End at once the lease of running jobs that have none (PostgreSQL): jobs a stopped
+    embedded server left running, copied by `memproxy migrate`, are then taken over like a
+    dead replica's; return how many."""
+    return await tx.change(
+        "UPDATE jobs SET lease_until = 0 WHERE status = 'running' AND lease_until IS NULL"
+    )
+
+
 async def next_due(conn: Connection) -> float | None:
     """When the earliest queued job becomes ready, or None when the queue is empty."""
     rows = await conn.fetch("SELECT MIN(run_after) FROM jobs WHERE status = 'queued'")

@@ -25,6 +25,7 @@ import asyncpg
 from memory.storage import migrations, postgres_schema
 from memory.storage.database import Dialect, Row
 
+PostgresError = asyncpg.PostgresError  # what a statement the server refuses raises
 # Any fixed number: the advisory lock every write transaction holds until it ends.
 _WRITE_LOCK = 7_305_210_412
 # Any fixed int4: the namespace of hold()'s locks (two-key advisory locks, apart from the above).
