@@ -403,6 +403,10 @@ class Settings:
     job_backoff_seconds: float = _setting(
         1.0, "First retry delay of a failed job; doubles each attempt.", min=0.0
     )
+    job_lease_seconds: float = _setting(
+        60.0, "PostgreSQL: how long a replica's claim holds a job unless renewed (every third "
+        "of it); a job of a replica that died is taken over after it.", min=1.0
+    )
     metrics_retention_days: int = _setting(
         30, "Days a per-request metrics row is kept.", min=1
     )

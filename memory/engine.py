@@ -127,7 +127,7 @@ class MemoryEngine:
         # Every turn, fact, summary and imported record is redacted before it is stored.
         self.redact = Redactor(settings.redact)
         self.log = TurnLog(db, redact=self.redact)
-        self.queue = JobQueue(db)
+        self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.lexical = ChunkSearch(db)
         self.vectors = vectors
         self.embedder = embedder

@@ -9,14 +9,16 @@ from typing import Any
 
 from memory.storage import jobs
 from memory.storage.database import Database
-from memory.storage.jobs import DeadJob, Job
+from memory.storage.jobs import LEASE_SECONDS, DeadJob, Job
 
 
 class JobQueue:
-    """The durable queue in one database."""
+    """The durable queue in one database. On PostgreSQL a claim holds a job for
+    `lease_seconds` unless renewed (the worker renews at a third of it)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, lease_seconds: float = LEASE_SECONDS) -> None:
         self.db = db
+        self.lease_seconds = lease_seconds
 
     async def enqueue(
         self, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
@@ -33,12 +35,12 @@ class JobQueue:
         if limit <= 0 or (kinds is not None and not kinds):
             return []
         async with self.db.autocommit() as tx:
-            return await jobs.claim(tx, kinds, limit, now)
+            return await jobs.claim(tx, kinds, limit, now, lease_seconds=self.lease_seconds)
 
     async def renew(self, job_ids: Sequence[int], now: float) -> None:
         """Extend the leases of these running jobs (PostgreSQL)."""
         async with self.db.autocommit() as tx:
-            await jobs.renew(tx, job_ids, now)
+            await jobs.renew(tx, job_ids, now, lease_seconds=self.lease_seconds)
 
     async def complete(self, job_id: int) -> None:
         """Mark a job done."""

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from memory.jobs.queue import JobQueue
-from memory.storage.jobs import LEASE_SECONDS, Job
+from memory.storage.jobs import Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 BatchHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
@@ -39,7 +39,6 @@ log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_log
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000
 _IDLE_CHECK_INTERVAL = 0.01
-_RENEW_EVERY = LEASE_SECONDS / 3  # a lease survives two failed renewals
 
 
 class JobWorker:
@@ -75,6 +74,7 @@ class JobWorker:
         self._stopping = False
         self._stopped: asyncio.Task[None] | None = None
         self._renewed = 0.0
+        self._renew_every = store.lease_seconds / 3  # a lease survives two failed renewals
 
     async def start(self) -> None:
         """Requeue jobs a crash left running, then start claiming."""
@@ -172,7 +172,7 @@ class JobWorker:
     async def _renew_leases(self) -> None:
         """Keep the leases of the running jobs, so no other replica takes them over."""
         now = self._clock()
-        if self._running and now - self._renewed >= _RENEW_EVERY:
+        if self._running and now - self._renewed >= self._renew_every:
             running = [job.id for group in self._running.values() for job in group]
             await self._store.renew(running, now)
             self._renewed = now
