@@ -14,6 +14,14 @@ to drain before the next phase starts, and the wait is reported::
     .venv/bin/python -m scripts.bench_recall --quick        # 1k and 10k, light load
     .venv/bin/python -m scripts.bench_recall --data-dir /tmp/recall-store --json out.json
 
+`--postgres` measures recall once more, in the same run, with memproxy's tables in a
+PostgreSQL started here on 127.0.0.1 (`tests/support/servers.py`; vectors in embedded Chroma
+as on SQLite; no indexing slice or end-to-end part there), and prints both tables and the
+ratios::
+
+    .venv/bin/python -m scripts.bench_recall --postgres --sizes 10000 --index-turns 0 \
+        --e2e-size 0 --build-embedder hashed
+
 `--data-dir` keeps the store between runs (it only grows). `--build-embedder hashed` fills it
 with stand-in vectors (a random vector per word, averaged) so 100k turns build in minutes;
 queries and the indexing slice always use the real model.
@@ -54,6 +62,7 @@ from memory import (
     turn_text,
 )
 from scripts.bench_overhead import MODEL_DIR, BenchError, child_env, free_port, percentile, serving
+from tests.support.servers import PostgresServer
 
 USER, MODEL, SESSION_TURNS, T0 = "bench-user", "gpt-4o-mini", 20, 1_700_000_000.0
 PROGRESS = "bench_recall.json"
@@ -427,6 +436,29 @@ def print_report(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def on_postgres(args: argparse.Namespace, settings: Settings, data_dir: Path) -> dict[str, Any]:
+    """`run` again with the tables in a new PostgreSQL (only the sizes: the indexing slice and
+    the end-to-end part open stores of their own)."""
+    with PostgresServer() as postgres:
+        pg_settings = settings.replace(data_dir=data_dir, database_url=postgres.create_database())
+        pg_args = argparse.Namespace(**{**vars(args), "index_turns": 0, "e2e_size": 0})
+        return asyncio.run(run(pg_args, pg_settings, data_dir))
+
+
+def compare(sqlite: dict[Any, Any], postgres: dict[Any, Any]) -> list[str]:
+    """Recall p50/p95 and CPU p50 per size, PostgreSQL next to SQLite, and the ratios."""
+    lines = []
+    for size in sqlite:
+        a, b = sqlite[size]["stages"]["recall"], postgres[size]["stages"]["recall"]
+        lines.append(
+            f"recall @{size // 1000}k, SQLite / PostgreSQL: p50 {a['p50']:.1f} / {b['p50']:.1f} ms"
+            f" (x{b['p50'] / a['p50']:.2f}), p95 {a['p95']:.1f} / {b['p95']:.1f} ms"
+            f" (x{b['p95'] / a['p95']:.2f}), CPU p50 {a['cpu_p50']:.1f} / {b['cpu_p50']:.1f} ms"
+            f" (x{b['cpu_p50'] / a['cpu_p50']:.2f}; goal <= x1.5)")
+    print("\n".join(lines))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_recall", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -446,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--e2e-rounds", type=int, default=6)
     parser.add_argument("--e2e-per-phase", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--postgres", action="store_true",
+                        help="recall at the same sizes on a PostgreSQL started here, too")
     parser.add_argument("--json", type=Path, metavar="FILE")
     args = parser.parse_args(argv)
     args.sizes = sorted(int(s) for s in args.sizes.split(",") if s)  # "": indexing only
@@ -459,11 +493,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR)})
         try:
             report = asyncio.run(run(args, settings, data_dir))
+            if args.postgres:
+                report["postgresql"] = on_postgres(args, settings, Path(tmp) / "postgresql")
         except (BenchError, KeyboardInterrupt) as exc:
             print(f"bench_recall: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}", file=sys.stderr)
             return 1
     loads.append(os.getloadavg()[0])
     targets = print_report(report)
+    if args.postgres:
+        print("\non PostgreSQL:")
+        print_report(report["postgresql"])
+        targets += compare(report["sizes"], report["postgresql"]["sizes"])
     print(f"(1-min load average {loads[0]:.1f} at start, {loads[1]:.1f} at end, on {os.cpu_count()} CPUs)")
     if args.json:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -65,6 +65,7 @@ from tests.support.scripted_upstream import (
     ScriptedUpstream,
     chat_completion,
 )
+from tests.support.sql import Target, query
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = (ROOT / "../shared/eval/locomo-dev.json").resolve()
@@ -219,14 +220,17 @@ def exchanges(conv: Conversation, turns: Sequence[Turn]) -> Iterator[tuple[list[
         yield list(history), ""
 
 
-async def ingest(http: httpx.AsyncClient, replies: Replies, conv: Conversation) -> int:
-    """Replay one conversation, session by session; return the number of requests."""
+async def ingest(
+    clients: Sequence[httpx.AsyncClient], replies: Replies, conv: Conversation
+) -> int:
+    """Replay one conversation, session by session, its requests sent round robin to
+    `clients` (replicas sharing one store, or one server); return the number of requests."""
     sent = 0
     for number, turns in conv.sessions:
         for messages, reply in exchanges(conv, turns):
             key = f"{conv.sample_id}/{number}/{sent}"
             replies.expect(key, reply)
-            response = await http.post("/v1/chat/completions", headers={
+            response = await clients[sent % len(clients)].post("/v1/chat/completions", headers={
                 "X-Memory-User-Id": conv.sample_id,
                 "X-Memory-Session-Id": f"{conv.sample_id}-session-{number}",
                 REPLY_HEADER: key,
@@ -245,17 +249,17 @@ def ingested_users(db_path: Path) -> set[str]:
         return {row[0] for row in db.execute("SELECT DISTINCT user_id FROM turns")}
 
 
-def wait_indexed(db_path: Path, timeout: float = 1800) -> dict[str, int]:
-    """Poll the database read-only until no job is queued or running and nothing changes."""
+def wait_indexed(db: Target, timeout: float = 1800) -> dict[str, int]:
+    """Poll the database (the SQLite file, or the settings naming a PostgreSQL database)
+    until no job is queued or running and nothing changes."""
     deadline = time.monotonic() + timeout
     last: tuple[int, ...] | None = None
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        with contextlib.closing(sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)) as db:
-            jobs = dict(db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
-            turns, chunks = db.execute(
-                "SELECT (SELECT COUNT(*) FROM turns), (SELECT COUNT(*) FROM chunks)"
-            ).fetchone()
+        jobs = dict(query(db, "SELECT status, COUNT(*) FROM jobs GROUP BY status"))
+        turns, chunks = query(
+            db, "SELECT (SELECT COUNT(*) FROM turns), (SELECT COUNT(*) FROM chunks)"
+        )[0]
         state = (jobs.get("queued", 0), jobs.get("running", 0), turns, chunks)
         if state[:2] == (0, 0) and state == last:  # idle, and no reply was still being stored
             return {"turns": turns, "chunks": chunks, "dead_jobs": jobs.get("dead", 0)}
@@ -306,17 +310,23 @@ async def ask(
 
 
 async def ask_all(
-    port: int, conversations: Sequence[Conversation], budgets: Sequence[int], concurrency: int
+    ports: Sequence[int], conversations: Sequence[Conversation], budgets: Sequence[int],
+    concurrency: int,
 ) -> dict[tuple[str, int], Answer]:
-    """Every question of every conversation, `concurrency` at a time."""
+    """Every question of every conversation, `concurrency` at a time, spread round robin over
+    the servers on `ports`."""
     gate = asyncio.Semaphore(concurrency)
-    async with _client(port) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(_client(port)) for port in ports]
 
-        async def one(conv: Conversation, question: Question) -> tuple[tuple[str, int], Answer]:
+        async def one(n: int, conv: Conversation, question: Question
+                      ) -> tuple[tuple[str, int], Answer]:
             async with gate:
+                http = clients[n % len(clients)]
                 return (conv.sample_id, question.index), await ask(http, conv, question, budgets)
 
-        pairs = await asyncio.gather(*(one(c, q) for c in conversations for q in c.questions))
+        asked = [(c, q) for c in conversations for q in c.questions]
+        pairs = await asyncio.gather(*(one(n, c, q) for n, (c, q) in enumerate(asked)))
     return dict(pairs)
 
 
@@ -455,7 +465,7 @@ def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, 
                     started = time.perf_counter()
                     done = ingested_users(data_dir / "memproxy.db") if args.reuse else set()
                     todo = [c for c in conversations if c.sample_id not in done]
-                    requests = asyncio.run(_ingest_all(port, replies, todo))
+                    requests = asyncio.run(_ingest_all([port], replies, todo))
                     timings["replay_s"] = time.perf_counter() - started
                     stats = wait_indexed(data_dir / "memproxy.db")
                     timings["replay_and_index_s"] = time.perf_counter() - started
@@ -477,7 +487,7 @@ def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, 
 def _asked(port: int, conversations: Sequence[Conversation], args: argparse.Namespace,
            timings: dict[str, float], arm: str) -> dict[str, Any]:
     started = time.perf_counter()
-    answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
+    answers = asyncio.run(ask_all([port], conversations, args.budgets, args.concurrency))
     timings[f"questions_{arm}_s"] = time.perf_counter() - started
     print(f"{arm}: {len(answers)} questions in {timings[f'questions_{arm}_s']:.0f} s", file=sys.stderr)
     return collect(conversations, answers, args.budgets)
@@ -500,9 +510,12 @@ async def _paired_latency(args: argparse.Namespace, upstream: str, data_dir: Pat
         return await latency(ports, conversations, args.latency_samples)
 
 
-async def _ingest_all(port: int, replies: Replies, conversations: Sequence[Conversation]) -> int:
-    async with _client(port) as http:
-        return sum(await asyncio.gather(*(ingest(http, replies, c) for c in conversations)))
+async def _ingest_all(
+    ports: Sequence[int], replies: Replies, conversations: Sequence[Conversation]
+) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(_client(port)) for port in ports]
+        return sum(await asyncio.gather(*(ingest(clients, replies, c) for c in conversations)))
 
 
 def collect(conversations: Sequence[Conversation], answers: dict[tuple[str, int], Answer],

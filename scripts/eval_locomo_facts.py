@@ -172,18 +172,18 @@ def evaluate(args: argparse.Namespace, data_dir: Path, logs: Path) -> dict[str, 
         port = free_port()
         with memproxy(port, upstream.base_url, data_dir, logs, "hybrid", learning):
             started = time.perf_counter()
-            requests = asyncio.run(_ingest_all(port, replies, conversations))
+            requests = asyncio.run(_ingest_all([port], replies, conversations))
             stats = wait_indexed(data_dir / "memproxy.db")
             ingest_s = time.perf_counter() - started
             facts = map_turns(data_dir / "memproxy.db", conversations)
             print(f"replayed {requests} requests in {ingest_s:.0f} s; stored {stats}; "
                   f"{facts} active facts", file=sys.stderr)
-            answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
+            answers = asyncio.run(ask_all([port], conversations, args.budgets, args.concurrency))
             results["facts + turns"] = collect(conversations, answers, args.budgets)
         with contextlib.closing(sqlite3.connect(data_dir / "memproxy.db")) as db, db:
             db.execute("DELETE FROM facts")
         with memproxy(port, upstream.base_url, data_dir, logs, "hybrid", {}):
-            answers = asyncio.run(ask_all(port, conversations, args.budgets, args.concurrency))
+            answers = asyncio.run(ask_all([port], conversations, args.budgets, args.concurrency))
             results["turns alone"] = collect(conversations, answers, args.budgets)
     turns = stats["turns"]
     cost = model.cost

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +21,8 @@ import pytest
 
 from memory.learning.prompts import EXTRACT_SYSTEM
 from memory.storage.turns import NewTurn
-from tests.conftest import MODEL_DIR, ROOT
 from tests.support.jobs import wait_for_jobs
+from tests.support.processes import Process, launch, memproxy_env, wait_ready
 from tests.support.scripted_upstream import (
     JSONReply,
     Received,
@@ -37,25 +33,6 @@ from tests.support.scripted_upstream import (
     chat_completion,
 )
 from tests.support.storage import Storage
-
-START_TIMEOUT = 120.0  # a cold start imports chromadb and onnxruntime: slow on a loaded machine
-
-
-@dataclass
-class Process:
-    """A memproxy server process and where it keeps its data."""
-
-    popen: subprocess.Popen[bytes]
-    port: int
-    data_dir: Path
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 @dataclass
@@ -88,26 +65,10 @@ def spawn(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[Callable[..., 
 
     def start(data_dir: Path | None = None, **settings: str) -> Process:
         data_dir = data_dir or tmp_path / "data"
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROXY_")} | {
-            "MEMPROXY_UPSTREAM_BASE_URL": upstream.base_url,
-            "MEMPROXY_DATA_DIR": str(data_dir),
-            "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR),
-            "MEMPROXY_EXTRACT_EVERY": "0",
-            "MEMPROXY_SUMMARY_EVERY": "0",
-            "MEMPROXY_LOG_LEVEL": "info",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            **{f"MEMPROXY_{key.upper()}": value for key, value in settings.items()},
-        }
-        log = tmp_path / f"memproxy-{len(started)}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        process = Process(popen, port, data_dir, log)
+        env = memproxy_env(upstream.base_url, **settings)
+        process = launch(env, data_dir, tmp_path / f"memproxy-{len(started)}.log")
         started.append(process)
-        _wait_ready(process)
+        wait_ready(process)
         return process
 
     yield start
@@ -115,27 +76,6 @@ def spawn(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[Callable[..., 
         if process.popen.poll() is None:
             process.popen.kill()
             process.popen.wait(10)
-
-
-def _free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_ready(process: Process) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.popen.poll() is not None:
-            pytest.fail(f"memproxy exited with {process.popen.returncode}:\n{process.output()}")
-        try:
-            if httpx.get(f"{process.url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"memproxy was not ready after {START_TIMEOUT}s:\n{process.output()}")
 
 
 def stream_chat(process: Process, content: str, session: str) -> Streamed:

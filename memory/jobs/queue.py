@@ -13,7 +13,8 @@ from memory.storage.jobs import DeadJob, Job
 
 
 class JobQueue:
-    """The durable queue in one database."""
+    """The durable queue in one database. On PostgreSQL a claim holds a job for
+    `lease_seconds` unless renewed (the worker renews at a third of it)."""
 
     def __init__(self, db: Database, *, lease_seconds: float = jobs.LEASE_SECONDS) -> None:
         self.db = db

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Protocol
 
+from config import Settings
 from tests.support.sql import Target, query
 
 POLL_SECONDS = 0.05
@@ -26,17 +27,18 @@ class InThread(Protocol):
 
 
 def wait_for_jobs(
-    server: InThread | Path, *, later: bool = False, timeout: float = 60.0
+    server: InThread | Target, *, later: bool = False, timeout: float = 60.0
 ) -> dict[str, int]:
     """Wait until no job is running or queued, and the app has no work left after a response;
     return the number of jobs in each status.
 
-    `server` is a running proxy, or the SQLite file of a memproxy process. Jobs queued to
+    `server` is a running proxy, or the database of memproxy processes (the SQLite file, or
+    settings naming the PostgreSQL database replicas share). Jobs queued to
     run later (a retry after its backoff, a clear's settle job at the end of its undo window)
     count only with `later=True`. Raises TimeoutError listing the jobs still pending.
     """
     target: Target
-    if isinstance(server, Path):
+    if isinstance(server, Path | Settings):
         target, tasks = server, _NO_TASKS
     else:
         target, tasks = server.state.settings, server.state.tasks
