@@ -28,14 +28,7 @@ if TYPE_CHECKING:
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
-    from memory.engine import (
-        Embedder,
-        MemoryEngine,
-        Recalled,
-        RecalledItem,
-        RecallRequest,
-        collection_name,
-    )
+    from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
     from memory.index.vectors import VectorIndex
     from memory.learning.fact_model import CATEGORIES, MAX_TEXT_CHARS, FactError, FactNotFound
@@ -45,6 +38,7 @@ if TYPE_CHECKING:
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
     from memory.recall.inject import Placed, inject, place, placing_order
     from memory.recall.lexical import ChunkSearch
+    from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
     from memory.recall.query import build_query, for_embedding
     from memory.scopes import organization_memory
     from memory.storage.bulk_copy import Batch as CopiedBatch
@@ -60,9 +54,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     # the engine and one request's recall
     "MemoryEngine": ("memory.engine", "MemoryEngine"),
     "Embedder": ("memory.engine", "Embedder"),
-    "RecallRequest": ("memory.engine", "RecallRequest"),
-    "Recalled": ("memory.engine", "Recalled"),
-    "RecalledItem": ("memory.engine", "RecalledItem"),
+    "RecallRequest": ("memory.recall.outcome", "RecallRequest"),
+    "Recalled": ("memory.recall.outcome", "Recalled"),
+    "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
     "collection_name": ("memory.engine", "collection_name"),

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,10 +31,19 @@ from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-from memory.recall.block import BlockPack, pack_block
 from memory.recall.cache import RecallCache, cache_key
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
+from memory.recall.outcome import (
+    Recalled,
+    RecallRequest,
+    candidate_chunk,
+    learned_item,
+    pack_ranked,
+    shared_memory,
+    turn_item,
+    unshown,
+)
 from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
 from memory.recall.ranking import (
     CONTEXT_SEEDS,
@@ -44,9 +53,7 @@ from memory.recall.ranking import (
     add_conversation,
     fuse,
 )
-from memory.recall.render import Entry
 from memory.redact import Redactor
-from memory.scopes import organization_memory
 from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
 from memory.storage.injections import Injection
@@ -64,57 +71,6 @@ class Embedder(Protocol):
     """Anything that turns texts into unit vectors."""
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class RecallRequest:
-    """What recall needs to know about one chat request."""
-
-    user_id: str
-    session_id: str
-    messages: Sequence[Mapping[str, Any]]
-    model: str
-    budget: int
-    scope: str  # session | user | organization
-    org_id: str | None = None  # the organisation whose shared memory scope organization adds
-    # Keys of items the session's earlier blocks in this prompt show: not shown again.
-    shown: frozenset[str] = frozenset()
-    add_budget: int | None = None  # with `shown`: at most this many tokens of new items
-
-
-@dataclass(frozen=True)
-class RecalledItem:
-    """One injected item, with where it came from and why it ranked."""
-
-    source: str
-    id: str
-    turn_id: int
-    session_id: str
-    speaker: str
-    created_at: float
-    text: str
-    score: float
-    signals: dict[str, float]
-    turn_ids: list[int] = field(default_factory=list)  # facts, summaries: their source turns
-
-
-@dataclass(frozen=True)
-class Recalled:
-    """The outcome of recall for one request."""
-
-    block: str = ""
-    items: list[RecalledItem] = field(default_factory=list)
-    tokens: int = 0
-    truncated: bool = False
-    candidates: int = 0
-    recall_ms: float = 0.0
-    embed_ms: float = 0.0
-    skipped: str | None = None
-    cached: bool = False  # reused from the recall cache
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view (dry runs and the search API)."""
-        return asdict(self)
 
 
 class MemoryEngine:
@@ -406,7 +362,7 @@ class MemoryEngine:
         if self.recall_cache.size <= 0:
             return await self.recall(request)
         started = time.perf_counter()
-        org = _shared_memory(request)
+        org = shared_memory(request)
         key = cache_key(
             request.user_id, request.session_id, request.model, request.budget, request.scope,
             org, sorted(request.shown), request.add_budget, messages=request.messages,
@@ -435,7 +391,7 @@ class MemoryEngine:
         if (redacted := self.redact(present)) != present:
             present += "\n" + redacted
 
-        org = _shared_memory(request)
+        org = shared_memory(request)
 
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
@@ -481,15 +437,15 @@ class MemoryEngine:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         share = self.settings.org_budget_share
-        packed = _pack(learned, ranked, request.budget, request.model, share)
+        packed = pack_ranked(learned, ranked, request.budget, request.model, share)
         add = request.budget if not request.shown or request.add_budget is None else request.add_budget
         if packed.tokens > add or not request.shown.isdisjoint(
             item.key for item in packed.chosen(learned)
         ) or any(ranked[i].key in request.shown for i in packed.turns):
-            learned, ranked = _unshown(learned, ranked, packed, request.shown)
-            packed = _pack(learned, ranked, min(add, request.budget), request.model, share)
+            learned, ranked = unshown(learned, ranked, packed, request.shown)
+            packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share)
         items = [
-            *map(_learned_item, packed.chosen(learned)), *(_item(ranked[i]) for i in packed.turns)
+            *map(learned_item, packed.chosen(learned)), *(turn_item(ranked[i]) for i in packed.turns)
         ]
         return Recalled(
             packed.block, items, packed.tokens, packed.truncated, len(ranked) + len(learned),
@@ -542,7 +498,7 @@ class MemoryEngine:
     ) -> list[Candidate]:
         """The ranking with the turns around the best items lifted (ranking.add_context)."""
         seeds = ranked[:CONTEXT_SEEDS]
-        pairs = await self.log.neighbour_chunks([_chunk_id(c) for c in seeds])
+        pairs = await self.log.neighbour_chunks([candidate_chunk(c) for c in seeds])
         known = {c.key for c in ranked}
         by_text = {_same_text(c.text): c.key for c in ranked}
         alias: dict[str, str] = {}
@@ -561,29 +517,6 @@ class MemoryEngine:
             if key in known or key in alias:
                 neighbours.setdefault(f"c{seed}", []).append(alias.get(key, key))
         return add_context(ranked, neighbours, added, self.weights.context)
-
-
-def _pack(
-    learned: Learned, ranked: list[Candidate], budget: int, model: str, shared_share: float
-) -> BlockPack:
-    entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, _chunk_id(c)) for c in ranked]
-    return pack_block(
-        learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share
-    )
-
-
-def _unshown(
-    learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str]
-) -> tuple[Learned, list[Candidate]]:
-    """What `packed` chose that the session's earlier blocks do not show: a stable
-    injection adds these only, so the session sees every item a fresh block would show."""
-    chosen = {item.key for item in packed.chosen(learned)} - shown
-    profile = learned.profile if learned.profile and learned.profile.key in chosen else None
-    return Learned(
-        [f for f in learned.facts if f.key in chosen],
-        [s for s in learned.summaries if s.key in chosen], profile,
-        [f for f in learned.shared if f.key in chosen],
-    ), [ranked[i] for i in packed.turns if ranked[i].key not in shown]
 
 
 def _new_turns(
@@ -610,26 +543,8 @@ def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
     )
 
 
-def _chunk_id(c: Candidate) -> int:
-    return int(c.key[1:])  # turn candidates are keyed "c<chunk id>"
-
-
 def _same_text(text: str) -> str:
     return " ".join(text.split())
-
-
-def _item(c: Candidate) -> RecalledItem:
-    return RecalledItem(
-        "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
-        c.signals,
-    )
-
-
-def _learned_item(item: LearnedItem) -> RecalledItem:
-    return RecalledItem(
-        item.source, item.key, item.turn_ids[-1] if item.turn_ids else 0, item.session_id,
-        item.source, item.created_at, item.text, item.score, item.signals, item.turn_ids,
-    )
 
 
 def _local_embedder(settings: Settings) -> Embedder:
@@ -652,13 +567,6 @@ def collection_name(settings: Settings) -> str:
         return "chunks-minilm-l6" + ("-int8" if settings.embedding_precision == "int8" else "")
     slug = "".join(ch if ch.isalnum() else "-" for ch in settings.embedding_upstream_model)
     return f"chunks-{slug}"[:60]
-
-
-def _shared_memory(request: RecallRequest) -> str | None:
-    """The id of the organisation memory `request` reaches, if any."""
-    if request.scope == "organization" and request.org_id:
-        return organization_memory(request.org_id)
-    return None
 
 
 async def _no_items() -> list[LearnedItem]:

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import tiktoken
 
-from memory.engine import MemoryEngine, RecallRequest
+from memory.engine import MemoryEngine
 from memory.learning.fact_rules import grounded_in, same_subject_new_value
 from memory.learning.llm_output import MalformedOutput, parse_json, validate_facts
 from memory.recall.block import FACTS_HEADING, PROFILE_HEADING
 from memory.recall.learned_recall import is_personal
+from memory.recall.outcome import RecallRequest
 from memory.storage.turns import NewTurn
 
 pytestmark = pytest.mark.both_backends

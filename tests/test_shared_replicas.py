@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from config import Settings
-from memory.engine import MemoryEngine, RecallRequest
+from memory.engine import MemoryEngine
+from memory.recall.outcome import RecallRequest
 from tests.support.servers import ChromaServer, PostgresServer
 
 

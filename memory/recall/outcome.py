@@ -1,0 +1,120 @@
+"""What recall is asked and what it answers (memory.engine.MemoryEngine.recall), and the
+steps between its ranking and its answer: packing the ranked items into a block, keeping
+only what a stable injection has not shown yet, and the items the answer lists."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memory.recall.block import BlockPack, pack_block
+from memory.recall.learned_recall import Learned, LearnedItem
+from memory.recall.ranking import Candidate
+from memory.recall.render import Entry
+from memory.scopes import organization_memory
+from memory.tokens import count_tokens
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    """What recall needs to know about one chat request."""
+
+    user_id: str
+    session_id: str
+    messages: Sequence[Mapping[str, Any]]
+    model: str
+    budget: int
+    scope: str  # session | user | organization
+    org_id: str | None = None  # the organisation whose shared memory scope organization adds
+    # Keys of items the session's earlier blocks in this prompt show: not shown again.
+    shown: frozenset[str] = frozenset()
+    add_budget: int | None = None  # with `shown`: at most this many tokens of new items
+
+
+@dataclass(frozen=True)
+class RecalledItem:
+    """One injected item, with where it came from and why it ranked."""
+
+    source: str
+    id: str
+    turn_id: int
+    session_id: str
+    speaker: str
+    created_at: float
+    text: str
+    score: float
+    signals: dict[str, float]
+    turn_ids: list[int] = field(default_factory=list)  # facts, summaries: their source turns
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """The outcome of recall for one request."""
+
+    block: str = ""
+    items: list[RecalledItem] = field(default_factory=list)
+    tokens: int = 0
+    truncated: bool = False
+    candidates: int = 0
+    recall_ms: float = 0.0
+    embed_ms: float = 0.0
+    skipped: str | None = None
+    cached: bool = False  # reused from the recall cache
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view (dry runs and the search API)."""
+        return asdict(self)
+
+
+def shared_memory(request: RecallRequest) -> str | None:
+    """The id of the organisation memory `request` reaches, if any."""
+    if request.scope == "organization" and request.org_id:
+        return organization_memory(request.org_id)
+    return None
+
+
+def pack_ranked(
+    learned: Learned, ranked: list[Candidate], budget: int, model: str, shared_share: float
+) -> BlockPack:
+    """Pack the ranked turns (as dated excerpts) with the learned items, counted as `model`
+    counts."""
+    entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, candidate_chunk(c)) for c in ranked]
+    return pack_block(
+        learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share
+    )
+
+
+def unshown(
+    learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str]
+) -> tuple[Learned, list[Candidate]]:
+    """What `packed` chose that the session's earlier blocks do not show: a stable
+    injection adds these only, so the session sees every item a fresh block would show."""
+    chosen = {item.key for item in packed.chosen(learned)} - shown
+    profile = learned.profile if learned.profile and learned.profile.key in chosen else None
+    return Learned(
+        [f for f in learned.facts if f.key in chosen],
+        [s for s in learned.summaries if s.key in chosen], profile,
+        [f for f in learned.shared if f.key in chosen],
+    ), [ranked[i] for i in packed.turns if ranked[i].key not in shown]
+
+
+def candidate_chunk(c: Candidate) -> int:
+    """The chunk a turn candidate stands for (turn candidates are keyed "c<chunk id>")."""
+    return int(c.key[1:])
+
+
+def turn_item(c: Candidate) -> RecalledItem:
+    """A ranked turn as an injected item."""
+    return RecalledItem(
+        "turn", c.key, c.turn_id, c.session_id, c.speaker, c.created_at, c.text, c.score,
+        c.signals,
+    )
+
+
+def learned_item(item: LearnedItem) -> RecalledItem:
+    """A fact, summary or profile as an injected item."""
+    return RecalledItem(
+        item.source, item.key, item.turn_ids[-1] if item.turn_ids else 0, item.session_id,
+        item.source, item.created_at, item.text, item.score, item.signals, item.turn_ids,
+    )
