@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -213,28 +213,29 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"total: {sum(counts.values())} cases")
 
 
-@pytest.fixture(scope="session")
-def chroma_server() -> Iterator[ChromaServer]:
-    """One `chroma run` on 127.0.0.1 for the whole run; tests use their own collections."""
+S = TypeVar("S")
+
+
+def started(start: Callable[[], S]) -> S:
+    """A server `start` made, or the test skipped when this machine cannot run it."""
     try:
-        server = ChromaServer()
+        return start()
     except ServerUnavailable as exc:
         # CI installs everything (.ci/run): there a missing server fails instead of skipping.
         if os.environ.get("CI"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    with server:
+
+
+@pytest.fixture(scope="session")
+def chroma_server() -> Iterator[ChromaServer]:
+    """One `chroma run` on 127.0.0.1 for the whole run; tests use their own collections."""
+    with started(ChromaServer) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL cluster on 127.0.0.1 for the whole run; tests create their databases."""
-    try:
-        server = PostgresServer()
-    except ServerUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    with server:
+    with started(PostgresServer) as server:
         yield server

@@ -19,12 +19,12 @@ import pytest
 from config import Settings
 from memory import CopiedBatch, MigrateError, VectorIndex, collection_name, migrate
 from memory.storage.bulk_copy import TABLES
-from tests.conftest import ROOT, RunningProxy
+from tests.conftest import ROOT, RunningProxy, started
 from tests.memory_helpers import memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
+from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import query, scalar
 from tests.test_learning import PlaysTheModel, answer, fact
 
@@ -46,13 +46,7 @@ QUERIES = [("ada", "which database does billing use?"), ("ada", "what is the cat
 @pytest.fixture
 def chroma() -> Iterator[ChromaServer]:
     """A Chroma server of the test's own: a copy needs a collection nothing else wrote."""
-    try:
-        server = ChromaServer()
-    except ServerUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    with server:
+    with started(ChromaServer) as server:
         yield server
 
 
