@@ -197,8 +197,8 @@ class Settings:
     memory_mode: str = _setting(
         "inject",
         "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
-        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself; "
-        "streamed Responses requests get inject) (X-Memory-Mode).",
+        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself) "
+        "(X-Memory-Mode).",
         choices=("inject", "tool"),
     )
     memory_tool_rounds: int = _setting(
