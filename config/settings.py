@@ -278,11 +278,6 @@ class Settings:
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
-    recall_score_depth: int = _setting(
-        0, "How deep in each of the dense and lexical lists recall reads the scores of the "
-        "candidates the other search found (0 or up to recall_candidates: no deeper).",
-        min=0,
-    )
     query_embed_words: int = _setting(
         32, "Longest query, in words, that recall embeds; a longer one keeps its first quarter "
         "and last three quarters (the lexical search still uses every word). 0: no limit.",
@@ -322,33 +317,6 @@ class Settings:
         "Fusion weight of how well an item's whole session matches (the mean of its three "
         "best items, scaled to the best session's); 0 turns this off.",
         min=0.0,
-    )
-    weight_speaker: float = _setting(
-        0.0, "Boost for items said by a person the query names (a speaker's name, not a "
-        "role); 0 turns this off.", min=0.0,
-    )
-    context_hops: int = _setting(
-        1, "How many turns away from a top item the turns that gain a share of its score may "
-        "be (see weight_context).", min=1, max=5,
-    )
-    context_decay: float = _setting(
-        0.5, "Factor on weight_context's share at each further step from the top item.",
-        min=0.0, max=1.0,
-    )
-    context_seeds: int = _setting(
-        30, "How many of the best items lend a share of their score to the turns around "
-        "them.", min=0,
-    )
-    feedback_weight: float = _setting(
-        0.0, "Lexical pseudo-relevance feedback: how much a second BM25 search, for the rare "
-        "words the first search's best hits share, counts next to the first; 0 turns it off.",
-        min=0.0,
-    )
-    feedback_docs: int = _setting(
-        10, "Best lexical hits whose words pseudo-relevance feedback weighs.", min=1
-    )
-    feedback_terms: int = _setting(
-        8, "Words pseudo-relevance feedback searches again for.", min=1
     )
 
     # -- learning: extraction and summaries (DESIGN.md section 3)

@@ -32,8 +32,6 @@ from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
 from memory.recall.cache import RecallCache, cache_key
-from memory.recall.depth import top_with_depth
-from memory.recall.feedback import Feedback, LexicalFeedback
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
 from memory.recall.outcome import (
@@ -47,9 +45,14 @@ from memory.recall.outcome import (
     unshown,
 )
 from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
-from memory.recall.ranking import Candidate, Weights, add_conversation, fuse
-from memory.recall.speakers import add_speaker
-from memory.recall.window import Window, add_window, neighbourhood
+from memory.recall.ranking import (
+    CONTEXT_SEEDS,
+    Candidate,
+    Weights,
+    add_context,
+    add_conversation,
+    fuse,
+)
 from memory.redact import Redactor
 from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
@@ -83,13 +86,6 @@ class MemoryEngine:
         self.log = TurnLog(db, redact=self.redact)
         self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.lexical = ChunkSearch(db)
-        self.window = Window(
-            settings.weight_context, settings.context_hops, settings.context_decay,
-            settings.context_seeds,
-        )
-        self.feedback = LexicalFeedback(self.lexical, Feedback(
-            settings.feedback_weight, settings.feedback_docs, settings.feedback_terms,
-        ))
         self.vectors = vectors
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).
         self.shared_vectors = SharedVectors(db, vectors)
@@ -390,7 +386,6 @@ class MemoryEngine:
             return Recalled(skipped="trivial", recall_ms=_ms(started))
         session = request.session_id if request.scope == "session" else None
         k, words = self.settings.recall_candidates, self.settings.query_embed_words
-        depth = max(k, self.settings.recall_score_depth)
         present = "\n".join(turn_text(m) for m in request.messages)
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.redact(present)) != present:
@@ -411,7 +406,7 @@ class MemoryEngine:
                 vector = embedded[0]
             embed_ms = _ms(embedding) if vector is not None else 0.0
             dense, learned, shared = await asyncio.gather(
-                self._dense(request.user_id, session, vector, depth),
+                self._dense(request.user_id, session, vector, k),
                 self.learned_recall.gather(
                     request.user_id, request.session_id, query, vector,
                     session_only=session is not None, present=present,
@@ -424,21 +419,19 @@ class MemoryEngine:
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
                 return [], []
-            return await self.feedback.find(request.user_id, query, k=depth, session_id=session)
+            found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
+            return found, await self.log.get_chunks([chunk_id for chunk_id, _ in found])
 
         # A signal weighted 0 is not searched at all (that is how ablations run); the
         # lexical search, and reading what it found, runs while the query is embedded.
         (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
             by_meaning(), by_words()
         )
-        dense, lexical = top_with_depth(dense, lexical, k)
         candidates = await self._candidates(request.user_id, present, dense, lexical, rows)
         ranked = fuse(
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),
         )
-        if self.settings.weight_speaker:
-            ranked = add_speaker(ranked, query, self.settings.weight_speaker)
         if self.weights.conversation:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
@@ -487,8 +480,8 @@ class MemoryEngine:
         # best of each signal, shown under a name when any copy has one.
         by_text: dict[str, Candidate] = {}
         for row in [*read, *await self.log.get_chunks(unread)]:
-            if row.id not in scores or row.user_id != user_id or row.text.strip() in present:
-                continue  # not a candidate, already in the prompt (or, defensively, not this user's)
+            if row.user_id != user_id or row.text.strip() in present:
+                continue  # already in the prompt (or, defensively, not this user's)
             dense_score, bm25 = scores[row.id]
             found = by_text.get(same := _same_text(row.text))
             if found is None:
@@ -503,14 +496,14 @@ class MemoryEngine:
     async def _with_context(
         self, user_id: str, present: str, ranked: list[Candidate]
     ) -> list[Candidate]:
-        """The ranking with the turns around the best items lifted (window.add_window)."""
-        seeds = ranked[: self.window.seeds]
-        pairs = await neighbourhood(self.log, [candidate_chunk(c) for c in seeds], self.window.hops)
+        """The ranking with the turns around the best items lifted (ranking.add_context)."""
+        seeds = ranked[:CONTEXT_SEEDS]
+        pairs = await self.log.neighbour_chunks([candidate_chunk(c) for c in seeds])
         known = {c.key for c in ranked}
         by_text = {_same_text(c.text): c.key for c in ranked}
         alias: dict[str, str] = {}
         added: dict[str, Candidate] = {}
-        unknown = list(dict.fromkeys(n for _, n, _ in pairs if f"c{n}" not in known))
+        unknown = list(dict.fromkeys(n for _, n in pairs if f"c{n}" not in known))
         for row in await self.log.get_chunks(unknown):
             if row.user_id != user_id or row.text.strip() in present:
                 continue
@@ -518,12 +511,12 @@ class MemoryEngine:
             if same == f"c{row.id}":
                 added[same] = _candidate(row, 0.0, 0.0)
             alias[f"c{row.id}"] = same
-        neighbours: dict[str, list[tuple[str, int]]] = {}
-        for seed, neighbour, steps in pairs:
+        neighbours: dict[str, list[str]] = {}
+        for seed, neighbour in pairs:
             key = f"c{neighbour}"
             if key in known or key in alias:
-                neighbours.setdefault(f"c{seed}", []).append((alias.get(key, key), steps))
-        return add_window(ranked, neighbours, added, self.window)
+                neighbours.setdefault(f"c{seed}", []).append(alias.get(key, key))
+        return add_context(ranked, neighbours, added, self.weights.context)
 
 
 def _new_turns(

@@ -352,12 +352,6 @@ async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]
     return [int(n) for n in rows[0]]
 
 
-async def count_all_chunks(conn: Connection) -> int:
-    """How many chunks there are, of every user (the rows lexical rarity is counted over)."""
-    rows = await conn.fetch("SELECT COUNT(*) FROM chunks")
-    return int(rows[0][0])
-
-
 async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:
     """Which of these chunk ids still exist."""
     among, values = in_values(conn, ids)
