@@ -352,6 +352,16 @@ async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]
     return [int(n) for n in rows[0]]
 
 
+async def speaker_names(conn: Connection, user_id: str) -> list[str]:
+    """The distinct names the user's turns were said under, in name order."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT name FROM turns WHERE user_id = ? AND name IS NOT NULL AND name <> '' "
+        "ORDER BY name",
+        (user_id,),
+    )
+    return [str(row[0]) for row in rows]
+
+
 async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:
     """Which of these chunk ids still exist."""
     among, values = in_values(conn, ids)
