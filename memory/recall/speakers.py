@@ -27,6 +27,8 @@ NAMES_TTL_SECONDS = 300.0
 MAX_USERS = 10_000
 MAX_NAME_VECTORS = 10_000
 
+_WORD = re.compile(r"[^\W_]")
+
 Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
 
@@ -68,7 +70,7 @@ class SpeakerQuery:
         """The query's vector (one row), names set apart when it says any."""
         said = named(text, await self.names(user_id)) if self.enabled else []
         rest = without(text, said)
-        if not said or not rest:
+        if not said or not _WORD.search(rest):  # only names (and punctuation): as written
             return await self._embed([text])
         new = [name for name in said if name not in self._vectors]
         vectors = await self._embed([rest, *new])
