@@ -397,6 +397,7 @@ CREATE TABLE vector_generations (
     PRIMARY KEY (user_id, session_id)
 );
 """),
+    ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
 ]
 
 
