@@ -373,6 +373,9 @@ MIGRATIONS: list[Migration] = [
     # a user's vectors, so replicas sharing a Chroma server know their copies are stale;
     # rows per session as in memory_versions, for the recall cache.
     ("0007_vector_generations", _VECTOR_GENERATIONS),
+    # PostgreSQL's chunk postings (memory.storage.postgres_schema); FTS5 keeps its own, so
+    # nothing changes here: the name is recorded so both backends list the same migrations.
+    ("0008_chunk_postings", lambda conn: None),
 ]
 
 
