@@ -11,6 +11,10 @@ n_i of which hold the word (1e-6 when that is not positive). The schema
 (memory.storage.postgres_schema) keeps D and each word's weighted count f per row, N and the
 token total per table, and n_i per word; only the candidates are read row by row. Candidates
 are the rows in scope that hold any of the words, as FTS5's `scope AND (w1 OR w2 ...)`.
+
+Chunks, the table every recall searches, are read as FTS5 reads its index: the postings
+(chunk_terms: owner, word, chunk, f, D) of the query's words alone, by index. Facts and
+summaries, far fewer a user, test their candidates' tsvectors (GIN) and look f up in `tf`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ What differs, and why:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -446,7 +447,9 @@ CREATE TABLE vector_generations (
 ]
 
 
-async def apply(conn: asyncpg.Connection) -> list[str]:
+async def apply(
+    conn: asyncpg.Connection, migrations: Sequence[tuple[str, str]] = MIGRATIONS
+) -> list[str]:
     """Apply the migrations not yet recorded, in order, and return their names."""
     newly_applied = []
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
@@ -456,7 +459,7 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
             " (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
         )
         done = {row[0] for row in await conn.fetch("SELECT name FROM migrations")}
-        for name, script in MIGRATIONS:
+        for name, script in migrations:
             if name in done:
                 continue
             # Each migration commits together with the row that records it.
