@@ -277,8 +277,8 @@ async def test_postgres_0008_gives_the_chunks_already_indexed_their_postings(
         ], start=1):
             await conn.execute(
                 "INSERT INTO turns (id, user_id, session_id, position, role, content,"
-                " content_hash, created_at) VALUES ($1, $2, $3, 0, 'user', $4, $1::text, 0)",
-                turn, user, session, text)
+                " content_hash, created_at) VALUES ($1, $2, $3, 0, 'user', $4, $5, 0)",
+                turn, user, session, text, f"h{turn}")
             await conn.execute(
                 "INSERT INTO chunks (turn_id, user_id, session_id, ordinal, kind, text, owner,"
                 " sess, speaker) VALUES ($1, $2, $3, 0, 'prose', $4, '', '', $5)",
