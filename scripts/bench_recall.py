@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -258,29 +258,31 @@ async def indexing_throughput(settings: Settings, corpus: Corpus, turns: int,
 # -- recall ----------------------------------------------------------------------------------
 
 
-async def measure_recall(engine: MemoryEngine, queries: list[list[dict[str, str]]], warmup: int) -> dict[str, Any]:
-    """Recall, then each of its stages alone (as recall runs them): wall and CPU ms per query."""
+async def measure_recall(engine: MemoryEngine, queries: list[list[dict[str, str]]], warmup: int,
+                         cpu_clock: Callable[[], float] = time.process_time) -> dict[str, Any]:
+    """Recall, then each of its stages alone (as recall runs them): wall and CPU ms per query
+    (`cpu_clock`: CPU seconds of this process, plus the database server's on PostgreSQL)."""
     k, where = engine.settings.recall_candidates, {"user_id": USER, "source": "turn"}
     wall: dict[str, list[float]] = {s: [] for s in STAGES}
     cpu: dict[str, list[float]] = {s: [] for s in STAGES}
     items, tokens, cold = [], [], 0.0
     for n, messages in enumerate(queries[:warmup] + queries):
-        query, marks = build_query(messages), [(time.perf_counter(), time.process_time())]
+        query, marks = build_query(messages), [(time.perf_counter(), cpu_clock())]
         recalled = await engine.recall(RecallRequest(USER, "bench-query", messages, MODEL, 1000, "user"))
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         if n == 0:  # the first recall after opening also loads the user's vectors
             cold = (marks[1][0] - marks[0][0]) * 1000
         vector = (await engine.embedder.embed([for_embedding(query, engine.settings.query_embed_words)]))[0]
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         dense = await asyncio.to_thread(engine.vectors.query, vector, k=k, where=where)
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         lexical = await engine.lexical.search(USER, query, k=k)
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         await engine.log.get_chunks(list({int(key[1:]) for key, _ in dense} | {i for i, _ in lexical}))
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         present = "\n".join(turn_text(m) for m in messages)  # facts, summaries, profile
         await engine.learned_recall.gather(USER, "bench-query", query, vector, session_only=False, present=present)
-        marks.append((time.perf_counter(), time.process_time()))
+        marks.append((time.perf_counter(), cpu_clock()))
         if n >= warmup:
             for stage, a, b in zip(STAGES, marks[:-1], marks[1:], strict=True):
                 wall[stage].append((b[0] - a[0]) * 1000)
@@ -362,7 +364,8 @@ def index_queue_drained(data_dir: Path, timeout: float = 600.0) -> float:
 # -- the run ---------------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace, settings: Settings, data_dir: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, settings: Settings, data_dir: Path,
+              cpu_clock: Callable[[], float] = time.process_time) -> dict[str, Any]:
     embedder = LocalEmbedder(MODEL_DIR, threads=settings.embedding_threads)
     builder = embedder if args.build_embedder == "model" else HashedEmbedder(args.seed)
     corpus = Corpus(args.seed, MODEL_DIR)
@@ -395,7 +398,7 @@ async def run(args: argparse.Namespace, settings: Settings, data_dir: Path) -> d
         engine = await MemoryEngine.open(settings, embedder=embedder)  # queries: the real model
         try:
             total = await engine.log.count_turns()
-            recall = await measure_recall(engine, queries, 20)
+            recall = await measure_recall(engine, queries, 20, cpu_clock)
         finally:
             await engine.close()
         report["sizes"][size] = {"total_turns": total, "build": built, **recall}
@@ -437,12 +440,29 @@ def print_report(report: dict[str, Any]) -> list[str]:
 
 
 def on_postgres(args: argparse.Namespace, settings: Settings, data_dir: Path) -> dict[str, Any]:
-    """`run` again with the tables in a new PostgreSQL (only the sizes: the indexing slice and
-    the end-to-end part open stores of their own)."""
-    with PostgresServer() as postgres:
-        pg_settings = settings.replace(data_dir=data_dir, database_url=postgres.create_database())
+    """`run` again with the tables in PostgreSQL (only the sizes: the indexing slice and the
+    end-to-end part open stores of their own). The cluster and the vectors live in `data_dir`,
+    kept between runs as the SQLite store is. CPU adds the server's processes to this one's."""
+    with PostgresServer(data_dir / "cluster") as postgres:
+        pg_settings = settings.replace(data_dir=data_dir, database_url=postgres.create_database("bench"))
         pg_args = argparse.Namespace(**{**vars(args), "index_turns": 0, "e2e_size": 0})
-        return asyncio.run(run(pg_args, pg_settings, data_dir))
+
+        def cpu_clock() -> float:
+            return time.process_time() + server_cpu_seconds(postgres.backend_pids())
+
+        return asyncio.run(run(pg_args, pg_settings, data_dir, cpu_clock))
+
+
+def server_cpu_seconds(pids: Sequence[int]) -> float:
+    """CPU seconds these processes have run (/proc/<pid>/schedstat: nanoseconds, unlike the
+    10 ms ticks of /proc/<pid>/stat); a process that just exited counts nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
 
 
 def compare(sqlite: dict[Any, Any], postgres: dict[Any, Any]) -> list[str]:
@@ -494,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report = asyncio.run(run(args, settings, data_dir))
             if args.postgres:
-                report["postgresql"] = on_postgres(args, settings, Path(tmp) / "postgresql")
+                report["postgresql"] = on_postgres(args, settings, data_dir / "postgresql")
         except (BenchError, KeyboardInterrupt) as exc:
             print(f"bench_recall: {'interrupted' if isinstance(exc, KeyboardInterrupt) else exc}", file=sys.stderr)
             return 1

@@ -25,7 +25,7 @@ from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer
-from tests.support.sql import query, scalar
+from tests.support.sql import POSTINGS_FROM_ROWS, query, scalar
 from tests.test_learning import PlaysTheModel, answer, fact
 
 SESSIONS = {
@@ -127,6 +127,9 @@ def fts_mismatches(settings: Settings) -> list[Any]:
                         " unnest(tsvector_to_array(tsv)) AS lexeme GROUP BY lexeme ORDER BY lexeme")
         if terms != recount:
             wrong.append((table, "terms", len(terms), len(recount)))
+    postings = query(settings, "SELECT * FROM chunk_terms ORDER BY 1, 2, 3")
+    if postings != query(settings, f"{POSTINGS_FROM_ROWS} ORDER BY 1, 2, 3") or not postings:
+        wrong.append(("chunk_terms", len(postings)))
     return wrong
 
 

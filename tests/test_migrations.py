@@ -18,6 +18,7 @@ from memory.storage import migrations, postgres_schema
 from memory.storage.postgres import PostgresDatabase
 from tests.fixtures import make_memproxy_0002_db
 from tests.support.servers import PostgresServer
+from tests.support.sql import POSTINGS_FROM_ROWS
 from tests.support.storage import Storage
 
 EXPECTED_TABLES = {
@@ -254,9 +255,42 @@ async def test_postgres_gets_the_same_migrations_once_when_replicas_start_togeth
             await conn.close()
         # The same tables, FTS5's virtual tables aside (their words live in the rows).
         assert tables == {t for t in EXPECTED_TABLES if not t.endswith("_fts")} | {
-            "fts_totals", "fts_terms", "clears", "clear_records"}
+            "fts_totals", "fts_terms", "chunk_terms", "clears", "clear_records"}
         for replica in replicas:
             await replica.check()
     finally:
         for replica in replicas:
             await replica.close()
+
+
+async def test_postgres_0009_gives_the_chunks_already_indexed_their_postings(
+    postgres_server: PostgresServer,
+) -> None:
+    conn = await asyncpg.connect(postgres_server.create_database())
+    try:
+        before = [m for m in postgres_schema.MIGRATIONS if m[0] < "0009"]
+        assert await postgres_schema.apply(conn, before) == ALL[: len(before)]
+        for turn, (user, session, text, speaker) in enumerate([
+            ("ada", "s1", "Ada flies to Lisbon; Lisbon in May", "planner"),
+            ("ada", "s2", "The hotel in Lisbon is booked", "Ada"),
+            ("bob", "s1", "Bob walks his dog", "bob"),
+        ], start=1):
+            await conn.execute(
+                "INSERT INTO turns (id, user_id, session_id, position, role, content,"
+                " content_hash, created_at) VALUES ($1, $2, $3, 0, 'user', $4, $5, 0)",
+                turn, user, session, text, f"h{turn}")
+            await conn.execute(
+                "INSERT INTO chunks (turn_id, user_id, session_id, ordinal, kind, text, owner,"
+                " sess, speaker) VALUES ($1, $2, $3, 0, 'prose', $4, '', '', $5)",
+                turn, user, session, text, speaker)
+
+        assert await postgres_schema.apply(conn) == ["0009_chunk_postings"]
+
+        postings = await conn.fetch("SELECT * FROM chunk_terms ORDER BY 1, 2, 3")
+        assert [tuple(r) for r in postings] == [
+            tuple(r) for r in await conn.fetch(POSTINGS_FROM_ROWS + " ORDER BY 1, 2, 3")]
+        lisbon = [tuple(r) for r in postings if r["lexeme"] == "lisbon"]
+        assert lisbon == [("ada", "lisbon", 1, "s1", 2.0, 10), ("ada", "lisbon", 2, "s2", 1.0, 9)]
+        assert [r["lexeme"] for r in postings if r["chunk_id"] == 3 and r["tf"] == 1.5] == ["bob"]
+    finally:
+        await conn.close()

@@ -1,10 +1,12 @@
 """Engines of several replicas on one PostgreSQL and one Chroma server: a replica's vector
 copies follow the other replicas' writes (vector generations), and learning for one user on
-two replicas at once gives the facts one replica would (the facts lock)."""
+two replicas at once gives the facts one replica would (the facts lock), and two summary jobs
+of one session at once give the summary one replica would (the summary lock)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -126,3 +128,45 @@ async def test_two_replicas_learning_for_one_user_at_once_merge_as_one_replica_w
     await asyncio.gather(learn(first, "ada", "s1"), learn(second, "ada", "s2"))
 
     assert [(f.text, f.mentions) for f in await second.facts.active("ada")] == alone
+
+
+class Summarizer:
+    """The learning model for summaries. A prompt without `later` (the earlier job's) is
+    answered only once the later job's has been, or after a second: without a lock the
+    earlier job would store its summary last."""
+
+    def __init__(self, later: str) -> None:
+        self.later, self.later_answered, self.calls = later, asyncio.Event(), 0
+
+    async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:
+        self.calls += 1
+        if self.later in json.dumps(messages):
+            self.later_answered.set()
+            return json.dumps({"text": "Ada moved to Lisbon and adopted a cat called Miso."})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.later_answered.wait(), 1.0)
+        return json.dumps({"text": "Ada moved to Lisbon."})
+
+
+async def test_two_replicas_summarizing_one_session_at_once_keep_the_later_summary(
+    replicas: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    first, second = replicas
+    said = [{"role": "user", "content": "I moved to Lisbon last month."}]
+    earlier = await first.remember_request("ada", "s1", said, model="gpt-4o", request_id="r1")
+    said.append({"role": "user", "content": "We adopted a cat, Miso."})
+    later = await first.remember_request("ada", "s1", said, model="gpt-4o", request_id="r2")
+    assert earlier is not None and later is not None
+    first.learner.llm = second.learner.llm = model = Summarizer(later="adopted a cat")
+
+    await asyncio.gather(*(
+        engine.learner.summarize(
+            {"user_id": "ada", "session_id": "s1", "turn_id": turn, "model": "gpt-4o"})
+        for engine, turn in ((first, earlier), (second, later))
+    ))
+
+    current = await second.summaries.latest("ada", "s1")
+    assert current is not None
+    assert (current.last_turn_id, current.source_turn_ids) == (later, [earlier, later])
+    assert current.text.endswith("a cat called Miso.")
+    assert model.calls in (1, 2)  # the later job first makes the earlier one a no-op

@@ -21,6 +21,7 @@ from memory.storage.fts import match_expression
 from memory.storage.jobs import LEASE_SECONDS
 from memory.storage.metrics import RequestMetrics
 from memory.storage.turns import NewTurn
+from tests.support.sql import POSTINGS_FROM_ROWS
 from tests.support.storage import Storage
 
 HISTORY = [
@@ -64,7 +65,10 @@ async def fts_is_consistent(store: Storage) -> bool:
                                " WHERE name = 'chunks' AND docs > 0 ORDER BY lexeme")
         counted = await query_db(store, "SELECT lexeme, COUNT(*) FROM chunks,"
                                  " unnest(tsvector_to_array(tsv)) AS lexeme GROUP BY lexeme ORDER BY lexeme")
-        return stale == [(0,)] and totals == actual and terms == counted
+        postings = await query_db(store, "SELECT * FROM chunk_terms ORDER BY 1, 2, 3")
+        recounted = await query_db(store, POSTINGS_FROM_ROWS + " ORDER BY 1, 2, 3")
+        return (stale == [(0,)] and totals == actual and terms == counted
+                and postings == recounted and len(postings) == sum(n for _, n in counted))
     try:
         await write_db(store, "INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
     except sqlite3.DatabaseError:

@@ -34,7 +34,7 @@ from memory.learning.llm_output import (
     validate_summary,
 )
 from memory.learning.prompts import extraction_messages, repair_messages, summary_messages
-from memory.learning.summaries import SummaryStore
+from memory.learning.summaries import SummaryStore, summary_lock
 from memory.log.turn_log import TurnLog
 from memory.storage import jobs
 from memory.storage import turns as turn_rows
@@ -186,7 +186,14 @@ class Learner:
     async def summarize(self, payload: dict[str, Any]) -> None:
         """The summarize job: fold the session's new turns into its rolling summary."""
         user_id, session_id = str(payload["user_id"]), str(payload["session_id"])
-        turn_id = int(payload["turn_id"])
+        # The model call too: a job that read the previous summary must store its successor
+        # before another job reads it (the worker runs two jobs at once, and replicas more).
+        async with summary_lock(self.summaries.db, user_id, session_id):
+            await self._summarize(user_id, session_id, int(payload["turn_id"]), payload)
+
+    async def _summarize(
+        self, user_id: str, session_id: str, turn_id: int, payload: dict[str, Any]
+    ) -> None:
         previous = await self.summaries.latest(user_id, session_id)
         if previous is not None and previous.last_turn_id >= turn_id:
             return  # already covered (a retried or late job)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 
 from memory.learning.facts import FactError, queue_sync
 from memory.redact import keep
@@ -17,9 +18,16 @@ from memory.storage import summaries
 from memory.storage.database import Database
 from memory.storage.summaries import NewSummary, Summary
 
-__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summaries_by_id"]
+__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summaries_by_id", "summary_lock"]
 
 SUMMARY_KEYS = ("facts", "preferences", "decisions", "todos", "entities")
+
+
+def summary_lock(db: Database, user_id: str, session_id: str) -> AbstractAsyncContextManager[None]:
+    """Held while a session's summary is read, extended and stored: one summarize job per
+    session at a time on any replica (a database lock), so two jobs never roll up the same
+    previous summary and the later one to commit never hides turns the other covered."""
+    return db.hold(f"summary:{user_id}\n{session_id}")
 
 
 class SummaryStore:

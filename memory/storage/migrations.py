@@ -377,6 +377,9 @@ MIGRATIONS: list[Migration] = [
     # (memory/recall/speakers.py): this index finds them one name at a time, not by reading
     # every turn of the user (65 ms at 100k turns).
     ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
+    # PostgreSQL's chunk postings (memory.storage.postgres_schema); FTS5 keeps its own, so
+    # nothing changes here: the name is recorded so both backends list the same migrations.
+    ("0009_chunk_postings", lambda conn: None),
 ]
 
 

@@ -332,9 +332,8 @@ async def search_chunks(
     """Best `k` (chunk_id, bm25) of the user's (session's) chunks holding any of the words
     (memory.storage.fts.search_terms) in their text or speaker, best first."""
     if conn.dialect == "postgres":
-        scope, params = ("user_id = ?", [user_id]) if session_id is None else (
-            "user_id = ? AND session_id = ?", [user_id, session_id])
-        sql = pg_search.bm25_sql("chunks", scope)
+        params = [user_id] if session_id is None else [user_id, session_id]
+        sql = pg_search.chunk_bm25_sql(session=session_id is not None)
         rows = await conn.fetch(sql, (list(terms), *params, k))
         return [(int(row[0]), float(row[1])) for row in rows]
     expression = match_expression(user_id, " ".join(terms), session_id, columns=CHUNK_COLUMNS)

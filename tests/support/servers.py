@@ -105,12 +105,19 @@ class PostgresServer:
 
     PostgreSQL refuses to run as root: as root (CI) the cluster belongs to the unprivileged
     `postgres` user the Debian package creates, and every command runs through runuser.
+    By default the cluster lives in a temporary directory, removed at exit; given `directory`,
+    it lives there and is kept (created on first use, started again on the next).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self.bin = postgres_bin()
         self.port = free_port()
-        self._tmp = tempfile.mkdtemp(prefix="memproxy-pg-")
+        self._keep = directory is not None
+        if directory is None:
+            self._tmp = tempfile.mkdtemp(prefix="memproxy-pg-")
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._tmp = str(directory)
         self._data = Path(self._tmp) / "data"
         self._as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         self._databases = 0
@@ -119,18 +126,22 @@ class PostgresServer:
         """The connection URL of one database (superuser `postgres`, trusted on loopback)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self) -> str:
-        """A new empty database; return its URL."""
-        self._databases += 1
-        name = f"test_{self._databases}"
+    def create_database(self, name: str | None = None) -> str:
+        """A new empty database (or `name`, created if missing); return its URL."""
+        if name is None:
+            self._databases += 1
+            name = f"test_{self._databases}"
+        elif (self._data / "base").exists() and self._has_database(name):
+            return self.url(name)
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
         return self.url(name)
 
     def __enter__(self) -> PostgresServer:
         if self._as_user:
             shutil.chown(self._tmp, "postgres")
-        self._run("initdb", "-D", str(self._data), "-U", "postgres", "-A", "trust",
-                  "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        if not self._keep or not (self._data / "PG_VERSION").exists():
+            self._run("initdb", "-D", str(self._data), "-U", "postgres", "-A", "trust",
+                      "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
         try:
             # fsync off: a test cluster never needs to survive a power cut.
             self._run("pg_ctl", "-D", str(self._data), "-l", str(Path(self._tmp) / "log"),
@@ -138,16 +149,33 @@ class PostgresServer:
                       f"-h 127.0.0.1 -p {self.port} -k {self._tmp} -F -c max_connections=200",
                       "start")
         except BaseException:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            if not self._keep:
+                shutil.rmtree(self._tmp, ignore_errors=True)
             raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            self._run("pg_ctl", "-D", str(self._data), "-m", "immediate", "-w", "stop")
+            # A kept cluster shuts down cleanly; a temporary one is thrown away.
+            mode = "fast" if self._keep else "immediate"
+            self._run("pg_ctl", "-D", str(self._data), "-m", mode, "-w", "stop")
         finally:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            if not self._keep:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def backend_pids(self) -> list[int]:
+        """The server's processes: the postmaster and its children (backends, writers)."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split()[0])
+        children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+        return [postmaster, *(int(pid) for pid in children)]
+
+    def _has_database(self, name: str) -> bool:
+        done = subprocess.run(
+            [*self._as_user, str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
+            capture_output=True, text=True, check=True)
+        return done.stdout.strip() == "1"
 
     def _run(self, program: str, *args: str) -> None:
         done = subprocess.run([*self._as_user, str(self.bin / program), *args],

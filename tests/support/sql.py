@@ -45,3 +45,10 @@ async def _postgres(url: str, sql: str, params: Sequence[Any]) -> list[tuple[Any
         return [tuple(row) for row in await conn.fetch(numbered(sql), *params)]
     finally:
         await conn.close()
+
+
+# The chunks' postings on PostgreSQL (chunk_terms), as the rows' words say they should be.
+POSTINGS_FROM_ROWS = """
+SELECT c.user_id, t.lexeme, c.id, c.session_id,
+    (cardinality(t.weights) - 0.5 * cardinality(array_remove(t.weights, 'A')))::REAL, c.doc_len
+FROM chunks AS c CROSS JOIN LATERAL unnest(c.tsv) AS t"""
