@@ -69,6 +69,10 @@ async def test_the_names_are_the_users_speakers_not_roles(store: Storage, embedd
     speakers = SpeakerQuery(store.db, embedder.embed, weight=0.3)
     assert await speakers.names("u") == ["Caroline", "Melanie"]
     assert await speakers.names("nobody") == []
+    # A name first said after a query is known to the next one (an eval replays a whole
+    # conversation, querying from its first turn, then asks about everyone in it).
+    await store.log.append_turns("nobody", "s", [NewTurn("user", "Hi", name="Jon")])
+    assert await speakers.names("nobody") == ["Jon"]
 
 
 async def test_a_named_speaker_no_longer_outweighs_the_topic(
