@@ -197,8 +197,8 @@ class Settings:
     memory_mode: str = _setting(
         "inject",
         "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
-        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself; "
-        "streamed Responses requests get inject) (X-Memory-Mode).",
+        "(a small pre-fetched block, plus a memory_search tool the proxy answers itself) "
+        "(X-Memory-Mode).",
         choices=("inject", "tool"),
     )
     memory_tool_rounds: int = _setting(
@@ -277,6 +277,15 @@ class Settings:
     )
     recall_candidates: int = _setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
+    )
+    query_split_names: bool = _setting(
+        True, "Embed the recall query without the names of the people the user's turns were "
+        "said under, adding each name it says back at query_name_weight (turns are embedded "
+        "with their speaker's name, which otherwise outweighs a short question's topic).",
+    )
+    query_name_weight: float = _setting(
+        0.3, "Weight of each speaker's name vector added to the query's vector when "
+        "query_split_names is on (0: the names are left out).", min=0.0,
     )
     query_embed_words: int = _setting(
         32, "Longest query, in words, that recall embeds; a longer one keeps its first quarter "

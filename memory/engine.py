@@ -53,6 +53,7 @@ from memory.recall.ranking import (
     add_conversation,
     fuse,
 )
+from memory.recall.speakers import SpeakerQuery
 from memory.redact import Redactor
 from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
@@ -86,6 +87,10 @@ class MemoryEngine:
         self.log = TurnLog(db, redact=self.redact)
         self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.lexical = ChunkSearch(db)
+        self.speaker_query = SpeakerQuery(
+            db, embedder.embed, weight=settings.query_name_weight,
+            enabled=settings.query_split_names,
+        )
         self.vectors = vectors
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).
         self.shared_vectors = SharedVectors(db, vectors)
@@ -400,7 +405,7 @@ class MemoryEngine:
             if self.weights.dense:
                 # Meanwhile: are the copies of the vectors to search still current?
                 embedded, _ = await asyncio.gather(
-                    self.embedder.embed([for_embedding(query, words)]),
+                    self.speaker_query.embed(request.user_id, for_embedding(query, words)),
                     self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
                 )
                 vector = embedded[0]

@@ -32,7 +32,7 @@ import orjson
 from config import Flags
 from memory import MemoryEngine, RecallRequest
 from proxy.memory_tool_chat import ChatDialect
-from proxy.memory_tool_dialect import TOOL_NAME, Dialect, Search, StreamingDialect, add_usage
+from proxy.memory_tool_dialect import TOOL_NAME, Dialect, Search, add_usage
 from proxy.memory_tool_messages import MessagesDialect
 from proxy.memory_tool_responses import ResponsesDialect
 from proxy.upstream import UpstreamHeaders, UpstreamReply
@@ -99,7 +99,7 @@ class MemoryTool:
         """The reply the client gets: the last round's, with memory_search taken out."""
         first = await self._send(send, body, self.dialect.items(body), offer=True)
         streamed = first.headers.get("content-type", "").startswith("text/event-stream")
-        if streamed and isinstance(self.dialect, StreamingDialect):
+        if streamed:
             return _Rounds(self, self.dialect, send, body, step, first)
         return await self._whole(send, body, step, first)
 
@@ -179,7 +179,7 @@ class _Rounds:
     come, except memory_search's calls and the ends of rounds that searched."""
 
     def __init__(
-        self, tool: MemoryTool, dialect: StreamingDialect, send: Send, body: dict[str, Any],
+        self, tool: MemoryTool, dialect: Dialect, send: Send, body: dict[str, Any],
         step: MemoryStep, first: UpstreamReply,
     ) -> None:
         self.status_code = first.status_code

@@ -2,15 +2,14 @@
 offered, how its calls and their answers look, and how a stream's round is filtered.
 
 A streamed round is rebuilt into the shape of a whole reply (`StreamRound.reply`), so the
-loop reads calls, usage and the turn that goes on the same way for both. A format whose
-streams the loop cannot serve is a `Dialect` without `stream_round` (Responses).
+loop reads calls, usage and the turn that goes on the same way for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import orjson
 
@@ -93,12 +92,6 @@ class Dialect(Protocol):
     def usage(self, reply: dict[str, Any]) -> Any:
         """A whole reply's usage object."""
         ...
-
-
-
-@runtime_checkable
-class StreamingDialect(Dialect, Protocol):
-    """A format whose streams the loop serves, round after round."""
 
     def stream_round(self, previous: Any, usage_before: dict[str, Any] | None) -> StreamRound:
         """A filter for the next round of a stream (`previous`: the round before, or None)."""

@@ -1,11 +1,14 @@
 """The memory tool loop in OpenAI's Responses API (`proxy.memory_tool`): a function tool,
 and `function_call` output items answered by `function_call_output` input items.
 
-Whole responses only. Each round is a response of its own, and the client must get the last
-one's id: that is the response whose stored context holds the answered searches, so a
-request continuing from it (`previous_response_id`) goes on where the loop ended. A stream
-announces its id in its first event, before anyone knows which round is the last, and the
-SDKs refuse a stream whose id changes; streamed requests get the normal injection.
+Each round is a response of its own, and the client must get the last one's id: that is the
+response whose stored context holds the answered searches, so a request continuing from it
+(`previous_response_id`) goes on where the loop ended. A stream announces its id in its first
+event, and the SDKs refuse a stream whose id changes, so a streamed round is held until its
+first output item shows what it is: memory_search (or reasoning before it) and the round is
+held to its end, answered and dropped; anything else and the round is the one the client
+gets, relayed from its first event on. A search asked for after that point is dropped, as in
+the last round, and the items after it are numbered on without it.
 
 Like Messages, the last round keeps memory_search defined (its calls are in the input), with
 `tool_choice: none` when the client has no tools of its own, and a call to it there is
@@ -17,14 +20,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from proxy.memory_tool_dialect import (
     DESCRIPTION,
     PARAMETERS,
     TOOL_NAME,
     Search,
     add_usage,
+    encoded,
+    event_payload,
     search_query,
 )
+from proxy.sse import ServerSentEvent, SSEDecoder
 
 Payload = dict[str, Any]
 TOOL: Payload = {"type": "function", "name": TOOL_NAME, "description": DESCRIPTION,
@@ -35,8 +43,8 @@ class ResponsesDialect:
     """The Responses API's side of the tool loop."""
 
     def unsupported(self, body: Payload) -> str | None:
-        """Tools that are not a list or hold a memory_search, `tool_choice: none`,
-        background and streamed responses."""
+        """Tools that are not a list or hold a memory_search, `tool_choice: none` and
+        background responses."""
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             return "tools is not an array"
@@ -46,8 +54,6 @@ class ResponsesDialect:
             return "tool_choice is none"
         if body.get("background") is True:
             return "background responses are not awaited"
-        if body.get("stream") is True:
-            return "a streamed response keeps its first round's id"
         return None
 
     def items(self, body: Payload) -> list[Any]:
@@ -94,6 +100,108 @@ class ResponsesDialect:
     def usage(self, reply: Payload) -> Any:
         """The response's usage."""
         return reply.get("usage")
+
+    def stream_round(self, previous: Any, usage_before: Payload | None) -> ResponsesRound:
+        """The next round: a response of its own, so nothing carries over but the usage."""
+        return ResponsesRound(usage_before)
+
+
+# The events that end a response, carrying it whole.
+_ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+
+class ResponsesRound:
+    """Reads one round's Responses events: held until an output item shows what the round
+    is, then relayed without memory_search's items."""
+
+    def __init__(self, usage_before: Payload | None) -> None:
+        self.usage_before = usage_before
+        self._decoder = SSEDecoder()
+        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
+        self._relaying = False
+        self._response: Payload = {}  # the latest whole response an event carried
+        self._items: dict[int, Payload] = {}  # output index -> the item as last sent
+        self._ours: list[int] = []  # output indexes of memory_search calls, ascending
+        self._sequence = 0  # the client's number for the next event
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take upstream bytes; return the whole events that go to the client now."""
+        out = []
+        for event in self._decoder.feed(chunk):
+            payload = event_payload(event)
+            if payload is not None:
+                self._read(payload)
+            if not self._relaying and payload is not None and self._answers(payload):
+                self._relaying = True
+                out += [self._relayed(e, p) for e, p in self._held]
+                self._held = []
+            if self._relaying:
+                out.append(self._relayed(event, payload))
+            else:
+                self._held.append((event, payload))
+        return b"".join(out)
+
+    def reply(self) -> Payload:
+        """The round as a whole response; once relayed, without memory_search calls (the
+        client has this round's id: it is the last)."""
+        output = [item for _, item in sorted(self._items.items())]
+        whole = {**self._response}
+        if not isinstance(whole.get("output"), list) or len(whole["output"]) < len(output):
+            whole["output"] = output
+        if self._relaying:
+            whole["output"] = [item for item in _output(whole) if not _ours(item)]
+        return whole
+
+    def end(self) -> bytes:
+        """The events held back, as the client gets them when this round is the last."""
+        out = b"".join(self._relayed(e, p) for e, p in self._held)
+        self._held = []
+        return out
+
+    def _read(self, payload: Payload) -> None:
+        response, index, item = payload.get("response"), payload.get("output_index"), payload.get("item")
+        if isinstance(response, dict):
+            self._response = response
+        if isinstance(index, int) and isinstance(item, dict):
+            self._items[index] = item
+            if _ours(item) and index not in self._ours:
+                self._ours.append(index)
+
+    def _answers(self, payload: Payload) -> bool:
+        """Whether this event shows the round answering rather than searching: an output
+        item that is not reasoning, before any memory_search call."""
+        item = payload.get("item")
+        return (payload.get("type") == "response.output_item.added" and isinstance(item, dict)
+                and item.get("type") != "reasoning" and not _ours(item) and not self._ours)
+
+    def _relayed(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """One event as the client gets it: memory_search's dropped, the rest numbered on."""
+        if payload is None:
+            return encoded(event)
+        index = payload.get("output_index")
+        if isinstance(index, int) and index in self._ours:
+            return b""
+        out = payload
+        if isinstance(index, int) and (before := sum(i < index for i in self._ours)):
+            out = {**out, "output_index": index - before}
+        if payload.get("type") in _ENDS and isinstance(payload.get("response"), dict):
+            out = {**out, "response": self._final(payload["response"])}
+        if isinstance(payload.get("sequence_number"), int):
+            if payload["sequence_number"] != self._sequence:
+                out = {**out, "sequence_number": self._sequence}
+            self._sequence += 1
+        if out is payload:
+            return encoded(event)
+        return encoded(ServerSentEvent(orjson.dumps(out).decode(), event.event))
+
+    def _final(self, response: Payload) -> Payload:
+        """The ending response without memory_search's calls, with every round's usage."""
+        out = {**response}
+        if any(map(_ours, _output(response))):
+            out["output"] = [item for item in _output(response) if not _ours(item)]
+        if self.usage_before is not None and isinstance(response.get("usage"), dict):
+            out["usage"] = add_usage(self.usage_before, response["usage"])
+        return out
 
 
 def _output(reply: Payload) -> list[Payload]:

@@ -1,4 +1,4 @@
-"""Memory as a tool in OpenAI's Responses API (whole responses), through the official openai
+"""Memory as a tool in OpenAI's Responses API, whole and streamed, through the official openai
 SDK and the scripted upstream scripted to call memory_search."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from openai.types.responses import FunctionToolParam
 
 from proxy.memory_tool_dialect import TOOL_NAME
 from tests.conftest import RunningProxy
-from tests.support.formats import response_object
-from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream
+from tests.support.formats import response_events, response_object
+from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream, SSEReply
 from tests.test_memory_tool import NOTE, QUESTION, remember_note, stored_turns
 
 SEARCH = {"type": "function_call", "name": TOOL_NAME, "arguments": '{"query": "billing database"}'}
@@ -31,7 +31,12 @@ def response(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10) -> d
     return response_object(text or None, function_calls=calls, input_tokens=input_tokens)
 
 
-def reply(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10) -> Reply:
+def reply(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10, stream: bool = False) -> Reply:
+    if stream:
+        text = "".join(i["text"] for i in items if i["type"] == "text")
+        calls = [{"name": i["name"], "arguments": i["arguments"]} for i in items if i["type"] != "text"]
+        return SSEReply(response_events(text or None, function_calls=calls, input_tokens=input_tokens),
+                        done=False)
     return JSONReply(response(items, input_tokens=input_tokens))
 
 
@@ -103,13 +108,60 @@ def test_the_last_round_keeps_the_definition_but_forbids_the_call(
     assert [t["name"] for t in last.json["tools"]] == [TOOL_NAME]
 
 
-def test_a_streamed_response_gets_injection_and_says_why(
+def test_a_streamed_search_round_is_held_back_and_the_client_streams_the_last(
     memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
 ) -> None:
+    upstream.enqueue(reply([SEARCH], stream=True),
+                     reply([{"type": "text", "text": "It is Postgres 16."}], input_tokens=30, stream=True),
+                     path="/v1/responses")
+    with client.responses.stream(model="gpt-4o", input=QUESTION) as events:
+        seen = list(events)
+        final = events.get_final_response()
+    first, second = sent(upstream)
+    assert first.json["stream"] is True and [t["name"] for t in first.json["tools"]] == [TOOL_NAME]
+    answered = second.json["input"][-1]
+    assert answered["type"] == "function_call_output" and NOTE in answered["output"]
+    # One response, the last round's: one created event, numbered without gaps.
+    assert [e.type for e in seen].count("response.created") == 1
+    assert [e.sequence_number for e in seen] == list(range(len(seen)))
+    assert {e.response.id for e in seen if hasattr(e, "response")} == {final.id}
+    assert final.output_text == "It is Postgres 16." and final.usage is not None
+    assert final.usage.input_tokens == 10 + 30
+    assert [item.type for item in final.output] == ["message"]
+    assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "It is Postgres 16.")]
+    client.responses.create(model="gpt-4o", input="Thanks!", previous_response_id=final.id)
+    assert sent(upstream)[-1].json["previous_response_id"] == final.id
+
+
+def test_a_search_after_streamed_text_is_dropped_and_the_rest_numbered_on(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(reply([{"type": "text", "text": "Postgres, I think."}, SEARCH, WEATHER],
+                           stream=True), path="/v1/responses")
+    with client.responses.stream(model="gpt-4o", input=QUESTION, tools=[WEATHER_TOOL]) as events:
+        seen = list(events)
+        final = events.get_final_response()
+    assert len(sent(upstream)) == 1  # the answer had begun: no second round
+    assert final.output_text == "Postgres, I think."
+    assert [(i.type, getattr(i, "name", None)) for i in final.output] == [
+        ("message", None), ("function_call", "get_weather")]
+    indexes = {e.output_index for e in seen if hasattr(e, "output_index")}
+    assert indexes == {0, 1}
+    assert [e.sequence_number for e in seen] == list(range(len(seen)))
+    named = [getattr(getattr(e, "item", None), "name", None) for e in seen]
+    assert "get_weather" in named and TOOL_NAME not in named
+
+
+def test_a_streamed_client_call_goes_out_and_the_mode_header_says_tool(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(reply([WEATHER], stream=True), path="/v1/responses")
     with client.responses.with_streaming_response.create(
-        model="gpt-4o", input=QUESTION, stream=True,
+        model="gpt-4o", input="Weather in Lisbon?", tools=[WEATHER_TOOL], stream=True,
     ) as streamed:
-        assert streamed.headers["x-memory-mode"].startswith("inject (a streamed response")
-        assert b"response.completed" in streamed.read()
+        assert streamed.headers["x-memory-mode"] == "tool"
+        body = streamed.read()
+    assert body.count(b"event: response.created") == 1 and b'"get_weather"' in body
+    assert TOOL_NAME.encode() not in body
     (sent_,) = sent(upstream)
-    assert NOTE in sent_.json["instructions"] and "tools" not in sent_.json
+    assert [t["name"] for t in sent_.json["tools"]] == ["get_weather", TOOL_NAME]

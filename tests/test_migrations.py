@@ -263,12 +263,12 @@ async def test_postgres_gets_the_same_migrations_once_when_replicas_start_togeth
             await replica.close()
 
 
-async def test_postgres_0008_gives_the_chunks_already_indexed_their_postings(
+async def test_postgres_0009_gives_the_chunks_already_indexed_their_postings(
     postgres_server: PostgresServer,
 ) -> None:
     conn = await asyncpg.connect(postgres_server.create_database())
     try:
-        before = [m for m in postgres_schema.MIGRATIONS if m[0] < "0008"]
+        before = [m for m in postgres_schema.MIGRATIONS if m[0] < "0009"]
         assert await postgres_schema.apply(conn, before) == ALL[: len(before)]
         for turn, (user, session, text, speaker) in enumerate([
             ("ada", "s1", "Ada flies to Lisbon; Lisbon in May", "planner"),
@@ -284,7 +284,7 @@ async def test_postgres_0008_gives_the_chunks_already_indexed_their_postings(
                 " sess, speaker) VALUES ($1, $2, $3, 0, 'prose', $4, '', '', $5)",
                 turn, user, session, text, speaker)
 
-        assert await postgres_schema.apply(conn) == ["0008_chunk_postings"]
+        assert await postgres_schema.apply(conn) == ["0009_chunk_postings"]
 
         postings = await conn.fetch("SELECT * FROM chunk_terms ORDER BY 1, 2, 3")
         assert [tuple(r) for r in postings] == [

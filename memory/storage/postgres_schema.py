@@ -443,7 +443,8 @@ CREATE TABLE vector_generations (
     PRIMARY KEY (user_id, session_id)
 );
 """),
-    ("0008_chunk_postings", _CHUNK_POSTINGS),
+    ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
+    ("0009_chunk_postings", _CHUNK_POSTINGS),
 ]
 
 

@@ -56,6 +56,16 @@ SELECT s.id, n.id FROM seed AS s JOIN turns AS t ON t.parent_id = s.turn_id
     JOIN chunks AS n ON n.turn_id = t.id AND n.ordinal = 0
     WHERE s.ordinal = s.last
 """
+_SPEAKER_NAMES = """
+WITH RECURSIVE names(name) AS (
+    SELECT (SELECT name FROM turns WHERE user_id = ? AND name > '' ORDER BY name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.name FROM turns AS t WHERE t.user_id = ? AND t.name > names.name
+            ORDER BY t.name LIMIT 1)
+    FROM names WHERE names.name IS NOT NULL
+)
+SELECT name FROM names WHERE name IS NOT NULL
+"""
 ChunkSpec = tuple[int, str, str, int]  # ordinal, kind, text, tokens
 
 
@@ -349,6 +359,13 @@ async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]
         [term_expression(term, CHUNK_COLUMNS) for term in terms],
     )
     return [int(n) for n in rows[0]]
+
+
+async def speaker_names(conn: Connection, user_id: str) -> list[str]:
+    """The distinct names the user's turns were said under, in name order."""
+    # A skip scan of turns_by_name: one index seek per distinct name, however many turns.
+    rows = await conn.fetch(_SPEAKER_NAMES, (user_id, user_id))
+    return [str(row[0]) for row in rows]
 
 
 async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:

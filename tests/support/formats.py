@@ -77,36 +77,55 @@ def response_object(
 
 
 def response_events(
-    text: str,
+    text: str | None,
     *,
     model: str = "gpt-4o-mini",
     split: int = 3,
     response_id: str | None = None,
     request: Mapping[str, Any] | None = None,
     input_tokens: int = 10,
+    function_calls: Sequence[Mapping[str, str]] = (),
 ) -> list[bytes]:
-    """The ``response.*`` events of a streamed text reply, numbered from 0."""
+    """The ``response.*`` events of a streamed reply (text, then function calls), numbered
+    from 0."""
     final = response_object(text, model=model, response_id=response_id, request=request,
-                            input_tokens=input_tokens)
+                            input_tokens=input_tokens, function_calls=function_calls)
     start = {**final, "status": "in_progress", "output": [], "usage": None}
-    message = final["output"][0]
-    item_id = message["id"]
-    at = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    empty_part = {"type": "output_text", "text": "", "annotations": []}
     payloads: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
         {"type": "response.in_progress", "response": start},
-        {"type": "response.output_item.added", "output_index": 0,
-         "item": {**message, "status": "in_progress", "content": []}},
-        {"type": "response.content_part.added", **at, "part": empty_part},
-        *({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []}
-          for piece in split_text(text, split)),
-        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
-        {"type": "response.content_part.done", **at, "part": message["content"][0]},
-        {"type": "response.output_item.done", "output_index": 0, "item": message},
-        {"type": "response.completed", "response": final},
     ]
+    for index, item in enumerate(final["output"]):
+        payloads += _item_events(index, item, split)
+    payloads.append({"type": "response.completed", "response": final})
     return [named_event(p["type"], {**p, "sequence_number": n}) for n, p in enumerate(payloads)]
+
+
+def _item_events(index: int, item: dict[str, Any], split: int) -> list[dict[str, Any]]:
+    """One output item's events: added, its deltas, done."""
+    at = {"item_id": item["id"], "output_index": index}
+    if item["type"] == "function_call":
+        return [
+            {"type": "response.output_item.added", "output_index": index,
+             "item": {**item, "status": "in_progress", "arguments": ""}},
+            *({"type": "response.function_call_arguments.delta", **at, "delta": piece}
+              for piece in split_text(item["arguments"], split)),
+            {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]},
+            {"type": "response.output_item.done", "output_index": index, "item": item},
+        ]
+    text = item["content"][0]["text"]
+    part = {**at, "content_index": 0}
+    return [
+        {"type": "response.output_item.added", "output_index": index,
+         "item": {**item, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **part,
+         "part": {"type": "output_text", "text": "", "annotations": []}},
+        *({"type": "response.output_text.delta", **part, "delta": piece, "logprobs": []}
+          for piece in split_text(text, split)),
+        {"type": "response.output_text.done", **part, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **part, "part": item["content"][0]},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]
 
 
 def responses_input_text(body: Any) -> str:
