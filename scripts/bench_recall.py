@@ -19,10 +19,17 @@ PostgreSQL started here on 127.0.0.1 (`tests/support/servers.py`; vectors in emb
 as on SQLite; no indexing slice or end-to-end part there), and prints both tables and the
 ratios::
 
-    .venv/bin/python -m scripts.bench_recall --postgres --sizes 10000 --index-turns 0 \
-        --e2e-size 0 --build-embedder hashed
+    .venv/bin/python -m scripts.bench_recall --postgres --sizes 10000,100000 --index-turns 0 \
+        --e2e-size 0 --build-embedder hashed --data-dir /tmp/recall-store
 
-`--data-dir` keeps the store between runs (it only grows). `--build-embedder hashed` fills it
+On PostgreSQL the CPU figures add the server's work to memproxy's: the CPU time of the
+postmaster and all its children (the backends serving the pool, writers, autovacuum), read
+from /proc/<pid>/schedstat (nanoseconds; /proc/<pid>/stat counts 10 ms ticks, too coarse
+for one query) at each mark, like `time.process_time()` for this process. The cluster runs
+on this machine, so that is all the CPU one request costs; SQLite's work is in-process.
+
+`--data-dir` keeps the store between runs (it only grows; on PostgreSQL the cluster is kept
+in its `postgresql/cluster`). `--build-embedder hashed` fills it
 with stand-in vectors (a random vector per word, averaged) so 100k turns build in minutes;
 queries and the indexing slice always use the real model.
 """

@@ -35,7 +35,7 @@ totals AS (
     SELECT docs, tokens::float8 / GREATEST(docs, 1) AS avgdl FROM fts_totals WHERE name = '{table}'
 ),
 weights AS MATERIALIZED (
-    SELECT t.lexeme, t.repeats * CASE WHEN raw.idf <= 0 THEN 1e-6 ELSE raw.idf END AS idf
+    SELECT t.lexeme, (t.repeats * CASE WHEN raw.idf <= 0 THEN 1e-6 ELSE raw.idf END)::float8 AS idf
     FROM terms AS t CROSS JOIN totals
     LEFT JOIN fts_terms AS hits ON hits.name = '{table}' AND hits.lexeme = t.lexeme
     CROSS JOIN LATERAL (
@@ -45,7 +45,10 @@ weights AS MATERIALIZED (
 
 
 def _score(tf: str, doc_len: str) -> str:
-    return f"w.idf * {tf} * {_K1 + 1} / ({tf} + {_K1} * ({1 - _B} + {_B} * {doc_len} / totals.avgdl))"
+    # float8 throughout: a bare 0.75 is NUMERIC, whose arithmetic per posting took a third of
+    # a common word's search; the scores are the same bits (0.75 x an integer is exact).
+    k1, b = f"{_K1}::float8", f"{_B}::float8"
+    return f"w.idf * {tf} * {_K1 + 1}::float8 / ({tf} + {k1} * ({1 - _B}::float8 + {b} * {doc_len} / totals.avgdl))"
 
 
 # Facts and summaries: the candidates' tsvectors (GIN) and `tf`. {scope}: SQL on the
