@@ -80,6 +80,15 @@ def test_batching_preserves_order(embedder: LocalEmbedder) -> None:
     assert np.abs(embedder.embed_sync(reversed_texts) - one_by_one[::-1]).max() < 1e-5
 
 
+def test_batches_side_by_side_match_one_session() -> None:
+    one_by_one = np.stack(
+        [LocalEmbedder(SHARED_MODEL, threads=2).embed_sync([text])[0] for text in TEXTS]
+    )
+    spread = LocalEmbedder(SHARED_MODEL, batch_size=2, threads=2)
+    assert np.abs(spread.embed_sync(TEXTS) - one_by_one).max() < 1e-5
+    assert spread._single is not None  # the batches ran on the one-thread session
+
+
 def test_batches_mix_only_similar_lengths() -> None:
     lengths = [12, 300, 11, 40, 13, 44, 41, 12, 250, 12]
     batches = _batches(lengths, 3)
