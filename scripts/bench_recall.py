@@ -252,7 +252,9 @@ async def indexing_throughput(settings: Settings, corpus: Corpus, turns: int,
         engine = await MemoryEngine.open(settings.replace(data_dir=Path(tmp)))
         cpu = time.process_time()
         timed = engine.embedder = Timed(engine.embedder)
-        vectors = engine.vectors = Timed(engine.vectors)  # type: ignore[assignment]
+        # Index jobs write through the shared-vectors layer's index (the engine's Chroma).
+        shared = engine.shared_vectors
+        vectors = shared.index = Timed(shared.index)  # type: ignore[assignment]
         try:
             built = await grow(engine, corpus, {"user_turns": 0, "other_turns": 0}, turns, 0.0, 1,
                                job_turns)
