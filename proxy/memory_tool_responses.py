@@ -185,7 +185,8 @@ class ResponsesRound:
         if isinstance(index, int) and (before := sum(i < index for i in self._ours)):
             out = {**out, "output_index": index - before}
         if payload.get("type") in _ENDS and isinstance(payload.get("response"), dict):
-            out = {**out, "response": self._final(payload["response"])}
+            if (final := self._final(payload["response"])) is not payload["response"]:
+                out = {**out, "response": final}
         if isinstance(payload.get("sequence_number"), int):
             if payload["sequence_number"] != self._sequence:
                 out = {**out, "sequence_number": self._sequence}
@@ -195,7 +196,10 @@ class ResponsesRound:
         return encoded(ServerSentEvent(orjson.dumps(out).decode(), event.event))
 
     def _final(self, response: Payload) -> Payload:
-        """The ending response without memory_search's calls, with every round's usage."""
+        """The ending response without memory_search's calls, with every round's usage (the
+        same object when there is nothing to change)."""
+        if self.usage_before is None and not any(map(_ours, _output(response))):
+            return response
         out = {**response}
         if any(map(_ours, _output(response))):
             out["output"] = [item for item in _output(response) if not _ours(item)]

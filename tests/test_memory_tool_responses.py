@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.responses import FunctionToolParam
+from openai.types.responses import FunctionToolParam, Response
 
 from proxy.memory_tool_dialect import TOOL_NAME
 from tests.conftest import RunningProxy
@@ -24,20 +24,21 @@ WEATHER_TOOL: FunctionToolParam = {
 }
 
 
-def response(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10) -> dict[str, Any]:
-    """A response whose output is `items` (`{"type": "text", "text"}` or function calls)."""
-    text = "".join(i["text"] for i in items if i["type"] == "text")
-    calls = [{"name": i["name"], "arguments": i["arguments"]} for i in items if i["type"] != "text"]
-    return response_object(text or None, function_calls=calls, input_tokens=input_tokens)
-
-
 def reply(items: Sequence[Mapping[str, Any]], *, input_tokens: int = 10, stream: bool = False) -> Reply:
+    """A response whose output is `items` (`{"type": "text", "text"}` or function calls),
+    whole or as its events."""
+    text = "".join(i["text"] for i in items if i["type"] == "text") or None
+    calls = [{"name": i["name"], "arguments": i["arguments"]} for i in items if i["type"] != "text"]
     if stream:
-        text = "".join(i["text"] for i in items if i["type"] == "text")
-        calls = [{"name": i["name"], "arguments": i["arguments"]} for i in items if i["type"] != "text"]
-        return SSEReply(response_events(text or None, function_calls=calls, input_tokens=input_tokens),
+        return SSEReply(response_events(text, function_calls=calls, input_tokens=input_tokens),
                         done=False)
-    return JSONReply(response(items, input_tokens=input_tokens))
+    return JSONReply(response_object(text, function_calls=calls, input_tokens=input_tokens))
+
+
+def streamed(client: openai.OpenAI, **kwargs: Any) -> tuple[list[Any], Response]:
+    """The events the SDK's stream helper read, and the response it put together."""
+    with client.responses.stream(model="gpt-4o", **kwargs) as events:
+        return list(events), events.get_final_response()
 
 
 @pytest.fixture
@@ -114,9 +115,7 @@ def test_a_streamed_search_round_is_held_back_and_the_client_streams_the_last(
     upstream.enqueue(reply([SEARCH], stream=True),
                      reply([{"type": "text", "text": "It is Postgres 16."}], input_tokens=30, stream=True),
                      path="/v1/responses")
-    with client.responses.stream(model="gpt-4o", input=QUESTION) as events:
-        seen = list(events)
-        final = events.get_final_response()
+    seen, final = streamed(client, input=QUESTION)
     first, second = sent(upstream)
     assert first.json["stream"] is True and [t["name"] for t in first.json["tools"]] == [TOOL_NAME]
     answered = second.json["input"][-1]
@@ -138,9 +137,7 @@ def test_a_search_after_streamed_text_is_dropped_and_the_rest_numbered_on(
 ) -> None:
     upstream.enqueue(reply([{"type": "text", "text": "Postgres, I think."}, SEARCH, WEATHER],
                            stream=True), path="/v1/responses")
-    with client.responses.stream(model="gpt-4o", input=QUESTION, tools=[WEATHER_TOOL]) as events:
-        seen = list(events)
-        final = events.get_final_response()
+    seen, final = streamed(client, input=QUESTION, tools=[WEATHER_TOOL])
     assert len(sent(upstream)) == 1  # the answer had begun: no second round
     assert final.output_text == "Postgres, I think."
     assert [(i.type, getattr(i, "name", None)) for i in final.output] == [

@@ -3,9 +3,10 @@
 This is the one module that writes into every table, and it knows no table's meaning: what
 it copies comes from the two schemas (the columns both have; PostgreSQL's own columns, such
 as the full-text `tsv`, `doc_len` and `tf`, are left to its triggers, which also keep
-`fts_totals`, `fts_terms` and the chunks' postings `chunk_terms`). It knows only the order, parents before children, so every
-foreign key holds as rows arrive. Kept apart from the table modules because a copy is
-row-for-row and schema-driven: a function per table would repeat the same statement.
+`fts_totals`, `fts_terms` and the chunks' postings `chunk_terms`). It knows only the order,
+parents before children, so every foreign key holds as rows arrive. Kept apart from the
+table modules because a copy is row-for-row and schema-driven: a function per table would
+repeat the same statement.
 
 Resuming: rows go in batches in rowid order (ids are kept), and each batch commits together
 with its table's progress row in `memproxy_migrate`, so an interrupted copy goes on after the
