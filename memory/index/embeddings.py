@@ -163,9 +163,10 @@ class LocalEmbedder:
         self._inputs = {node.name for node in self._session.get_inputs()}
         self._output = self._session.get_outputs()[0].name
         # Several batches (an index job's turns) run side by side, one thread each, on a
-        # one-thread session of their own: see _run_spread. Loaded at the first such call.
+        # one-thread session of their own: see _run_spread. Loaded now, with the other, so
+        # its memory is part of the start and not growth under the first index jobs.
         self._workers = max(1, threads or os.cpu_count() or 1)
-        self._single: ort.InferenceSession | None = None
+        self._single: ort.InferenceSession | None = self._load(1) if self._workers > 1 else None
         self._single_lock = threading.Lock()
 
     @property
