@@ -59,6 +59,18 @@ def sent(upstream: ScriptedUpstream) -> list[Received]:
     return [r for r in upstream.history if r.path == "/v1/responses"]
 
 
+def answered_and_continued(
+    memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream, final: Response
+) -> None:
+    """The client got the second round's answer (usage summed over both rounds), memory
+    stored it, and the client continues from that response, whose context holds the answer."""
+    assert final.output_text == "It is Postgres 16." and final.usage is not None
+    assert final.usage.input_tokens == 10 + 30
+    assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "It is Postgres 16.")]
+    client.responses.create(model="gpt-4o", input="Thanks!", previous_response_id=final.id)
+    assert sent(upstream)[-1].json["previous_response_id"] == final.id
+
+
 def test_memory_search_is_answered_and_the_client_gets_the_last_response(
     memproxy: RunningProxy, client: openai.OpenAI, upstream: ScriptedUpstream
 ) -> None:
@@ -73,13 +85,8 @@ def test_memory_search_is_answered_and_the_client_gets_the_last_response(
     assert said["type"] == "message" and called["name"] == TOOL_NAME
     assert answered["type"] == "function_call_output" and answered["call_id"] == called["call_id"]
     assert NOTE in answered["output"]
-    assert final.output_text == "It is Postgres 16." and final.usage is not None
-    assert final.usage.input_tokens == 10 + 30
     assert raw.headers["x-memory-tool-searches"] == "1"
-    assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "It is Postgres 16.")]
-    # The client continues from the last round's response, whose context holds the answer.
-    client.responses.create(model="gpt-4o", input="Thanks!", previous_response_id=final.id)
-    assert sent(upstream)[-1].json["previous_response_id"] == final.id
+    answered_and_continued(memproxy, client, upstream, final)
 
 
 def test_client_function_calls_pass_and_a_searching_turn_withholds_them(
@@ -124,12 +131,8 @@ def test_a_streamed_search_round_is_held_back_and_the_client_streams_the_last(
     assert [e.type for e in seen].count("response.created") == 1
     assert [e.sequence_number for e in seen] == list(range(len(seen)))
     assert {e.response.id for e in seen if hasattr(e, "response")} == {final.id}
-    assert final.output_text == "It is Postgres 16." and final.usage is not None
-    assert final.usage.input_tokens == 10 + 30
     assert [item.type for item in final.output] == ["message"]
-    assert stored_turns(memproxy) == [("user", QUESTION), ("assistant", "It is Postgres 16.")]
-    client.responses.create(model="gpt-4o", input="Thanks!", previous_response_id=final.id)
-    assert sent(upstream)[-1].json["previous_response_id"] == final.id
+    answered_and_continued(memproxy, client, upstream, final)
 
 
 def test_a_search_after_streamed_text_is_dropped_and_the_rest_numbered_on(
