@@ -6,12 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from config.choices import INJECTIONS, MAX_BUDGET, MODES, PLACEMENTS, SCOPES
+
 if TYPE_CHECKING:
     from config.settings import Settings
 
-MAX_BUDGET = 100_000
-# Recall's widest scope, narrowest first (X-Memory-Scope).
-SCOPES = ("session", "user", "organization")
 _ON_OFF = {"on": True, "off": False}
 
 
@@ -73,13 +72,13 @@ class Flags:
             budget=_budget(headers, settings.memory_budget),
             scope=_choice(headers, "x-memory-scope", SCOPES, settings.memory_scope),
             placement=_choice(
-                headers, "x-memory-placement", ("system", "last_user"), settings.memory_placement
+                headers, "x-memory-placement", PLACEMENTS, settings.memory_placement
             ),
             dry_run=bool(dry_run),
             compact=enabled and (settings.compact if compact is None else compact),
-            mode=_choice(headers, "x-memory-mode", ("inject", "tool"), settings.memory_mode),
+            mode=_choice(headers, "x-memory-mode", MODES, settings.memory_mode),
             injection=_choice(
-                headers, "x-memory-injection", ("stable", "fresh"), settings.memory_injection
+                headers, "x-memory-injection", INJECTIONS, settings.memory_injection
             ),
         )
 

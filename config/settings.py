@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from config.flags import SCOPES
+from config.choices import INJECTIONS, MODES, PLACEMENTS, SCOPES
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
 
 ENV_PREFIX = "MEMPROXY_"
@@ -192,14 +192,14 @@ class Settings:
         "Where the memory block goes: system (the system prompt) or last_user (a system "
         "message right before the last user message; keeps the prefix cacheable) "
         "(X-Memory-Placement).",
-        choices=("system", "last_user"),
+        choices=PLACEMENTS,
     )
     memory_mode: str = _setting(
         "inject",
         "How the model gets memory: inject (the recalled block goes into the prompt) or tool "
         "(a small pre-fetched block, plus a memory_search tool the proxy answers itself) "
         "(X-Memory-Mode).",
-        choices=("inject", "tool"),
+        choices=MODES,
     )
     memory_tool_rounds: int = _setting(
         3, "Most rounds of memory_search calls the proxy answers in one request (mode tool; up "
@@ -214,7 +214,7 @@ class Settings:
         "stable: within a session every earlier memory block goes back where it was, byte for "
         "byte, and a request adds only items not shown yet, so provider prompt caches keep "
         "hitting; fresh: each request gets one newly recalled block (X-Memory-Injection).",
-        choices=("stable", "fresh"),
+        choices=INJECTIONS,
     )
     memory_stable_share: float = _setting(
         0.25,

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from config.flags import SCOPES
+from config.choices import SCOPES
 from memory import CATEGORIES
 from proxy.cli_render import Progress
 

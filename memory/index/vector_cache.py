@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -35,8 +35,6 @@ Row = tuple[str, Sequence[float] | Vectors, Mapping[str, Value]]
 MISSING = -1  # code of a metadata key a row does not have
 GENERATIONS_KEPT = 4096  # users whose last read generation is remembered while not loaded
 
-if TYPE_CHECKING:
-    from memory.index.vector_copies import CopyFiles
 
 
 class UserVectors:
@@ -112,6 +110,28 @@ class UserVectors:
         return self.columns[key]
 
 
+class CopyStore(Protocol):
+    """Where copies outlive the process (`memory.index.vector_copies.CopyFiles`)."""
+
+    def read(self, user_id: str, dim: int) -> UserVectors | None:
+        """The user's copy, or None when none is usable."""
+        ...
+
+    def write(self, user_id: str, vectors: UserVectors) -> None:
+        """Keep the user's copy."""
+        ...
+
+    collection_id: str  # the collection the copies belong to
+
+    def discard(self, user_ids: Iterable[str]) -> None:
+        """Forget these users' copies."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every copy (the collection was made anew)."""
+        ...
+
+
 class VectorCache:
     """Users' vector copies, least recently used dropped first past `max_bytes`; 0 is off.
 
@@ -120,7 +140,7 @@ class VectorCache:
 
     def __init__(
         self, max_bytes: int, load: Callable[[str], Iterable[Row]],
-        copies: CopyFiles | None = None,
+        copies: CopyStore | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self._load = load

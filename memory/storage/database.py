@@ -1,5 +1,5 @@
-"""The database interface the table modules write against, and its SQLite implementation:
-one serialized writer, round-robin readers; the only aiosqlite user.
+"""The SQLite implementation of the database interface (`memory.storage.interface`): one
+serialized writer, round-robin readers; the only aiosqlite user.
 
 One writer connection takes every write, serialized by an asyncio.Lock so a multi-statement
 transaction is never interleaved with another coroutine's statements (Datasette's write
@@ -21,13 +21,18 @@ import itertools
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from memory.storage import migrations
+from memory.storage.interface import Connection as Connection
+from memory.storage.interface import Database as Database
+from memory.storage.interface import Dialect as Dialect
+from memory.storage.interface import Row as Row
+from memory.storage.interface import Transaction as Transaction
 
 _BUSY_TIMEOUT_MS = 5000
 _LOCKED_ATTEMPTS = 6  # each waits the busy timeout: 30 s in all for a write lock
@@ -35,73 +40,6 @@ _T = TypeVar("_T")
 # SQLite's default limit on bound parameters is 32766; stay far below it.
 IN_BATCH = 500
 DatabaseError = sqlite3.Error  # what a statement the database refuses raises
-Dialect = Literal["sqlite", "postgres"]
-
-
-class Row(Protocol):
-    """A result row, by position (or slice) or column name: sqlite3.Row or asyncpg's Record."""
-
-    def __getitem__(self, key: Any, /) -> Any: ...
-
-    def __iter__(self) -> Any: ...
-
-    def __len__(self) -> int: ...
-
-
-class Connection(Protocol):
-    """What the table functions read through: a Database (a reader) or a Transaction."""
-
-    @property
-    def dialect(self) -> Dialect:
-        """Which SQL the connection speaks."""
-        ...
-
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """Run one statement and return its rows."""
-        ...
-
-
-class Transaction(Connection, Protocol):
-    """Statements of one write."""
-
-    async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run one INSERT/UPDATE/DELETE and return how many rows it changed."""
-        ...
-
-    async def change_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement once per parameter row."""
-        ...
-
-
-class Database(Connection, Protocol):
-    """The memory database: reads, write transactions, readiness, closing."""
-
-    def write(self) -> AbstractAsyncContextManager[Transaction]:
-        """One write transaction: committed on exit, rolled back on error."""
-        ...
-
-    def autocommit(self) -> AbstractAsyncContextManager[Transaction]:
-        """A connection whose statements each commit on their own (single-row updates)."""
-        ...
-
-    def hold(self, key: str) -> AbstractAsyncContextManager[None]:
-        """A lock on `key`, held until the block ends, against every process sharing the
-        database, for work that spans several writes (and vector writes) of one user."""
-        ...
-
-    async def check(self) -> None:
-        """Raise unless the database answers (readiness probe)."""
-        ...
-
-    async def size_bytes(self) -> int:
-        """How much storage the database takes."""
-        ...
-
-    async def close(self) -> None:
-        """Close every connection; safe to call twice."""
-        ...
-
-
 async def open_database(url: str | None, path: Path) -> Database:
     """PostgreSQL at `url` when one is given, else the SQLite file at `path`."""
     if url:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memory.storage.database import Connection
+    from memory.storage.interface import Connection
 
 MigrationStep = str | Callable[[sqlite3.Connection], None]
 Migration = tuple[str, MigrationStep]

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 
 from memory.storage import migrations, postgres_schema
-from memory.storage.database import Dialect, Row
+from memory.storage.interface import Dialect, Row
 
 PostgresError = asyncpg.PostgresError  # what a statement the server refuses raises
 # Any fixed number: the advisory lock every write transaction holds until it ends.

@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config.flags import MAX_BUDGET
+from config.choices import MAX_BUDGET
 from memory import CATEGORIES, MAX_FACTS_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond

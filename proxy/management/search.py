@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config.flags import MAX_BUDGET, SCOPES
+from config.choices import MAX_BUDGET, SCOPES
 from memory import RecallRequest
 from proxy.errors import InvalidRequest
 from proxy.identity import MAX_ID_LENGTH
