@@ -1,0 +1,253 @@
+"""Recall, end to end: embed the query, search by meaning and by words, rank, pack.
+
+One request's pipeline (docs/architecture.md, "Request flow"): the query is built from the
+request's last user message, embedded once for turns and learned items alike, and searched in
+parallel in the user's vectors and in the lexical index; the candidates are fused
+(`memory.recall.ranking`), turns around the best ones lifted, and the lot packed into the
+budget (`memory.recall.outcome`). Results are kept while the user's memory is unchanged
+(`memory.recall.cache`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from config import Settings
+from memory.index.shared_vectors import SharedVectors
+from memory.log.messages import TURN_ROLES, last_user_text, turn_text
+from memory.log.turn_log import TurnLog
+from memory.recall.cache import RecallCache, cache_key
+from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
+from memory.recall.lexical import ChunkSearch
+from memory.recall.outcome import (
+    Recalled,
+    RecallRequest,
+    candidate_chunk,
+    learned_item,
+    pack_ranked,
+    shared_memory,
+    turn_item,
+    unshown,
+)
+from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
+from memory.recall.ranking import (
+    CONTEXT_SEEDS,
+    Candidate,
+    Weights,
+    add_context,
+    add_conversation,
+    fuse,
+)
+from memory.recall.speakers import SpeakerQuery
+from memory.storage import versions
+from memory.storage.database import Database
+from memory.storage.turns import ChunkRow
+
+
+class RecallPipeline:
+    """What one request should be reminded of, from the user's turns and learned items."""
+
+    def __init__(
+        self, settings: Settings, db: Database, log: TurnLog, *,
+        shared_vectors: SharedVectors, learned_recall: LearnedRecall, weights: Weights,
+        embed: Callable[[Sequence[str]], Awaitable[np.ndarray]],
+        redact: Callable[[str], str],
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.log = log
+        self.shared_vectors = shared_vectors
+        self.learned_recall = learned_recall
+        self.weights = weights
+        self.redact = redact
+        self.lexical = ChunkSearch(db)
+        self.speaker_query = SpeakerQuery(
+            db, embed, weight=settings.query_name_weight, enabled=settings.query_split_names,
+        )
+        self.cache: RecallCache[Recalled] = RecallCache(settings.recall_cache_entries)
+
+    async def cached_recall(self, request: RecallRequest) -> Recalled:
+        """`recall`, or the result of the same request kept while the user's memory is
+        unchanged (memory.recall.cache)."""
+        if self.cache.size <= 0:
+            return await self.recall(request)
+        started = time.perf_counter()
+        org = shared_memory(request)
+        key = cache_key(
+            request.user_id, request.session_id, request.model, request.budget, request.scope,
+            org, sorted(request.shown), request.add_budget, messages=request.messages,
+        )
+        stamp = (
+            await versions.stamp(self.db, request.user_id, request.session_id),
+            None if org is None else await versions.stamp(self.db, org, ""),
+        )
+        kept = self.cache.get(key, stamp)
+        if kept is not None:
+            return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
+        recalled = await self.recall(request)
+        self.cache.put(key, stamp, recalled)
+        return recalled
+
+    async def recall(self, request: RecallRequest) -> Recalled:
+        """Find, rank and pack what this request should be reminded of."""
+        started = time.perf_counter()
+        query = build_query(request.messages)
+        if not query or is_trivial(last_user_text(request.messages)):
+            return Recalled(skipped="trivial", recall_ms=_ms(started))
+        session = request.session_id if request.scope == "session" else None
+        k, words = self.settings.recall_candidates, self.settings.query_embed_words
+        present = "\n".join(turn_text(m) for m in request.messages)
+        # Stored turns are redacted: compare them with the redacted messages too.
+        if (redacted := self.redact(present)) != present:
+            present += "\n" + redacted
+
+        org = shared_memory(request)
+
+        async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
+            # The query is embedded once, for turns and learned items alike.
+            embedding = time.perf_counter()
+            vector: np.ndarray | None = None
+            if self.weights.dense:
+                # Meanwhile: are the copies of the vectors to search still current?
+                embedded, _ = await asyncio.gather(
+                    self.speaker_query.embed(request.user_id, for_embedding(query, words)),
+                    self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
+                )
+                vector = embedded[0]
+            embed_ms = _ms(embedding) if vector is not None else 0.0
+            dense, learned, shared = await asyncio.gather(
+                self._dense(request.user_id, session, vector, k),
+                self.learned_recall.gather(
+                    request.user_id, request.session_id, query, vector,
+                    session_only=session is not None, present=present,
+                ),
+                self.learned_recall.shared(org, query, vector, present=present)
+                if org is not None else _no_items(),
+            )
+            return dense, replace(learned, shared=shared), embed_ms
+
+        async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
+            if not self.weights.bm25:
+                return [], []
+            found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
+            return found, await self.log.get_chunks([chunk_id for chunk_id, _ in found])
+
+        # A signal weighted 0 is not searched at all (that is how ablations run); the
+        # lexical search, and reading what it found, runs while the query is embedded.
+        (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
+            by_meaning(), by_words()
+        )
+        candidates = await self._candidates(request.user_id, present, dense, lexical, rows)
+        ranked = fuse(
+            candidates, self.weights, session_id=request.session_id,
+            query_identifiers=identifiers(query), now=time.time(),
+        )
+        if self.weights.conversation:
+            ranked = add_conversation(ranked, self.weights.conversation)
+        if self.weights.context and ranked:
+            ranked = await self._with_context(request.user_id, present, ranked)
+        share = self.settings.org_budget_share
+        packed = pack_ranked(learned, ranked, request.budget, request.model, share)
+        add = request.budget if not request.shown or request.add_budget is None else request.add_budget
+        if packed.tokens > add or not request.shown.isdisjoint(
+            item.key for item in packed.chosen(learned)
+        ) or any(ranked[i].key in request.shown for i in packed.turns):
+            learned, ranked = unshown(learned, ranked, packed, request.shown)
+            packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share)
+        items = [
+            *map(learned_item, packed.chosen(learned)), *(turn_item(ranked[i]) for i in packed.turns)
+        ]
+        return Recalled(
+            packed.block, items, packed.tokens, packed.truncated, len(ranked) + len(learned),
+            _ms(started), embed_ms,
+        )
+
+    async def _dense(
+        self, user_id: str, session_id: str | None, vector: np.ndarray | None, k: int
+    ) -> list[tuple[str, float]]:
+        if vector is None:
+            return []
+        # Facts, summaries and profiles share the collection: only turn chunks here.
+        where = {"user_id": user_id, "source": "turn"} if session_id is None else {
+            "user_id": user_id, "session_id": session_id, "source": "turn",
+        }
+        return await self.shared_vectors.query(vector, k=k, where=where)
+
+    async def _candidates(
+        self, user_id: str, present: str, dense: list[tuple[str, float]],
+        lexical: list[tuple[int, float]], read: list[ChunkRow],
+    ) -> dict[str, Candidate]:
+        """One candidate per distinct text found; `read` holds rows already read."""
+        scores: dict[int, list[float]] = {}
+        for key, similarity in dense:
+            scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
+        for chunk_id, bm25 in lexical:
+            scores.setdefault(chunk_id, [0.0, 0.0])[1] = bm25
+        have = {row.id for row in read}
+        unread = [chunk_id for chunk_id in scores if chunk_id not in have]
+        # The same text can be stored more than once (an edited history's branches, a reply
+        # logged before the client resent it with a name): one candidate per text, with the
+        # best of each signal, shown under a name when any copy has one.
+        by_text: dict[str, Candidate] = {}
+        for row in [*read, *await self.log.get_chunks(unread)]:
+            if row.user_id != user_id or row.text.strip() in present:
+                continue  # already in the prompt (or, defensively, not this user's)
+            dense_score, bm25 = scores[row.id]
+            found = by_text.get(same := _same_text(row.text))
+            if found is None:
+                by_text[same] = _candidate(row, dense_score, bm25)
+                continue
+            found.dense, found.bm25 = max(found.dense, dense_score), max(found.bm25, bm25)
+            if row.name and found.speaker in TURN_ROLES:
+                found.key, found.turn_id, found.speaker = f"c{row.id}", row.turn_id, row.name
+                found.session_id, found.created_at = row.session_id, row.created_at
+        return {c.key: c for c in by_text.values()}
+
+    async def _with_context(
+        self, user_id: str, present: str, ranked: list[Candidate]
+    ) -> list[Candidate]:
+        """The ranking with the turns around the best items lifted (ranking.add_context)."""
+        seeds = ranked[:CONTEXT_SEEDS]
+        pairs = await self.log.neighbour_chunks([candidate_chunk(c) for c in seeds])
+        known = {c.key for c in ranked}
+        by_text = {_same_text(c.text): c.key for c in ranked}
+        alias: dict[str, str] = {}
+        added: dict[str, Candidate] = {}
+        unknown = list(dict.fromkeys(n for _, n in pairs if f"c{n}" not in known))
+        for row in await self.log.get_chunks(unknown):
+            if row.user_id != user_id or row.text.strip() in present:
+                continue
+            same = by_text.setdefault(_same_text(row.text), f"c{row.id}")
+            if same == f"c{row.id}":
+                added[same] = _candidate(row, 0.0, 0.0)
+            alias[f"c{row.id}"] = same
+        neighbours: dict[str, list[str]] = {}
+        for seed, neighbour in pairs:
+            key = f"c{neighbour}"
+            if key in known or key in alias:
+                neighbours.setdefault(f"c{seed}", []).append(alias.get(key, key))
+        return add_context(ranked, neighbours, added, self.weights.context)
+
+
+def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
+    return Candidate(
+        f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
+        turn_id=row.turn_id, dense=dense, bm25=bm25,
+    )
+
+
+def _same_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def _no_items() -> list[LearnedItem]:
+    return []
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
