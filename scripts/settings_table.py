@@ -1,4 +1,8 @@
-"""Print the README's settings table from the Settings definition (`python -m scripts.settings_table`)."""
+"""Print the settings table of docs/settings.md from the Settings definition.
+
+`python -m scripts.settings_table` prints it; paste it over the table in docs/settings.md
+(tests/test_settings.py checks the page holds exactly this table).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from config.settings import Settings, env_name, setting_fields
 
 
 def default_text(name: str) -> str:
-    """A setting's default as the README shows it."""
+    """A setting's default as docs/settings.md shows it."""
     value = getattr(Settings(), name)
     if name == "data_dir":
         return "`$XDG_DATA_HOME/memproxy` (`~/.local/share/memproxy`)"

@@ -209,12 +209,12 @@ def _drain(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_the_readme_cli_example_runs_as_shown(
+def test_the_docs_cli_example_runs_as_shown(
     capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("```console\n$ memproxy memories add", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "memory-api.md").read_text()
+    block = page.split("```console\n$ memproxy memories add", 1)[1].split("```", 1)[0]
     lines = ("$ memproxy memories add" + block).splitlines()
     monkeypatch.chdir(tmp_path)
     commands: list[tuple[list[str], list[str]]] = []

@@ -293,8 +293,11 @@ def test_the_readme_python_example_runs(
     direct: RunningProxy, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    example = readme.split("**Anthropic Messages**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "api-formats.md").read_text()
+    example = page.split("**Anthropic Messages**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    # The README's front page shows the same example.
+    assert f"```python\n{example}```" in (root / "README.md").read_text()
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
     exec(example.replace("http://127.0.0.1:8080", direct.url), {})
     assert capsys.readouterr().out == "echo: Where do I live?\n"

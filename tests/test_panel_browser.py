@@ -127,7 +127,7 @@ def test_manage_facts_in_the_panel(browser: Browser, panel_proxy: RunningProxy) 
     expect(card(page, "Drinks green tea")).to_have_class("card pinned")
     assert next(f for f in facts_api(panel_proxy) if f["id"] == edited["id"])["pinned"]
     expect(page.locator(".toast")).to_have_count(0, timeout=5000)
-    shot(page, "panel")  # the README's picture (docs/panel.png is a copy)
+    shot(page, "panel")  # docs/memory-api.md's picture (docs/panel.png is a copy)
 
     page.get_by_role("button", name="Delete: Drinks green tea").click()
     expect(card(page, "Drinks green tea")).to_have_count(0)

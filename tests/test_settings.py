@@ -1,4 +1,4 @@
-"""Settings: defaults, environment, TOML, validation that names the bad setting, README."""
+"""Settings: defaults, environment, TOML, validation that names the bad setting, the settings page."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from config import Route, SettingsError, env_name, load_settings, setting_fields
 from scripts.settings_table import table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 
 def test_defaults_need_nothing() -> None:
@@ -20,13 +20,13 @@ def test_defaults_need_nothing() -> None:
     assert settings.api_keys == ()
 
 
-def test_every_field_has_help_and_the_readme_lists_it() -> None:
-    readme = README.read_text()
-    assert table() in readme, "README settings table is stale: python -m scripts.settings_table"
+def test_every_field_has_help_and_the_settings_page_lists_it() -> None:
+    page = SETTINGS_PAGE.read_text()
+    assert table() in page, "docs/settings.md's table is stale: python -m scripts.settings_table"
     for f in setting_fields():
         assert f.metadata.get("help"), f.name
         name = env_name(f.name) if f.metadata.get("env", True) else f.name
-        assert name in readme, name
+        assert name in page, name
 
 
 def test_environment_overrides_toml(tmp_path: Path) -> None:
