@@ -299,6 +299,8 @@ def test_the_readme_python_example_runs(
     # The README's front page shows the same example.
     assert f"```python\n{example}```" in (root / "README.md").read_text()
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
-    exec(example.replace("http://127.0.0.1:8080", direct.url), {})
+    namespace: dict[str, Any] = {}
+    exec(example.replace("http://127.0.0.1:8080", direct.url), namespace)
+    namespace["client"].close()  # its pooled socket, else closed by the garbage collector
     assert capsys.readouterr().out == "echo: Where do I live?\n"
     assert upstream.history[-1].path == "/v1/messages"

@@ -258,6 +258,8 @@ def test_the_readme_python_example_runs(
     # The README's front page shows the same example.
     assert f"```python\n{example}```" in (root / "README.md").read_text()
     monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
-    exec(example.replace("http://127.0.0.1:8080/v1", memproxy.base_url), {})
+    namespace: dict[str, Any] = {}
+    exec(example.replace("http://127.0.0.1:8080/v1", memproxy.base_url), namespace)
+    namespace["client"].close()  # its pooled socket, else closed by the garbage collector
     assert capsys.readouterr().out == "echo: Where do I live?\n"
     assert upstream.history[-1].json["previous_response_id"].startswith("resp_")
