@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -186,3 +190,37 @@ def test_responses_carry_one_date_header(client: httpx.Client, stream: bool) -> 
         response = client.post(path, json=body)
         assert response.status_code == 200
         assert len(response.headers.get_list("date")) == 1, path
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_block(after: str, fence: str) -> str:
+    """The first code block of the README's front page after the line `after`."""
+    return README.read_text().split(after + "\n", 1)[1].split(f"```{fence}\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_chat_example_runs(
+    proxy: RunningProxy, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = readme_block("**OpenAI SDK** (chat completions):", "python")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme")
+    namespace: dict[str, Any] = {}
+    exec(example.replace("http://127.0.0.1:8080/v1", proxy.base_url), namespace)
+    namespace["client"].close()  # its pooled socket, else closed by the garbage collector
+    assert capsys.readouterr().out == "echo: Where do I live?\n"
+    assert upstream.history[-1].path == "/v1/chat/completions"
+    assert upstream.history[-1].headers["authorization"] == "Bearer sk-readme"
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the README's example needs curl")
+def test_the_readme_curl_example_runs(proxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+    example = readme_block("**curl**:", "sh")
+    done = subprocess.run(
+        ["bash", "-c", example.replace("http://127.0.0.1:8080", proxy.url).rstrip() + " --silent --fail"],
+        env={**os.environ, "OPENAI_API_KEY": "sk-readme"}, capture_output=True, timeout=60, check=True,
+    )
+    assert orjson.loads(done.stdout)["choices"][0]["message"]["content"] == "echo: Where do I live?"
+    assert upstream.history[-1].json["messages"] == [{"role": "user", "content": "Where do I live?"}]
+    assert upstream.history[-1].headers["authorization"] == "Bearer sk-readme"
