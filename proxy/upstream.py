@@ -61,6 +61,7 @@ class Target:
     provider: str | None = None  # set: translate through litellm
     key_header: str = "authorization"  # "x-api-key": how Anthropic's API takes the key
     context_window: int | None = None  # the route's override of litellm's figure (tokens)
+    name: str = "default"  # the route's `match`, or the setting it came from: for error texts
 
     @property
     def via_litellm(self) -> bool:
@@ -348,10 +349,10 @@ def _target(route: Route, default: Target) -> Target:
     if route.provider is not None:
         # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
         return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
-                      context_window=route.context_window)
+                      context_window=route.context_window, name=route.match)
     # A route's own key only: the default key must never leak to another host.
     return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
-                  context_window=route.context_window)
+                  context_window=route.context_window, name=route.match)
 
 
 def _describe(exc: Exception) -> str:
