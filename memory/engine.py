@@ -259,6 +259,10 @@ class MemoryEngine:
         """The stored conversation ending at the reply remembered under `reply_id`."""
         return await self.log.reply_chain(user_id, reply_id, limit)
 
+    async def reply_owner(self, reply_id: str) -> str | None:
+        """The user whose reply is remembered under `reply_id`, None when none is."""
+        return await self.log.reply_owner(reply_id)
+
     async def remember_reply(
         self, user_id: str, session_id: str, after: int | None, text: str, *,
         model: str, request_id: str, incomplete: bool,

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from memory import Placed, inject, place
 from proxy.api_format import Parsed, Reply, ReplyTee
-from proxy.chat_body import parse_chat_body
+from proxy.chat_body import CHAT_PARAMS, parse_chat_body
 from proxy.compaction import Shape, pairs_by_id
 from proxy.errors import ProxyError, sse_error_event
 from proxy.exchange import handle
@@ -87,7 +87,7 @@ class ChatFormat:
         """litellm's chat completion, in OpenAI's chat wire format."""
         from proxy.litellm_adapter import open_chat
 
-        return await open_chat(target, body, timeout=timeout)
+        return await open_chat(target, body, CHAT_PARAMS, timeout=timeout)
 
 
 CHAT = ChatFormat()

@@ -13,6 +13,19 @@ import orjson
 from proxy.errors import InvalidRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# The body fields litellm receives (the chat completions parameters of OpenAI's API
+# reference, https://platform.openai.com/docs/api-reference/chat/create, `model` apart).
+# litellm also reads hosts, keys, headers and providers from its keyword arguments
+# (base_url, api_key, extra_headers, custom_llm_provider, ...), so nothing else goes. Not
+# `metadata`: to litellm it is its own logging metadata.
+CHAT_PARAMS = frozenset({
+    "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+    "logprobs", "max_completion_tokens", "max_tokens", "modalities", "n",
+    "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
+    "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier",
+    "seed", "service_tier", "stop", "store", "stream", "stream_options", "temperature",
+    "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+})
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from proxy.limits import StreamSlot, limit_key
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.memory_tool import MemoryTool
+from proxy.ownership import previous_response_not_found, stored_elsewhere
 from proxy.relay import RelayResponse, StreamOutcome
 from proxy.requests import read_body
 from proxy.state import AppState
@@ -184,13 +185,20 @@ async def _outgoing(
 async def _chain(
     state: AppState, flags: Flags, user_id: str, reply_id: str | None
 ) -> tuple[ReplyChain | None, Exception | None]:
-    """The stored conversation a request continues, when it names one and memory is on."""
-    if reply_id is None or state.memory is None or not flags.active:
+    """The stored conversation a request continues, when it names one and memory is on;
+    404 when memproxy stored that reply for another user, memory on or off for this
+    request (`proxy.ownership`)."""
+    if reply_id is None or state.memory is None:
         return None, None
     try:
-        return await state.memory.reply_chain(user_id, reply_id, limit=CHAIN_TURNS), None
+        elsewhere = await stored_elsewhere(state, user_id, reply_id)
+        chain = None if elsewhere or not flags.active else \
+            await state.memory.reply_chain(user_id, reply_id, limit=CHAIN_TURNS)
     except Exception as exc:  # memory never breaks the chat: reported in X-Memory-Error
         return None, exc
+    if elsewhere:
+        raise previous_response_not_found(reply_id)
+    return chain, None
 
 
 def _memory_step(

@@ -2,17 +2,27 @@
 
 The only module that imports litellm, and only when a route names a `provider`: the
 import costs seconds and the OpenAI-compatible path never needs it.
+
+litellm takes hosts, keys, headers and providers as keyword arguments, next to the API's
+own parameters (`base_url`, `api_key`, `extra_headers`, `custom_llm_provider`, ...). So a
+body never goes to litellm as it is: each call gets only the parameters of its API format
+(an allowlist kept next to the format: `CHAT_PARAMS`, `RESPONSES_PARAMS`, `MESSAGES_PARAMS`),
+and the host, key and provider come from the route alone. Failures name the route, never
+an address: litellm's texts carry the host and port it tried.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Set
 from typing import Any
 
+import httpx
+import openai
 import orjson
 
 from proxy.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
+from proxy.logs import get_logger
 from proxy.sse import reply_text
 from proxy.upstream import Target, UpstreamHeaders
 
@@ -26,6 +36,13 @@ litellm.drop_params = True
 # Anthropic Messages to an OpenAI-compatible upstream as chat completions (litellm's default
 # is the Responses API, which most OpenAI-compatible servers do not have).
 litellm.use_chat_completions_url_for_anthropic_messages = True
+
+log = get_logger("litellm")
+# What a failed connection or a timeout looks like somewhere in litellm's exception chain
+# (it wraps them, sometimes as a 500 InternalServerError whose text names the address).
+_TIMEOUTS = (TimeoutError, httpx.TimeoutException, openai.APITimeoutError, litellm.exceptions.Timeout)
+_UNREACHABLE = (OSError, httpx.TransportError, openai.APIConnectionError,
+                litellm.exceptions.APIConnectionError)
 
 
 async def close_clients() -> None:
@@ -42,11 +59,12 @@ class LitellmReply:
     status_code = 200
 
     def __init__(
-        self, body: AsyncIterator[bytes], content_type: str,
+        self, body: AsyncIterator[bytes], content_type: str, target: Target,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.headers = UpstreamHeaders({"content-type": content_type})
         self._body = body
+        self._target = target
         self._close = close
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
@@ -55,7 +73,7 @@ class LitellmReply:
             async for chunk in self._body:
                 yield chunk
         except Exception as exc:  # litellm raises its own tree, mid-stream too; map it
-            raise to_proxy_error(exc) from None
+            raise to_proxy_error(exc, self._target) from None
 
     async def aclose(self) -> None:
         """Close the provider's stream (a whole body has nothing to close)."""
@@ -64,43 +82,51 @@ class LitellmReply:
 
 
 async def _call(
-    function: Callable[..., Awaitable[Any]], target: Target, body: dict[str, Any], timeout: float
+    function: Callable[..., Awaitable[Any]], target: Target, body: dict[str, Any],
+    allowed: Set[str], timeout: float,
 ) -> Any:
-    """Call one of litellm's entry points with the request's fields and the route's key."""
-    params = {k: v for k, v in body.items() if k != "model"}
+    """Call one of litellm's entry points with the body's `allowed` fields (its API
+    format's parameters) and the route's host and key."""
+    params = {name: value for name, value in body.items() if name in allowed and name != "model"}
     try:
         return await function(
             model=_model_name(target, body["model"]), api_key=target.api_key,
             api_base=target.base_url or None, timeout=timeout, **params,
         )
     except Exception as exc:  # litellm raises its own tree; map it
-        raise to_proxy_error(exc) from None
+        raise to_proxy_error(exc, target) from None
 
 
-async def open_chat(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+async def open_chat(
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+) -> LitellmReply:
     """Send a chat completion through litellm; the answer in OpenAI's chat format."""
-    result = await _call(litellm.acompletion, target, body, timeout)
+    result = await _call(litellm.acompletion, target, body, allowed, timeout)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(result.model_dump(exclude_none=True))),
-                            "application/json")
-    return LitellmReply(_chat_events(result), "text/event-stream", close=_closer(result))
+                            "application/json", target)
+    return LitellmReply(_chat_events(result), "text/event-stream", target, close=_closer(result))
 
 
-async def open_responses(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+async def open_responses(
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+) -> LitellmReply:
     """Send a Responses API request through litellm; the answer in the Responses format."""
-    result = await _call(litellm.aresponses, target, body, timeout)
+    result = await _call(litellm.aresponses, target, body, allowed, timeout)
     if not body.get("stream"):
-        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
-    return LitellmReply(_named_events(result), "text/event-stream", close=_closer(result))
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
+    return LitellmReply(_named_events(result), "text/event-stream", target, close=_closer(result))
 
 
-async def open_messages(target: Target, body: dict[str, Any], *, timeout: float) -> LitellmReply:
+async def open_messages(
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+) -> LitellmReply:
     """Send an Anthropic Messages request through litellm; the answer in that format."""
-    result = await _call(litellm.anthropic_messages, target, body, timeout)
+    result = await _call(litellm.anthropic_messages, target, body, allowed, timeout)
     if not body.get("stream"):
-        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json")
+        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
     # litellm streams these as the SSE bytes Anthropic sends.
-    return LitellmReply(_bytes(result), "text/event-stream", close=_closer(result))
+    return LitellmReply(_bytes(result), "text/event-stream", target, close=_closer(result))
 
 
 async def _bytes(stream: Any) -> AsyncIterator[bytes]:
@@ -156,7 +182,7 @@ async def complete_text(
             timeout=timeout, temperature=0,
         )
     except Exception as exc:  # litellm raises its own tree; map it
-        raise to_proxy_error(exc) from None
+        raise to_proxy_error(exc, target) from None
     return reply_text(result.model_dump(exclude_none=True)) or ""
 
 
@@ -170,18 +196,37 @@ def context_window(model: str, provider: str | None) -> int | None:
     return window if isinstance(window, int) and window > 0 else None
 
 
-def to_proxy_error(exc: Exception) -> ProxyError:
-    """litellm's exceptions as memproxy's errors."""
+def to_proxy_error(exc: Exception, target: Target) -> ProxyError:
+    """litellm's exceptions as memproxy's errors, naming the route and never an address
+    (the full text goes to the log)."""
     if isinstance(exc, ProxyError):
         return exc
-    if isinstance(exc, litellm.exceptions.Timeout):
-        return UpstreamTimeout(f"upstream timed out: {exc}")
-    if isinstance(exc, litellm.exceptions.APIConnectionError):
-        return UpstreamUnreachable(f"upstream unreachable: {exc}")
+    chain = _chain(exc)
+    route = f"route {target.name}"
+    log.warning("litellm call failed", extra={"route": target.name, "error": _describe(exc)})
+    if any(isinstance(e, _TIMEOUTS) for e in chain):
+        return UpstreamTimeout(f"upstream timed out ({route})")
+    if any(isinstance(e, _UNREACHABLE) for e in chain):
+        return UpstreamUnreachable(f"upstream unreachable ({route})")
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 600:
+        # The provider's own answer, as litellm words it.
         message = getattr(exc, "message", None) or str(exc)
         envelope = {"error": {"message": message, "type": type(exc).__name__, "param": None,
                               "code": None}}
         return UpstreamStatus(status, orjson.dumps(envelope), {})
-    return UpstreamUnreachable(f"upstream failed: {type(exc).__name__}: {exc}")
+    return UpstreamUnreachable(f"upstream failed ({route}): {type(exc).__name__}")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or during."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -44,7 +44,7 @@ class LLMClient:
         """Where a learning call for `model` goes."""
         if self.settings.extract_base_url:
             base = self.settings.extract_base_url.rstrip("/")
-            return Target(base, self.settings.extract_api_key)
+            return Target(base, self.settings.extract_api_key, name="extract_base_url")
         return self.upstream.target_for(model)
 
     async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:

@@ -26,6 +26,7 @@ from proxy.errors import ProxyError, UpstreamStatus
 from proxy.exchange import handle
 from proxy.identity import authenticate, presented_key
 from proxy.messages_body import (
+    MESSAGES_PARAMS,
     conversation,
     has_message_breakpoint,
     inject_messages,
@@ -70,7 +71,7 @@ class MessagesFormat:
             return route
         # litellm calls this upstream itself, so it needs the key a raw forward would send.
         key = route.api_key or (None if settings.api_keys else presented_key(headers))
-        return Target(route.base_url, key, provider="openai")
+        return Target(route.base_url, key, provider="openai", name=route.name)
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """Into `system`, after the last cache_control breakpoint (`proxy.messages_body`)."""
@@ -143,7 +144,7 @@ class MessagesFormat:
         """litellm's Messages interface, translating to the route's provider."""
         from proxy.litellm_adapter import open_messages
 
-        return await open_messages(target, body, timeout=timeout)
+        return await open_messages(target, body, MESSAGES_PARAMS, timeout=timeout)
 
 
 MESSAGES = MessagesFormat()
@@ -177,7 +178,7 @@ async def count_message_tokens(request: Request) -> Response | RelayResponse:
 def anthropic_target(base_url: str, api_key: str | None) -> Target:
     """An Anthropic-compatible upstream: its base URL (with or without /v1) and key."""
     base = base_url.rstrip("/").removesuffix("/v1")
-    return Target(f"{base}/v1", api_key, key_header="x-api-key")
+    return Target(f"{base}/v1", api_key, key_header="x-api-key", name="anthropic_base_url")
 
 
 def envelope(status: int, message: str) -> dict[str, Any]:

@@ -23,6 +23,15 @@ from proxy.chat_body import parse_json_object
 from proxy.errors import InvalidRequest
 
 ROLES = frozenset({"user", "assistant"})
+# The body fields litellm receives (the Messages parameters of Anthropic's API reference,
+# `model` apart); nothing that names a host, a key, headers or a provider goes to litellm.
+# Not `mcp_servers`: it names hosts (and their tokens). It reaches Anthropic only through
+# `anthropic_base_url`, where the body goes as sent.
+MESSAGES_PARAMS = frozenset({
+    "messages", "max_tokens", "container", "context_management", "metadata", "service_tier",
+    "stop_sequences", "stream", "system", "temperature", "thinking", "tool_choice", "tools",
+    "top_k", "top_p",
+})
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from proxy.errors import PayloadTooLarge, ProxyError
 from proxy.identity import DEFAULT_USER, authenticate
 from proxy.limits import limit_key
+from proxy.ownership import check_response_path
 from proxy.relay import RelayResponse
 from proxy.state import AppState
 from proxy.upstream import (
@@ -47,6 +48,7 @@ async def relay(request: Request, state: AppState, target: Target) -> Response |
     """Forward `request` to `target` (same path, query and body) and stream the reply back."""
     settings = state.settings
     key = authenticate(request.headers, settings.api_keys)
+    await check_response_path(request, state)
     if state.limits.enabled:
         # Only a request without any key counts against its user (the body is not parsed here).
         user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
@@ -62,10 +64,13 @@ async def relay(request: Request, state: AppState, target: Target) -> Response |
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
     too_large: list[PayloadTooLarge] = []
     content = _limited(request, settings.max_body_bytes, too_large) if has_body else b""
+    # The path as sent (still percent-encoded), checked by url_for: decoded, `%2e%2e` would
+    # already be `..` and `%3f` a query.
+    raw_path = request.scope.get("raw_path")
+    path = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else request.url.path
+    url = url_for(target, path, request.url.query)
     try:
-        upstream = await state.upstream.open(
-            request.method, url_for(target, request.url.path, request.url.query), headers, content
-        )
+        upstream = await state.upstream.open(request.method, url, headers, content)
     except ProxyError:
         if too_large:  # the upload outgrew the limit on its way: 413, not a failed upstream
             raise too_large[0] from None

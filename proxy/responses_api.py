@@ -33,6 +33,16 @@ from proxy.upstream import Target, Upstream, UpstreamReply
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
+# The body fields litellm receives (the parameters of OpenAI's Responses API reference,
+# https://platform.openai.com/docs/api-reference/responses/create, `model` apart); nothing
+# that names a host, a key, headers or a provider goes to litellm.
+RESPONSES_PARAMS = frozenset({
+    "input", "background", "conversation", "include", "instructions", "max_output_tokens",
+    "max_tool_calls", "metadata", "parallel_tool_calls", "previous_response_id", "prompt",
+    "prompt_cache_key", "prompt_cache_retention", "reasoning", "safety_identifier",
+    "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
+    "tools", "top_logprobs", "top_p", "truncation", "user",
+})
 
 
 class ResponsesFormat:
@@ -143,7 +153,7 @@ class ResponsesFormat:
         """litellm's Responses API (translated for providers that lack it)."""
         from proxy.litellm_adapter import open_responses
 
-        return await open_responses(target, body, timeout=timeout)
+        return await open_responses(target, body, RESPONSES_PARAMS, timeout=timeout)
 
 
 RESPONSES = ResponsesFormat()

@@ -20,6 +20,7 @@ import email.utils
 import math
 import random
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ import aiohttp
 
 from config import Route, Settings
 from proxy.errors import (
+    NotFound,
     ProxyError,
     UpstreamConnectTimeout,
     UpstreamStatus,
@@ -61,6 +63,7 @@ class Target:
     provider: str | None = None  # set: translate through litellm
     key_header: str = "authorization"  # "x-api-key": how Anthropic's API takes the key
     context_window: int | None = None  # the route's override of litellm's figure (tokens)
+    name: str = "default"  # the route's `match`, or the setting it came from: for error texts
 
     @property
     def via_litellm(self) -> bool:
@@ -330,9 +333,34 @@ def relay_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def url_for(target: Target, path: str, query: str = "") -> str:
-    """The upstream URL for a `/v1/...` path (the base URL already ends in its version)."""
+    """The upstream URL for a `/v1/...` path (the base URL already ends in its version);
+    404 for a path that could leave the base path (`contained_path`)."""
+    path = contained_path(path)
     suffix = path[3:] if path.startswith("/v1/") else path
     return f"{target.base_url}{suffix}" + (f"?{query}" if query else "")
+
+
+def contained_path(path: str) -> str:
+    """`path` when it starts with /v1/ and no reading of it leaves that prefix, else a 404.
+
+    The client's path goes under the upstream's base path with the upstream key, and the
+    HTTP client, the upstream or a proxy in front of it resolve dot segments (RFC 3986
+    5.2.4), some after decoding `%2e%2e` or `%2f` once more, some taking a backslash for a
+    slash or `..;` for `..`. So every reading of the path (decoded once, twice, three
+    times) must be free of dot segments, backslashes and control characters; a path
+    that passes goes as sent.
+    """
+    reading = path
+    for _ in range(4):
+        if not reading.startswith("/v1/") or any(c == "\\" or ord(c) < 0x20 or c == "\x7f" for c in reading) \
+                or any(segment.split(";")[0] in (".", "..") for segment in reading.split("/")):
+            break
+        decoded = urllib.parse.unquote(reading)
+        if decoded == reading:
+            return path
+        reading = decoded
+    raise NotFound(f"Invalid URL: {path[:200]!r} is not a path under /v1/ (dot segments,"
+                   " backslashes and their percent-encodings are refused)", code="invalid_path")
 
 
 def map_transport_error(exc: Exception) -> ProxyError:
@@ -348,10 +376,10 @@ def _target(route: Route, default: Target) -> Target:
     if route.provider is not None:
         # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
         return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
-                      context_window=route.context_window)
+                      context_window=route.context_window, name=route.match)
     # A route's own key only: the default key must never leak to another host.
     return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
-                  context_window=route.context_window)
+                  context_window=route.context_window, name=route.match)
 
 
 def _describe(exc: Exception) -> str:

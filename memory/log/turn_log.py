@@ -163,6 +163,10 @@ class TurnLog:
             return None
         return ReplyChain(reply.session_id, reply.id, await self.path(user_id, reply.id, limit))
 
+    async def reply_owner(self, request_id: str) -> str | None:
+        """The user the reply stored under `request_id` was first stored for, if any."""
+        return await turns.reply_owner(self.db, request_id)
+
     async def add_chunks(self, turn_id: int, chunks: Sequence[ChunkSpec]) -> list[int]:
         """Store (ordinal, kind, text, tokens) chunks of a turn; re-adding one updates it."""
         async with self.db.write() as tx:

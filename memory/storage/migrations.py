@@ -360,6 +360,8 @@ CREATE TABLE vector_generations (
 );
 """
 
+_REPLY_OWNER = "CREATE INDEX turns_by_reply ON turns (request_id, id) WHERE role = 'assistant';"
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -380,6 +382,9 @@ MIGRATIONS: list[Migration] = [
     # PostgreSQL's chunk postings (memory.storage.postgres_schema); FTS5 keeps its own, so
     # nothing changes here: the name is recorded so both backends list the same migrations.
     ("0009_chunk_postings", lambda conn: None),
+    # Whose reply a response id is, whoever asks (proxy/ownership.py): the first user a
+    # reply turn was stored for under that id.
+    ("0010_reply_owner", _REPLY_OWNER),
 ]
 
 

@@ -445,6 +445,8 @@ CREATE TABLE vector_generations (
 """),
     ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
     ("0009_chunk_postings", _CHUNK_POSTINGS),
+    ("0010_reply_owner",
+     "CREATE INDEX turns_by_reply ON turns (request_id, id) WHERE role = 'assistant';"),
 ]
 
 

@@ -187,6 +187,17 @@ async def reply_by_request(conn: Connection, user_id: str, request_id: str) -> T
     return _turn(rows[0]) if rows else None
 
 
+async def reply_owner(conn: Connection, request_id: str) -> str | None:
+    """The user of the first assistant turn stored under `request_id`, if any (a reply's
+    first owner: a later turn under the same id, by a client's X-Request-Id, is not)."""
+    rows = await conn.fetch(
+        "SELECT user_id FROM turns WHERE request_id = ? AND role = 'assistant'"
+        " ORDER BY id LIMIT 1",
+        (request_id,),
+    )
+    return str(rows[0][0]) if rows else None
+
+
 async def of_session(conn: Connection, user_id: str, session_id: str) -> list[Turn]:
     """Every turn of a session, all branches, in insertion order."""
     sql = f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND session_id = ? ORDER BY id"
