@@ -116,8 +116,9 @@ class Settings:
     )
     management_remote: bool = _setting(
         False,
-        "Without proxy keys, let clients other than loopback use the memory API (/v1/memory) "
-        "and panel data. With keys set, keys decide.",
+        "Without proxy keys, let clients other than loopback reach memory: the memory API "
+        "(/v1/memory), panel data, and recall and remembering in their chats (else their "
+        "chats go through with memory off). With keys set, keys decide.",
     )
     clear_undo_seconds: float = _setting(
         10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
