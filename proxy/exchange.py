@@ -29,7 +29,7 @@ from proxy.api_format import ApiFormat, Parsed, ReplyTee
 from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.identity import Identity, resolve_org, resolve_session, resolve_user
-from proxy.limits import StreamSlot, limit_key
+from proxy.limits import StreamSlot, limit_keys
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.memory_tool import MemoryTool
@@ -140,7 +140,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     request.state.call = call
     if state.limits.enabled:  # hashing the key is wasted work when no limit is set
         call.slot = state.limits.admit(
-            limit_key(key, request.headers, user_id), stream=body.get("stream") is True
+            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True
         )
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
     step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)

@@ -43,7 +43,7 @@ from proxy.errors import (
     NotFound,
 )
 from proxy.identity import resolve_org, resolve_user
-from proxy.limits import limit_key
+from proxy.limits import limit_keys
 from proxy.state import AppState
 
 
@@ -115,7 +115,7 @@ def authorise(request: Request) -> Caller:
     if state.limits.enabled:
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
-        state.limits.admit(limit_key(principal.key, request.headers, user_id), stream=False)
+        state.limits.admit(*limit_keys(principal.key, request, user_id, settings), stream=False)
     return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared)
 
 
