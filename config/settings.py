@@ -116,8 +116,9 @@ class Settings:
     )
     management_remote: bool = _setting(
         False,
-        "Without proxy keys, let clients other than loopback use the memory API (/v1/memory) "
-        "and panel data. With keys set, keys decide.",
+        "Without proxy keys, let clients other than loopback reach memory: the memory API "
+        "(/v1/memory), panel data, and recall and remembering in their chats (else their "
+        "chats go through with memory off). With keys set, keys decide.",
     )
     clear_undo_seconds: float = _setting(
         10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
@@ -126,8 +127,10 @@ class Settings:
     rate_limit: int = _setting(
         0,
         "Requests per minute each key may send to /v1 (token bucket; 0: off). The key is the "
-        "proxy key when keys are set, else the client's bearer key, else the user id; over "
-        "it: 429 with a Retry-After of the seconds until the next request is allowed.",
+        "proxy key when keys are set, else the client's bearer key, else the user id, and "
+        "without proxy keys the client's address counts too (behind a reverse proxy every "
+        "client has its address); over it: 429 with a Retry-After of the seconds until the "
+        "next request is allowed.",
         min=0,
     )
     rate_limit_burst: int = _setting(
@@ -137,10 +140,9 @@ class Settings:
         min=0,
     )
     max_streams_per_key: int = _setting(
-        0,
+        64,
         "Streamed replies (chat completions, Responses, Messages) each key may have open at "
-        "once (0: no limit); one more "
-        "gets 429 with Retry-After: 1.",
+        "once, counted like rate_limit (0: no limit); one more gets 429 with Retry-After: 1.",
         min=0,
     )
 

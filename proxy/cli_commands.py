@@ -175,9 +175,12 @@ def stats_show(client: MemoryClient, args: argparse.Namespace) -> None:
     stats = client.call("GET", "/stats")
     counts, index, jobs = stats["counts"], stats["index"], stats["jobs"]
     rows = [[name, value] for name, value in counts.items()]
-    rows += [["vectors", index["vectors"]], ["database size", _size(index["database_bytes"])],
-             ["vector index size", _size(index["vectors_bytes"])],
-             ["jobs queued or running", jobs["depth"]], ["dead letters", jobs["dead"]]]
+    rows.append(["vectors", index["vectors"]])
+    if "database_bytes" in index:  # the whole store's figures: shown to the admin key only
+        rows += [["database size", _size(index["database_bytes"])],
+                 ["vector index size", _size(index["vectors_bytes"])]]
+    if jobs is not None:
+        rows += [["jobs queued or running", jobs["depth"]], ["dead letters", jobs["dead"]]]
     emit(args, stats, f"Memory of {stats['user_id']}\n" + table(["WHAT", "COUNT"], rows))
 
 

@@ -24,11 +24,12 @@ from starlette.responses import Response
 from config import Flags
 from config.flags import FlagError
 from memory import Recalled, ReplyChain
+from proxy.access import chat_flags, identify
 from proxy.api_format import ApiFormat, Parsed, ReplyTee
 from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
-from proxy.identity import Identity, authenticate, resolve_org, resolve_session, resolve_user
-from proxy.limits import StreamSlot, limit_key
+from proxy.identity import Identity, resolve_org, resolve_session, resolve_user
+from proxy.limits import StreamSlot, limit_keys
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.memory_tool import MemoryTool
@@ -115,20 +116,23 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     raw = await read_body(request, settings.max_body_bytes)
     parsed = fmt.parse(raw)
     body = parsed.body
-    key = authenticate(request.headers, settings.api_keys)
+    principal = identify(request, settings, admin_allowed=False)
+    key = principal.key
     try:
         flags = Flags.from_headers(request.headers, settings)
     except FlagError as exc:
         raise InvalidHeader(exc.header, str(exc)) from None
     user_id = resolve_user(request.headers, body, key)
+    org_id = resolve_org(request.headers, key)
+    # Memory the caller may not reach is off for this request (a dry run gets the refusal).
+    flags, refused = chat_flags(principal, settings, flags, user_id=user_id, org_id=org_id)
     chain, chain_error = await _chain(state, flags, user_id, parsed.continues)
     session_id = resolve_session(
         request.headers, user_id, parsed.conversation,
         continued=chain.session_id if chain is not None else None,
     )
     call = Call(
-        fmt, parsed, raw, Identity(user_id, session_id, resolve_org(request.headers, key)),
-        flags,
+        fmt, parsed, raw, Identity(user_id, session_id, org_id), flags,
         fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
@@ -137,12 +141,14 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     request.state.call = call
     if state.limits.enabled:  # hashing the key is wasted work when no limit is set
         call.slot = state.limits.admit(
-            limit_key(key, request.headers, user_id), stream=body.get("stream") is True
+            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True
         )
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
     step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:
         step.failed("chain", chain_error)
+    if refused is not None:
+        step.failed("access", refused)
     recalled = await step.recall()
     if flags.dry_run:
         return _dry_run(call, recalled, step)

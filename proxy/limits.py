@@ -1,4 +1,4 @@
-"""Per-key limits: a request-rate token bucket and a cap on open streams (both off by default).
+"""Per-key limits: a request-rate token bucket (off by default) and a cap on open streams.
 
 `MEMPROXY_RATE_LIMIT` requests per minute refill each key's bucket continuously; the bucket
 holds `MEMPROXY_RATE_LIMIT_BURST` requests (default: one minute's worth). A request finding
@@ -8,7 +8,9 @@ streamed chat completions a key has open; the slot is freed when the stream ends
 the client goes away, and one over the cap gets 429 with `Retry-After: 1`.
 
 The key is the proxy key when proxy keys are configured, else the client's bearer key, else
-the resolved user id. A key is held only as a BLAKE2b digest, never as sent.
+the resolved user id. Without proxy keys nothing checks those strings, so a client could
+send a new one with every request: then the client's address is a second bucket, and a
+request must fit in both. A key is held only as a BLAKE2b digest, never as sent.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.requests import Request
 
 from config import ApiKey, Settings
 from proxy.errors import RateLimited
@@ -38,6 +42,17 @@ def limit_key(api_key: ApiKey | None, headers: Mapping[str, str], user_id: str) 
     return "user:" + user_id
 
 
+def limit_keys(
+    api_key: ApiKey | None, request: Request, user_id: str, settings: Settings
+) -> tuple[str, ...]:
+    """Every bucket a request counts against: its key's, and without proxy keys (where the
+    key is whatever string the client sent) also its address's."""
+    key = limit_key(api_key, request.headers, user_id)
+    if settings.api_keys or request.client is None:
+        return (key,)
+    return (key, "addr:" + request.client.host)
+
+
 @dataclass
 class _Bucket:
     tokens: float
@@ -48,14 +63,14 @@ class _Bucket:
 class StreamSlot:
     """One open stream of a key; `release` is idempotent."""
 
-    def __init__(self, bucket: _Bucket) -> None:
-        self._bucket: _Bucket | None = bucket
+    def __init__(self, buckets: list[_Bucket]) -> None:
+        self._buckets = buckets
 
     def release(self) -> None:
         """Give the slot back."""
-        if self._bucket is not None:
-            self._bucket.streams -= 1
-            self._bucket = None
+        for bucket in self._buckets:
+            bucket.streams -= 1
+        self._buckets = []
 
     def hand_over(self, response: Any) -> None:
         """Hold the slot until a relayed stream ends; release it now for anything else
@@ -98,43 +113,52 @@ class KeyLimits:
         """Whether any limit is on."""
         return bool(self.rate or self.max_streams)
 
-    def admit(self, key: str, *, stream: bool) -> StreamSlot | None:
-        """Let one request of `key` through or raise RateLimited; a stream gets a slot.
+    def admit(self, *keys: str, stream: bool) -> StreamSlot | None:
+        """Let one request through or raise RateLimited; it counts against every one of
+        `keys`, and each must admit it. A stream gets a slot.
 
         Nothing is taken from a request that is refused, so a refusal costs no quota.
         """
-        if not self.enabled:
+        limit_streams = stream and self.max_streams > 0
+        if not (self.rate or limit_streams):
             return None
         now = self.clock()
+        buckets = [self._bucket(key, now) for key in keys]
+        for bucket in buckets:
+            self._check(bucket, limit_streams)
+        for bucket in buckets:
+            if self.rate:
+                bucket.tokens -= 1.0
+            if limit_streams:
+                bucket.streams += 1
+        self._sweep(now)
+        return StreamSlot(buckets) if limit_streams else None
+
+    def _bucket(self, key: str, now: float) -> _Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(self.capacity, now)
         if self.rate:
             bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.updated) * self.rate)
             bucket.updated = now
-        limit_streams = stream and self.max_streams > 0
+        return bucket
+
+    def _check(self, bucket: _Bucket, limit_streams: bool) -> None:
         if limit_streams and bucket.streams >= self.max_streams:
             raise RateLimited(
                 f"too many concurrent streams for this key: the limit is {self.max_streams}",
                 code="concurrency_limit_exceeded",
                 headers={"Retry-After": str(STREAM_RETRY_AFTER)},
             )
-        if self.rate:
-            # The tolerance absorbs float error, so waiting exactly Retry-After is enough.
-            if bucket.tokens < 1.0 - 1e-9:
-                wait = math.ceil((1.0 - max(bucket.tokens, 0.0)) * 60.0 / self.per_minute)
-                raise RateLimited(
-                    f"rate limit reached: {self.per_minute} requests per minute for this"
-                    f" key; try again in {wait} s",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(wait)},
-                )
-            bucket.tokens -= 1.0
-        self._sweep(now)
-        if not limit_streams:
-            return None
-        bucket.streams += 1
-        return StreamSlot(bucket)
+        # The tolerance absorbs float error, so waiting exactly Retry-After is enough.
+        if self.rate and bucket.tokens < 1.0 - 1e-9:
+            wait = math.ceil((1.0 - max(bucket.tokens, 0.0)) * 60.0 / self.per_minute)
+            raise RateLimited(
+                f"rate limit reached: {self.per_minute} requests per minute for this"
+                f" key; try again in {wait} s",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(wait)},
+            )
 
     @property
     def tracked_keys(self) -> int:

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from proxy.errors import PayloadTooLarge, ProxyError
 from proxy.identity import DEFAULT_USER, authenticate
-from proxy.limits import limit_key
+from proxy.limits import limit_keys
 from proxy.ownership import check_response_path
 from proxy.relay import RelayResponse
 from proxy.state import AppState
@@ -52,7 +52,7 @@ async def relay(request: Request, state: AppState, target: Target) -> Response |
     if state.limits.enabled:
         # Only a request without any key counts against its user (the body is not parsed here).
         user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
-        state.limits.admit(limit_key(key, request.headers, user_id), stream=False)
+        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")

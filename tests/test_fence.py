@@ -28,6 +28,7 @@ from memory.recall.render import (
     Entry,
     excerpts,
     neutralise,
+    speaker_label,
     wrap,
 )
 from tests.conftest import RunningProxy
@@ -87,7 +88,7 @@ def lookalike_tag(draw: st.DrawFn) -> str:
 
 # A date line, the line between two excerpts of one day, or a turn.
 SPEAKER_LINE = re.compile(
-    r"\[\d{4}-\d{2}-\d{2}\]|" + re.escape(SAME_DAY) + r"|(user|assistant|eve [^\n]*): .*"
+    r"\[\d{4}-\d{2}-\d{2}\]|" + re.escape(SAME_DAY) + r"|(user|assistant|@eve [^\n]*): .*"
 )
 LINE_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
@@ -149,7 +150,7 @@ def test_a_rendered_block_has_one_fence_and_only_memory_shaped_lines(
     entries = [Entry(speaker, 1_700_000_000.0 + i, text, "s1", i) for i, text in enumerate(texts)]
     block = wrap([FACTS_HEADING, fact_line_of(fact), TURNS_HEADING, *excerpts(entries)])
     assert_one_fence(block)
-    label = neutralise(speaker).replace("\n", " ")  # a speaker is one line
+    label = speaker_label(speaker)  # one line, and a name that reads as a role gets "@"
     for line in inner_lines(block):
         assert (line in (PREAMBLE, FACTS_HEADING, TURNS_HEADING, "[2023-11-14]")
                 or line.startswith(("  ", "- (identity) ", f"{label}: "))), repr(line)

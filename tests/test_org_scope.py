@@ -27,11 +27,12 @@ from tests.test_cli_memory import run, run_json
 from tests.test_stable_injection import cache_counts
 
 KEYS = ",".join([
-    "key-writer-0001:org=acme:org-writer",  # may name any user, writes acme's memory
+    "key-writer-0001:org=acme:org-writer",  # names acme's members, writes acme's memory
     "key-alice-0001:alice:org=acme",
     "key-bob-00001:bob:org=acme",
     "key-carol-0001:carol:org=globex",
     "key-dave-00001:dave",  # a user in no organisation
+    "key-plain-0001",  # bound to nobody: names any user
 ])
 ADMIN = "key-admin-0001"
 pytestmark = pytest.mark.both_backends
@@ -125,7 +126,7 @@ def test_no_request_names_shared_memory_as_its_user(acme: RunningProxy) -> None:
     assert resolve_user({}, {"user": organization_memory("acme")}, None) == "org:acme"
     reply = httpx.post(
         f"{acme.base_url}/chat/completions", timeout=30,
-        headers={"Authorization": "Bearer key-writer-0001"},
+        headers={"Authorization": "Bearer key-plain-0001"},
         json={"model": "gpt-4o", "user": organization_memory("acme"),
               "messages": [{"role": "user", "content": "The staging cluster is now Redbird."}]},
     )
@@ -133,7 +134,7 @@ def test_no_request_names_shared_memory_as_its_user(acme: RunningProxy) -> None:
     # A header cannot carry the mark at all: the HTTP parser refuses control characters.
     assert httpx.post(
         f"{acme.base_url}/chat/completions", timeout=30,
-        headers={"Authorization": "Bearer key-writer-0001",
+        headers={"Authorization": "Bearer key-plain-0001",
                  "X-Memory-User-Id": organization_memory("acme")},
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
     ).status_code == 400

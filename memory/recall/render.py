@@ -139,8 +139,26 @@ def neutralise(text: str) -> str:
 def render_line(entry: Entry) -> str:
     """`Caroline: text`, continuation lines indented."""
     body = neutralise(entry.text.strip()).replace("\n", "\n  ")
-    speaker = neutralise(entry.speaker).replace("\n", " ")  # a name never starts a line
-    return f"{speaker}: {body}"
+    return f"{speaker_label(entry.speaker)}: {body}"
+
+
+# Words that read as a chat role in some template; a speaker is a message's `name`, else its
+# role (only `user` and `assistant` are stored), so any other speaker holding one is a name.
+ROLE_WORDS = frozenset({
+    "system", "developer", "assistant", "user", "tool", "function", "human", "model", "ai",
+})
+_WORD = re.compile(r"[a-z]+")
+
+
+@lru_cache(maxsize=4096)
+def speaker_label(speaker: str) -> str:
+    """The speaker as its lines show it: a name that reads as a role (`system`, `### System`,
+    `ＳＹＳＴＥＭ`) gets an `@` in front, so `system: ...` never opens a line of the block."""
+    shown = neutralise(speaker).replace("\n", " ")  # a name never starts a line
+    if shown in ("user", "assistant"):
+        return shown
+    seen = unicodedata.normalize("NFKD", shown).translate(_SEEN_AS).casefold()
+    return "@" + shown if ROLE_WORDS.intersection(_WORD.findall(seen)) else shown
 
 
 def excerpts(entries: Sequence[Entry]) -> list[str]:

@@ -1,22 +1,20 @@
-"""Who may use the memory API, as which user, and how its failures look on the wire.
+"""The memory API's side of access, and how its failures look on the wire.
 
-With proxy keys on, a key bound to a user reaches that user only; an unbound key names the
-user like a chat request does (X-Memory-User-Id, else `default`); the admin key reaches any
-user through X-Memory-User-Id. Without keys (local single-user mode) only loopback clients
-are served, unless MEMPROXY_MANAGEMENT_REMOTE is on. Requests count against the caller's
-key in the same per-key rate limit as chat completions (proxy/limits.py).
+Who may reach which memory is decided once, in proxy/access.py (its table): a key bound to
+a user reaches that user; an unbound key names the user like a chat request does
+(X-Memory-User-Id, else `default`); an organisation's key without a user names one of its
+organisation's members; the admin key reaches any user. Without keys (local single-user
+mode) only loopback clients are served, unless MEMPROXY_MANAGEMENT_REMOTE is on. Requests
+count against the caller's key in the same rate limit as chat completions (proxy/limits.py).
 
 With X-Memory-Org-Id a request reaches an organisation's shared memory instead (facts,
-search, export and clearing only): any key of that organisation, or one bound to nobody,
-reads it; only a key marked `org-writer` for it, the admin key, or a loopback client with
-keys off change it. Chat requests never write it.
+search, export, clearing and stats only); who reads and who changes it is in the same table.
+Chat requests never write it.
 """
 
 from __future__ import annotations
 
 import functools
-import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config import ApiKey, Settings
+from config import Settings
 from memory import (
     ClearExpired,
     ClearNotFound,
@@ -37,16 +35,15 @@ from memory import (
     RecordError,
     organization_memory,
 )
+from proxy.access import Action, decide, identify
 from proxy.errors import (
-    AuthenticationFailed,
     Conflict,
     InvalidRequest,
     MemoryUnavailable,
     NotFound,
-    PermissionDenied,
 )
-from proxy.identity import DEFAULT_USER, authenticate, presented_key, resolve_org, resolve_user
-from proxy.limits import limit_key
+from proxy.identity import resolve_org, resolve_user
+from proxy.limits import limit_keys
 from proxy.state import AppState
 
 
@@ -96,22 +93,30 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
 
 def authorise(request: Request) -> Caller:
-    """The caller of a management request; 401, 403, 429 or 503 when it cannot be served."""
+    """The caller of a management request; 401, 403, 429 or 503 when it cannot be served.
+
+    Whose memory it reaches is decided by proxy/access.py, as for every chat request."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
-    user_id, admin, key = _user(request, settings)
-    org_id = resolve_org(request.headers, None if admin else key)
+    principal = identify(request, settings, admin_allowed=True)
+    user_id = resolve_user(request.headers, {}, principal.key)
+    org_id = resolve_org(request.headers, principal.key)
+    action: Action = "read" if request.method in ("GET", "HEAD") else "write"
     shared = "x-memory-org-id" in request.headers
     if shared and org_id is not None:
-        _check_shared(request, admin, key, settings)
+        part = _shared_part(request)
+        decide(principal, settings, user_id=None, org_id=org_id,
+               action="read" if part == "search" else action)
         user_id = organization_memory(org_id)
+    else:
+        decide(principal, settings, user_id=user_id, org_id=org_id, action=action)
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
     if state.limits.enabled:
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
-        state.limits.admit(limit_key(None, request.headers, user_id), stream=False)
-    return Caller(user_id, admin, state.memory, settings, state, org_id, shared)
+        state.limits.admit(*limit_keys(principal.key, request, user_id, settings), stream=False)
+    return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared)
 
 
 # What an organisation's shared memory offers through the API (it has no turns, sessions
@@ -119,54 +124,15 @@ def authorise(request: Request) -> Caller:
 SHARED_PATHS = frozenset({"facts", "search", "export", "clear", "stats"})
 
 
-def _check_shared(request: Request, admin: bool, key: ApiKey | None, settings: Settings) -> None:
-    """Refuse a request on an organisation's shared memory that the caller may not make."""
+def _shared_part(request: Request) -> str:
+    """The resource a request on shared memory names; 400 for one shared memory lacks."""
     part = request.url.path.removeprefix("/v1/memory/").split("/", 1)[0]
     if part not in SHARED_PATHS:
         raise InvalidRequest(
             f"/v1/memory/{part} is not available for an organisation's shared memory",
             param="X-Memory-Org-Id",
         )
-    reading = request.method in ("GET", "HEAD") or part == "search"
-    keys_off = not (settings.api_keys or settings.admin_key)
-    if reading or admin or keys_off or (key is not None and key.org_writer):
-        return  # resolve_org has checked that a key of an organisation names its own
-    raise PermissionDenied(
-        "this API key may read but not change the organisation's shared memory",
-        param="X-Memory-Org-Id",
-    )
-
-
-def _user(request: Request, settings: Settings) -> tuple[str, bool, ApiKey | None]:
-    headers = request.headers
-    if settings.api_keys or settings.admin_key:
-        presented = presented_key(headers)
-        admin_key = settings.admin_key
-        if admin_key and presented and hmac.compare_digest(presented.encode(), admin_key.encode()):
-            return resolve_user(headers, {}, None), True, None
-        if not settings.api_keys:  # only the admin key is configured
-            raise AuthenticationFailed(
-                "incorrect API key provided" if presented else "missing API key"
-            )
-        key = authenticate(headers, settings.api_keys)
-        return resolve_user(headers, {}, key), False, key
-    if not settings.management_remote and not is_loopback(request):
-        raise PermissionDenied(
-            "without proxy keys the memory API answers only loopback clients;"
-            " set MEMPROXY_API_KEYS, or MEMPROXY_MANAGEMENT_REMOTE=on"
-        )
-    return resolve_user(headers, {}, None) or DEFAULT_USER, False, None
-
-
-def is_loopback(request: Request) -> bool:
-    """Whether the client connected from this machine."""
-    host = request.client.host if request.client else ""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+    return part
 
 
 def respond(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

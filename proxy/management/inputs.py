@@ -16,6 +16,9 @@ from proxy.errors import InvalidRequest, NotFound
 from proxy.requests import read_body
 
 _MISSING: Any = object()
+# How deep a management body may nest. Nothing the API takes needs more than a few levels;
+# the JSON reader accepts 1024 and the writer 254, so a deeper profile stored was a 500.
+MAX_DEPTH = 32
 
 
 async def json_object(
@@ -31,10 +34,26 @@ async def json_object(
         raise InvalidRequest("the body must be valid JSON") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
+    if nested_too_deep(body):
+        raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise InvalidRequest(f"unknown field {unknown[0]!r}", param=unknown[0])
     return body
+
+
+def nested_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` has objects or arrays nested more than `limit` levels deep."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            child for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+    return bool(level)
 
 
 def text(body: Mapping[str, Any], name: str, *, required: bool = False, max_chars: int = 4000) -> str | None:

@@ -246,7 +246,9 @@ SCHEMAS: dict[str, Any] = {
             "object": {"type": "string", "enum": ["memory.stats"]},
             "user_id": {"type": "string"},
             "counts": {"type": "object"}, "index": {"type": "object"},
-            "jobs": {"type": "object", "required": ["depth", "dead", "dead_letters"], "properties": {
+            # null, and index sizes absent, for a key that is not the admin's where keys are set
+            "jobs": {"type": "object", "nullable": True,
+                     "required": ["depth", "dead", "dead_letters"], "properties": {
                 "depth": {"type": "integer"}, "dead": {"type": "integer"},
                 "dead_letters": {"type": "array", "items": {"type": "object"}},
             }},

@@ -21,9 +21,11 @@ async def stats(request: Request, who: Caller) -> Response:
     settings = who.settings
     found = await manage.stats.user(who.user_id)
     if (settings.api_keys or settings.admin_key) and not who.admin:
-        # The job queue is shared, and a dead letter's error may quote any user's data:
-        # where keys separate users, only the admin reads them.
-        found["jobs"] = {**found["jobs"], "dead_letters": []}
+        # Where keys separate users, a key sees its own memory's figures only: the job
+        # queue, the database and the vector index are everyone's (a dead letter's error
+        # may quote any user's data), so their figures go to the admin.
+        found["index"] = {"vectors": found["index"]["vectors"]}
+        found["jobs"] = None
     return respond({
         "object": "memory.stats",
         **found,

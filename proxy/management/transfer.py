@@ -18,6 +18,7 @@ from memory import RecordError, check_record
 from proxy.errors import InvalidRequest
 from proxy.identity import conversation_fingerprint
 from proxy.management.access import Caller, endpoint, respond
+from proxy.management.inputs import MAX_DEPTH, nested_too_deep
 from proxy.requests import read_body
 
 FLUSH_BYTES = 64 * 1024
@@ -73,6 +74,8 @@ def parse_records(raw: bytes) -> list[dict[str, Any]]:
         try:
             if isinstance(item, _Unparsable):
                 raise RecordError("not valid JSON")
+            if nested_too_deep(item):
+                raise RecordError(f"nests deeper than {MAX_DEPTH} levels")
             records.append(check_record(item))
         except RecordError as exc:
             param = param or exc.field
