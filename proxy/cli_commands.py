@@ -122,8 +122,12 @@ def memories_import(client: MemoryClient, args: argparse.Namespace) -> None:
                              headers={"Content-Type": "application/x-ndjson"})
     finally:
         progress.finish()
+    ignored = [f"{n} {'message' if n == 1 else 'messages'} "
+               + ("with no text" if reason == "no_text" else f"with role {reason}")
+               for reason, n in result.get("ignored", {}).items() if n]
+    left_out = f"; left out: {', '.join(ignored)}" if ignored else ""
     emit(args, result, f"Imported {_counted(result['added'])}; already there: "
-                       f"{_counted(result['skipped'])}.")
+                       f"{_counted(result['skipped'])}{left_out}.")
 
 
 def sessions_list(client: MemoryClient, args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.flags import MAX_BUDGET
-from memory import CATEGORIES, MAX_FACTS_PAGE
+from memory import CATEGORIES, IGNORED, MAX_FACTS_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
@@ -226,7 +226,14 @@ SCHEMAS: dict[str, Any] = {
             "object": {"type": "string"}, "records": {"type": "integer"},
             "restored": {"type": "boolean"},
             "added": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "skipped": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "skipped": {"type": "object", "additionalProperties": {"type": "integer"},
+                        "description": "Records already there, by kind."},
+            "ignored": {
+                "type": "object", "required": list(IGNORED), "additionalProperties": False,
+                "description": "Conversation messages left out on purpose: system, developer"
+                               " and legacy function messages, and messages with no text.",
+                "properties": {reason: {"type": "integer", "minimum": 0} for reason in IGNORED},
+            },
         },
     },
     "Profile": {
