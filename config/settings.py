@@ -164,9 +164,11 @@ class Settings:
     redact: str = _setting(
         "secrets",
         "Replace secrets with a typed placeholder such as [REDACTED:api_key] before a turn, "
-        "fact or summary is stored: secrets (API keys, bearer tokens, AWS key ids, GitHub "
-        "tokens, private key blocks, passwords), secrets,cards (also Luhn-valid card "
-        "numbers) or off. The upstream always gets the original text.",
+        "fact or summary is stored: secrets (API keys, Stripe, Hugging Face, GitHub and "
+        "GitLab tokens, JWTs, bearer and Basic credentials, AWS key ids and secret keys, "
+        "private key blocks, passwords and secret/token assignments; docs/memory.md has the "
+        "table), secrets,cards (also Luhn-valid card numbers) or off. The upstream always "
+        "gets the original text.",
         choices=("secrets", "secrets,cards", "off"),
     )
 

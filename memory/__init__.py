@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from memory.admin.backup import BackupError, BackupResult, backup
     from memory.admin.clearing import ClearExpired, ClearNotFound
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
-    from memory.admin.record_checks import RecordError, check_record
+    from memory.admin.record_checks import IGNORED, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
@@ -85,6 +85,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ConsentRequired": ("memory.learning.profiles", "ConsentRequired"),
     "CursorError": ("memory.admin.sessions", "CursorError"),
     "RecordError": ("memory.admin.record_checks", "RecordError"),
+    "IGNORED": ("memory.admin.record_checks", "IGNORED"),
     "ClearExpired": ("memory.admin.clearing", "ClearExpired"),
     "ClearNotFound": ("memory.admin.clearing", "ClearNotFound"),
     "check_record": ("memory.admin.record_checks", "check_record"),
@@ -111,6 +112,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "CATEGORIES",
+    "IGNORED",
     "INDEX_JOB",
     "MAX_FACTS_PAGE",
     "MAX_METRICS_ROWS",

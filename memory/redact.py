@@ -7,22 +7,38 @@ placeholder such as `[REDACTED:api_key]`, so a recalled turn still says a key wa
 
     kind            what
     private_key     PEM private key blocks (also one cut off before its END line)
-    api_key         sk-..., sk-proj-..., sk-ant-... keys; Google AIza... keys; Slack xox?- tokens
+    api_key         sk-..., sk-proj-..., sk-ant-... keys; Google AIza... keys; Slack xox?- tokens;
+                    Stripe sk_live_/sk_test_/rk_live_/rk_test_ keys; Hugging Face hf_ tokens
     github_token    ghp_/gho_/ghu_/ghs_/ghr_ tokens and github_pat_ tokens
+    gitlab_token    glpat- personal access tokens
     aws_access_key  AWS access key ids (AKIA..., ASIA..., ...)
+    aws_secret_key  the 40-character secret after `aws_secret_access_key =`, `SecretAccessKey:`,
+                    `AWS Secret Access Key [None]:`, or next to an access key id (the console's CSV)
+    jwt             JSON Web Tokens: eyJ<header>.eyJ<payload>.<signature>
     bearer_token    the token after `Bearer ` (Authorization headers, curl lines)
-    password        `password=...`, `password: ...`, `"password": "..."`, `password is ...`,
+    basic_auth      the credentials after `Basic ` when they decode to `user:password`
+    password        `password=...`, `PASS=...`, `pwd: ...`, `"passwd": "..."`, `password is ...`,
                     and the password in `scheme://user:password@host`
+    secret          the value of `secret`, `client_secret`, `secret_key`, `token`, `api_key`,
+                    `access_key`, `private_key`, `auth_key` (any prefix: `GITHUB_TOKEN=...`) in
+                    `key=value`, `key: value` and `"key": "value"` forms
     card_number     13-19 digit Luhn-valid card numbers (mode `secrets,cards` only)
 
 The patterns favour few false positives on prose and code: a key needs a digit in its body;
 an unquoted password must hold more than letters and must not look like a code expression
 (`password=password`, `password=get_pw()`, `$PASSWORD` are kept); a card number must pass
-Luhn and start like one (2-6), which spares millisecond timestamps and most ids.
+Luhn and start like one (2-6), which spares millisecond timestamps and most ids. A value
+after `secret`/`token`/`api_key` (quoted or not) must look random: 8 or more characters, no
+spaces, letters and digits, not a code expression (`max_tokens=4096`, `token=get_token()`,
+`"api_key": "YOUR_API_KEY"` are kept). Prefixed tokens (Stripe, Hugging Face, GitLab) need a
+body of mixed character classes, so `sk_live_` in documentation and `hf_hub_download` are kept.
+The README's table of shapes lists an example of each.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,9 +56,44 @@ def placeholder(kind: str) -> str:
 class _Rule:
     pattern: re.Pattern[str]
     replace: Callable[[re.Match[str]], str]
-    # Lower-case words the text must hold for the rule to run at all: a cheap test that
-    # spares the case-insensitive patterns, which cannot skip ahead on a literal prefix.
+    # Lower-case words a match starts with (its label: `password`, `bearer`, ...). The rule
+    # runs only when the text holds one, and the pattern is tried only where one starts
+    # (found with str.find): a case-insensitive pattern cannot skip ahead on a literal
+    # prefix, and scanning for it cost 0.6 ms on 10 KB of chat that says "token" or "key".
     needles: tuple[str, ...] = ()
+
+    def apply(self, text: str, lowered: str, starts_of: dict[str, list[int]]) -> str:
+        """`text` with this rule's matches replaced (`text` itself when none is).
+
+        `lowered` is `text.lower()`; `starts_of` caches where each needle starts in it."""
+        if not self.needles:
+            return self.pattern.sub(self.replace, text)
+        starts: list[int] = []
+        for needle in self.needles:
+            if needle not in starts_of:
+                starts_of[needle] = _find_all(lowered, needle)
+            starts += starts_of[needle]
+        if not starts:
+            return text
+        if len(lowered) != len(text):  # lower() lengthened a character: offsets differ
+            return self.pattern.sub(self.replace, text)
+        pieces: list[str] = []
+        end = 0
+        for start in sorted(starts):
+            match = None if start < end else self.pattern.match(text, start)
+            if match is not None and (replaced := self.replace(match)) != match.group(0):
+                pieces += [text[end:start], replaced]
+                end = match.end()
+        return "".join([*pieces, text[end:]]) if pieces else text
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    found = []
+    at = text.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = text.find(needle, at + 1)
+    return found
 
 
 def _whole(kind: str, *, needs_digit: bool = False) -> Callable[[re.Match[str]], str]:
@@ -89,7 +140,59 @@ def _token_like(value: str) -> bool:
     return not (value.isalpha() and value.islower())
 
 
-_PASSWORD_LABEL = r"(?:pass(?:word|wd|phrase)|pwd)\w*"
+def _mixed(value: str) -> bool:
+    """At least two of upper case, lower case and digits: a random body, not a name."""
+    return sum((any(c.isupper() for c in value), any(c.islower() for c in value),
+                any(c.isdigit() for c in value))) >= 2
+
+
+def _whole_if(kind: str, accept: Callable[[str], bool]) -> Callable[[re.Match[str]], str]:
+    """Replace the whole match when `accept` says its group `body` is a secret."""
+
+    def replace(match: re.Match[str]) -> str:
+        return placeholder(kind) if accept(match.group("body")) else match.group(0)
+
+    return replace
+
+
+_DIGIT = re.compile(r"[0-9]")
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _secret_like(value: str) -> bool:
+    """A value after `token`/`secret`/`api_key`: random-looking, not a word, number or code."""
+    return (
+        len(value) >= 8 and _not_redacted(value) and _DIGIT.search(value) is not None
+        and _LETTER.search(value) is not None and not _CODE_LIKE.search(value)
+    )
+
+
+def _basic_credentials(value: str) -> bool:
+    """Base64 that decodes to `user:password` text, as HTTP Basic credentials do (RFC 7617)."""
+    try:
+        decoded = base64.b64decode(value, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    return ":" in decoded and decoded.isprintable()
+
+
+# Labels match in any case (they start with a character class rather than (?i), which is
+# faster where offsets force the scanning fallback in _Rule.apply).
+_PASSWORD_LABEL = r"[Pp](?i:ass(?:word|wd|phrase)|wd)\w*"
+# Also a bare `pass` (PASS=, DB_PASS:), but not inside a word (bypass, passport, compass).
+_ASSIGNED_PASSWORD = r"[Pp](?i:(?:ass(?:word|wd|phrase)|wd)\w*|(?<![A-Za-z].)ass(?![A-Za-z]))"
+_PASSWORD_NEEDLES = ("pass", "pwd")
+# A name ending in one of these holds a secret: client_secret, GITHUB_TOKEN, x-api-key. A
+# match starts at secret, token or key (where str.find finds them); what owns the key is
+# looked behind for, one fixed-width lookbehind per spelling.
+_KEY_OWNERS = "|".join(
+    f"(?<={word}{joint})" for word in ("api", "access", "private", "auth") for joint in ("", "_", "-")
+)
+_SECRET_LABEL = rf"(?:[Ss](?i:ecret(?:[_-]?key)?)|[Tt](?i:oken)|(?i:{_KEY_OWNERS})[Kk](?i:ey))"
+_SECRET_NEEDLES = ("secret", "token", "key")
+# A secret's value also ends at `&`: `?api_key=...&page=2` keeps its next parameter.
+_SECRET_VALUE = _UNQUOTED.replace("<>", "<>&")
+_QUOTED = r"""(?P<q>["'])(?P<value>[^"'\n]{1,200})(?P=q)"""
 _SECRET_RULES = (
     # Each case-sensitive pattern starts with a literal (lookbehinds come after it) so the
     # regex engine skips ahead to candidates: about 20x faster than a leading lookbehind.
@@ -116,6 +219,35 @@ _SECRET_RULES = (
         re.compile(r"g(?<![\w/]g)(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})"),
         _whole("github_token"),
     ),
+    *(  # sk_live_..., rk_test_...: a documentation mention without a body is kept
+        _Rule(
+            re.compile(p + r"(?<![\w-]" + p + r")(?:live|test)_(?P<body>[0-9A-Za-z]{16,})(?![\w-])"),
+            _whole_if("api_key", _mixed),
+        )
+        for p in ("sk_", "rk_")
+    ),
+    _Rule(  # Hugging Face: hf_ and 34 letters; hf_hub_download and half_time are names
+        re.compile(r"hf_(?<![\w-]hf_)(?P<body>[A-Za-z0-9]{30,})(?![\w-])"),
+        _whole_if("api_key", _mixed),
+    ),
+    _Rule(
+        re.compile(r"glpat-(?<![\w-]glpat-)(?P<body>[A-Za-z0-9_-]{20,})(?![\w-])"),
+        _whole_if("gitlab_token", _mixed),
+    ),
+    _Rule(  # aws_secret_access_key = ..., "SecretAccessKey": "...", AWS Secret Access Key [None]:
+        re.compile(
+            r"[Ss](?i:ecret(?:[\s_-]?access)?[\s_-]?key)(?:\s*\[[^\]\n]{0,40}\])?"
+            r"""["']?\s*[:=]\s*["']?(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"""
+        ),
+        _value("aws_secret_key", _mixed), ("secret",),
+    ),
+    _Rule(  # the console's CSV and configure transcripts: the key id, then its secret
+        re.compile(
+            r"A(?<![A-Za-z0-9]A)(?:KIA|SIA)[A-Z0-9]{16}[\s,;:|\"']{1,6}"
+            r"(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+        ),
+        _value("aws_secret_key", _mixed),
+    ),
     _Rule(
         re.compile(
             r"A(?<![A-Za-z0-9]A)(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|IPA|NPA|NVA|PKA)"
@@ -124,23 +256,34 @@ _SECRET_RULES = (
         _whole("aws_access_key"),
     ),
     _Rule(
-        re.compile(r"(?i)bearer(?<!\wbearer)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})"),
+        re.compile(r"[Bb](?<!\w.)(?i:earer)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})"),
         _value("bearer_token", _token_like), ("bearer",),
     ),
-    _Rule(  # "password": "x", password='x': a quoted value is always a secret
+    _Rule(  # a JWT's header and payload are base64url JSON objects: both start eyJ ('{"')
         re.compile(
-            _PASSWORD_LABEL
-            + r"""["']?\s*[:=]\s*(?P<q>["'])(?P<value>[^"'\n]{1,200})(?P=q)""",
-            re.IGNORECASE,
+            r"eyJ(?<![\w-]eyJ)[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*(?![\w-])"
         ),
-        _value("password", _not_redacted), ("pass", "pwd"),
+        _whole("jwt"),
     ),
-    _Rule(  # password=x, PASSWORD: x, my password is x
-        re.compile(
-            _PASSWORD_LABEL + r"""["']?(?:\s*[:=][ \t]*|\s+(?:is|was)\s+)""" + _UNQUOTED,
-            re.IGNORECASE,
-        ),
-        _value("password", _password_like), ("pass", "pwd"),
+    _Rule(  # Authorization: Basic dXNlcjpwYXNz (only when it decodes to user:password)
+        re.compile(r"[Bb](?<!\w.)(?i:asic)\s+(?P<value>[A-Za-z0-9+/]{4,}={0,2})(?![\w+/=])"),
+        _value("basic_auth", _basic_credentials), ("basic",),
+    ),
+    _Rule(  # "password": "x", password='x': a quoted value is always a secret
+        re.compile(_ASSIGNED_PASSWORD + r"""["']?\s*[:=]\s*""" + _QUOTED),
+        _value("password", _not_redacted), _PASSWORD_NEEDLES,
+    ),
+    _Rule(  # password=x, PASS=x, PASSWORD: x
+        re.compile(_ASSIGNED_PASSWORD + r"""["']?\s*[:=][ \t]*""" + _UNQUOTED),
+        _value("password", _password_like), _PASSWORD_NEEDLES,
+    ),
+    _Rule(  # my password is x (not "the pass is valid")
+        re.compile(_PASSWORD_LABEL + r"""["']?\s+(?:is|was)\s+""" + _UNQUOTED),
+        _value("password", _password_like), _PASSWORD_NEEDLES,
+    ),
+    _Rule(  # SECRET_KEY=x, token: x, ?access_token=x, "client_secret": "x" (never with spaces)
+        re.compile(_SECRET_LABEL + r"""["']?\s*[:=][ \t]*["']?""" + _SECRET_VALUE),
+        _value("secret", _secret_like), _SECRET_NEEDLES,
     ),
     _Rule(  # scheme://user:password@host
         re.compile(r"://[^\s:/@]+:(?P<value>[^\s/@]{1,200})(?=@)"),
@@ -196,14 +339,11 @@ class Redactor:
         if not self._rules:
             return text
         lowered = text.lower()
+        starts_of: dict[str, list[int]] = {}
         for rule in self._rules:
-            if rule.needles:
-                for needle in rule.needles:
-                    if needle in lowered:
-                        break
-                else:
-                    continue
-            text = rule.pattern.sub(rule.replace, text)
+            changed = rule.apply(text, lowered, starts_of)
+            if changed != text:
+                text, lowered, starts_of = changed, changed.lower(), {}
         return text
 
 

@@ -1,14 +1,15 @@
-"""The memory CLI's commands, one function each: `<command>_<action>(client, args)`."""
+"""The memory CLI's commands, one function each, found by `COMMANDS` (at the end)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from proxy.cli_memory import CliError, MemoryClient, emit, upload
+from proxy.cli_memory import CliError, MemoryClient, UsageError, emit, upload
 from proxy.cli_render import Progress, table, when
 
 PAGE = 200
@@ -40,7 +41,8 @@ def memories_list(client: MemoryClient, args: argparse.Namespace) -> None:
 
 
 def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
-    """What would be injected for a query, with each item's source and score."""
+    """What would be injected for a query, in block order, with each item's source and
+    score (the block is not ordered by score: the first column says where each item is)."""
     body: dict[str, Any] = {"query": args.query}
     for name, value in (("budget", args.budget), ("scope", args.scope),
                         ("session_id", args.session)):
@@ -49,9 +51,9 @@ def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
     result = client.call("POST", "/search", json=body)
     rows = [[i + 1, item["source"], f"{item['score']:.3f}", item.get("session_id", ""),
              item["text"]] for i, item in enumerate(result["items"])]
-    summary = (f"{len(result['items'])} items, {result['tokens']} of {result['budget']} tokens"
-               f"{' (truncated)' if result.get('truncated') else ''}")
-    text = table(["#", "SOURCE", "SCORE", "SESSION", "TEXT"], rows) + "\n" + summary if rows \
+    summary = (f"{len(result['items'])} items in block order, {result['tokens']} of"
+               f" {result['budget']} tokens{' (truncated)' if result.get('truncated') else ''}")
+    text = table(["IN BLOCK", "SOURCE", "SCORE", "SESSION", "TEXT"], rows) + "\n" + summary if rows \
         else f"Nothing would be injected ({result.get('skipped') or 'no match'})."
     emit(args, result, text)
 
@@ -122,8 +124,30 @@ def memories_import(client: MemoryClient, args: argparse.Namespace) -> None:
                              headers={"Content-Type": "application/x-ndjson"})
     finally:
         progress.finish()
+    ignored = [f"{n} {'message' if n == 1 else 'messages'} "
+               + ("with no text" if reason == "no_text" else f"with role {reason}")
+               for reason, n in result.get("ignored", {}).items() if n]
+    left_out = f"; left out: {', '.join(ignored)}" if ignored else ""
     emit(args, result, f"Imported {_counted(result['added'])}; already there: "
-                       f"{_counted(result['skipped'])}.")
+                       f"{_counted(result['skipped'])}{left_out}.")
+
+
+def memories_clear(client: MemoryClient, args: argparse.Namespace) -> None:
+    """Delete all memory of the user; prints the undo token."""
+    if not args.yes:
+        raise UsageError("clear deletes all memory of the user (or organisation): add --yes")
+    receipt = client.call("POST", "/clear")
+    seconds = receipt["expires_at"] - receipt["created_at"]
+    removed = receipt["removed"]
+    shown = {kind: removed.get(kind, 0) for kind in ("turns", "facts", "summaries", "profile")}
+    emit(args, receipt, f"Cleared {_counted(shown)}. Undo within {seconds:.0f} s:"
+                        f" memproxy memories undo --token={receipt['undo_token']}")
+
+
+def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
+    """Bring back what a clear removed, within its window."""
+    report = client.call("POST", "/clear/undo", json={"undo_token": args.undo_token})
+    emit(args, report, f"Restored {_counted(report['added'])}.")
 
 
 def sessions_list(client: MemoryClient, args: argparse.Namespace) -> None:
@@ -205,3 +229,23 @@ def _size(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{size} B"
+
+
+Command = Callable[[MemoryClient, argparse.Namespace], None]
+# (command, action) -> its function; `stats` has no action.
+COMMANDS: dict[tuple[str, str | None], Command] = {
+    ("memories", "list"): memories_list,
+    ("memories", "search"): memories_search,
+    ("memories", "add"): memories_add,
+    ("memories", "edit"): memories_edit,
+    ("memories", "forget"): memories_forget,
+    ("memories", "pin"): memories_pin,
+    ("memories", "export"): memories_export,
+    ("memories", "import"): memories_import,
+    ("memories", "clear"): memories_clear,
+    ("memories", "undo"): memories_undo,
+    ("sessions", "list"): sessions_list,
+    ("sessions", "show"): sessions_show,
+    ("sessions", "delete"): sessions_delete,
+    ("stats", None): stats_show,
+}

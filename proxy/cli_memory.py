@@ -3,7 +3,8 @@
 Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`,
 `--org` for an organisation's shared memory).
 Tables on a terminal, `--json` for scripts; a progress bar on stderr for exports and
-imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 usage.
+imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 usage, 141
+(quietly) when the output pipe closed early.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ UPLOAD_CHUNK = 256 * 1024
 
 class CliError(Exception):
     """The server answered with an error, or could not be reached."""
+
+
+class UsageError(Exception):
+    """The command line asks for something it may not (exit status 2, as argparse's)."""
 
 
 class MemoryClient:
@@ -128,6 +133,15 @@ def add_commands(commands: Any) -> None:
     export.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
     load = actions.add_parser("import", parents=[common], help="import JSON Lines")
     load.add_argument("file", type=Path, help="records or OpenAI-format conversations, or -")
+    clear = actions.add_parser(
+        "clear", parents=[common], help="delete all memory of the user (undo within the window)"
+    )
+    clear.add_argument("--yes", action="store_true", help="really clear (required)")
+    undo = actions.add_parser("undo", parents=[common], help="undo a clear with its undo token")
+    # An option, written --token=...: a token may start with "-", which argparse would take
+    # for an option if it stood alone.
+    undo.add_argument("--token", required=True, dest="undo_token",
+                      help="the undo token `memories clear` printed")
 
     sessions = commands.add_parser("sessions", help="conversations memproxy has logged")
     session_actions = sessions.add_subparsers(dest="action", required=True)
@@ -141,14 +155,28 @@ def add_commands(commands: Any) -> None:
     commands.add_parser("stats", parents=[common], help="counts, index sizes, job queue")
 
 
+# The status of a command whose output pipe was closed (`memproxy stats | head -1`): what a
+# shell reports for a tool ended by SIGPIPE, 128 + 13.
+CLOSED_PIPE = 141
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a memory command; print errors to stderr."""
-    from proxy import cli_commands
+    from proxy.cli_commands import COMMANDS
 
+    handler = COMMANDS[(args.command, getattr(args, "action", None))]
     client = MemoryClient(args)
-    handler = getattr(cli_commands, f"{args.command}_{getattr(args, 'action', 'show')}")
     try:
         handler(client, args)
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
+    except BrokenPipeError:
+        # The reader has gone, as `head` does: stop quietly. Python would flush stdout again
+        # at exit and print the error, so stdout now writes to nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
+    except UsageError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 2
     except CliError as exc:
         print(f"memproxy: {exc}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ import pytest
 
 from proxy.cli import main
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, Starter
+from tests.memory_helpers import QUIET, Starter, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 
@@ -75,6 +75,11 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     wait_for_jobs(memproxy)
     status, out, _ = run(capsys, memproxy, "memories", "search", "when does the release train leave?")
     assert status == 0 and "second Tuesday" in out and "tokens" in out.splitlines()[-1]
+    # The first column is each item's place in the block (not a rank by score), and says so.
+    header, _, *rows, summary = out.splitlines()
+    assert header.split()[:4] == ["IN", "BLOCK", "SOURCE", "SCORE"]
+    assert [row.split()[0] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
+    assert summary.startswith(f"{len(rows)} items in block order, ")
     found = run_json(capsys, memproxy, "memories", "search", "release train", "--budget", "200")
     assert found["budget"] == 200 and found["items"][0]["session_id"] == "rel"
     status, out, _ = run(capsys, memproxy, "memories", "search", "release train", "--budget", "0")
@@ -155,6 +160,63 @@ def test_export_and_import_with_both_outputs(
     bad.write_text('{"type": "fact", "text": "x", "category": "mood"}\n')
     status, _, err = run(capsys, target, "memories", "import", str(bad))
     assert status == 1 and "line 1: category must be one of" in err
+
+
+def test_clear_needs_yes_and_undo_brings_it_back(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy
+) -> None:
+    run(capsys, memproxy, "memories", "add", "Keeps bees", "--category", "context")
+    chat(memproxy, "The hive is behind the shed.", session="bees")
+    wait_for_jobs(memproxy)
+    status, out, err = run(capsys, memproxy, "memories", "clear")
+    assert (status, out) == (2, "") and "add --yes" in err
+    assert run_json(capsys, memproxy, "stats")["counts"]["facts"] == 1  # nothing happened
+
+    status, out, _ = run(capsys, memproxy, "memories", "clear", "--yes")
+    assert status == 0
+    done, hint = out.strip().rsplit(" ", 1)
+    assert done == "Cleared 2 turns, 1 fact. Undo within 10 s: memproxy memories undo"
+    assert hint.startswith("--token=")
+    assert run(capsys, memproxy, "memories", "list")[1].strip() == "No facts."
+    status, out, _ = run(capsys, memproxy, "memories", "undo", hint)
+    assert status == 0 and out.strip() == "Restored 2 turns, 1 fact."
+    assert [f["text"] for f in run_json(capsys, memproxy, "memories", "list")] == ["Keeps bees"]
+
+    receipt = run_json(capsys, memproxy, "memories", "clear", "--yes")
+    assert receipt["object"] == "memory.clear" and receipt["removed"]["facts"] == 1
+    restored = run_json(capsys, memproxy, "memories", "undo", f"--token={receipt['undo_token']}")
+    assert restored["restored"] is True and restored["added"]["facts"] == 1
+    status, _, err = run(capsys, memproxy, "memories", "undo", "--token=-not-a-token")
+    assert status == 1 and "(404" in err
+
+
+def _cli(proxy: RunningProxy, *argv: str) -> list[str]:
+    # `-m proxy` from the repository: this checkout's code, as the console script runs it.
+    return [sys.executable, "-m", "proxy", *argv, "--url", proxy.url]
+
+
+def test_a_closed_output_pipe_ends_quietly(memproxy: RunningProxy) -> None:
+    # The reader is gone before memproxy writes a byte.
+    process = subprocess.Popen(_cli(memproxy, "stats"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=ROOT)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read()
+    process.stderr.close()
+    assert (process.wait(timeout=60), err) == (141, b"")
+
+    # `| head -1` on an export larger than a pipe holds: head leaves after one line.
+    records = [{"type": "turn", "session_id": "big", "role": "user", "content": f"{i} " + "x" * 500}
+               for i in range(300)]
+    body = "".join(json.dumps(r) + "\n" for r in records)
+    with memory_api(memproxy) as api:
+        assert api.post("/import", content=body).status_code == 200
+    command = shlex.join(_cli(memproxy, "memories", "export")) + " | head -1"
+    piped = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)
+    assert piped.stderr == "" and piped.returncode == 141
+    assert json.loads(piped.stdout)["type"] == "meta"
+    wait_for_jobs(memproxy)
 
 
 def test_console_script_with_keys_env_and_a_progress_bar(start_proxy: Starter, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from starlette.routing import Route
 
+from memory import summarize
 from proxy.app import create_app
 from proxy.management import routes
 from proxy.management.openapi import DOCUMENT
@@ -342,6 +343,40 @@ def test_stats_and_metrics(memproxy: RunningProxy, api: httpx.Client) -> None:
     ]
     for params, param in cases:
         assert_error(api.get("/metrics", params=params), 400, param)
+
+
+def test_metrics_pages_by_cursor_and_summarises_the_whole_range(
+    memproxy: RunningProxy, api: httpx.Client
+) -> None:
+    for i in range(7):
+        chat(memproxy, f"Question {i}: which build tool and which database do we use?",
+             session=f"m{i}")
+    chat(memproxy, "Someone else's question", session="other", user="zed")
+    wait_for_jobs(memproxy)
+    whole = api.get("/metrics").json()
+    check_schema("Metrics", whole)
+    rows = whole["data"]
+    assert len(rows) == 7 and whole["has_more"] is False and whole["next_cursor"] is None
+    assert whole["summary"] == summarize(rows)
+
+    pages, params = [], {"limit": 3}
+    while True:
+        page = api.get("/metrics", params=params).json()
+        check_schema("Metrics", page)
+        pages.append(page)
+        # Every page summarises the whole range, not its own rows.
+        assert page["summary"] == whole["summary"] and page["summary"]["requests"] == 7
+        if not page["has_more"]:
+            assert page["next_cursor"] is None
+            break
+        params["cursor"] = page["next_cursor"]
+    assert [len(p["data"]) for p in pages] == [3, 3, 1]
+    assert [row for p in pages for row in p["data"]] == rows
+    # A cursor keeps its range; a since that excludes the first rows shortens it.
+    later = api.get("/metrics", params={"since": rows[4]["created_at"], "limit": 1}).json()
+    assert later["summary"] == summarize(rows[4:]) and later["data"] == rows[4:5]
+    for cursor in ("nope", "1.5", "1.5:", ":3", "1.5:3:4", "-1.0:3", "1e999:1"):
+        assert_error(api.get("/metrics", params={"cursor": cursor}), 400, "cursor")
 
 
 def test_keys_scope_users_and_admin_reaches_everyone(start_proxy: Starter) -> None:

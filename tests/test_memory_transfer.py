@@ -149,6 +149,58 @@ def test_import_rejects_bad_records_and_writes_nothing(memproxy_quiet: RunningPr
         assert api.get("/stats").json()["counts"]["turns"] == 0
 
 
+def test_import_refuses_unknown_roles_and_empty_messages_and_counts_what_it_leaves_out(
+    memproxy_quiet: RunningProxy,
+) -> None:
+    def conversation(*messages: dict[str, Any]) -> str:
+        return json.dumps({"session_id": "chat", "messages": [
+            {"role": "user", "content": "hello"}, *messages]})
+
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"role": "usr", "content": "typo"}, "messages[1].role"),
+        ({"role": "User", "content": "case"}, "messages[1].role"),
+        ({"role": "", "content": "blank"}, "messages[1].role"),
+        ({"role": "assistant", "content": ""}, "messages[1].content"),
+        ({"role": "user", "content": "   "}, "messages[1].content"),
+        ({"role": "assistant"}, "messages[1].content"),
+        ({"role": "assistant", "content": None}, "messages[1].content"),
+        ({"role": "user", "content": []}, "messages[1].content"),
+        ({"role": "user", "content": 42}, "messages[1].content"),
+    ]
+    with memory_api(memproxy_quiet) as api:
+        for message, param in bad:
+            body = json.dumps({"type": "turn", "session_id": "s", "role": "user", "content": "ok"})
+            body += "\n" + conversation(message)
+            error = assert_error(api.post("/import", content=body), 400, param)
+            assert error["code"] == "invalid_record" and error["message"].startswith("line 2: ")
+        # A JSON array of conversations names the item.
+        listed = "[" + conversation({"role": "assistant", "content": "fine"}) + ","
+        listed += conversation({"role": "usr", "content": "typo"}) + "]"
+        assert "line 2" in assert_error(api.post("/import", content=listed), 400, "messages[1].role")["message"]
+        assert api.get("/stats").json()["counts"]["turns"] == 0
+
+        # What is left out on purpose is counted: instructions, and messages with no text.
+        body = conversation(
+            {"role": "system", "content": "You are terse."},
+            {"role": "developer", "content": "Answer in French."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
+            {"role": "system", "content": ""},
+        )
+        report = api.post("/import", content=body)
+        assert report.status_code == 200, report.text
+        check_schema("ImportReport", report.json())
+        assert report.json()["added"]["turns"] == 3
+        assert report.json()["ignored"] == {"system": 2, "developer": 1, "function": 0, "no_text": 1}
+        again = api.post("/import", content=body).json()
+        assert again["skipped"]["turns"] == 3 and again["ignored"]["system"] == 2
+        records = api.post("/import", content=json.dumps(
+            {"type": "fact", "text": "Likes tea", "category": "preference"})).json()
+        assert records["ignored"] == {"system": 0, "developer": 0, "function": 0, "no_text": 0}
+
+
 def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> None:
     proxy = memproxy_quiet
     with memory_api(proxy) as api:

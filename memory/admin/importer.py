@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory.admin.record_checks import IGNORED
 from memory.learning.facts import queue_sync
 from memory.learning.profiles import ProfileStore
 from memory.log.turn_log import TurnLog
@@ -40,14 +41,17 @@ _KINDS = ("turns", "facts", "summaries", "profile")
 
 @dataclass
 class ImportReport:
-    """What an import added and what it found already there."""
+    """What an import added, what it found already there, and what it left out."""
 
     added: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
+    # Conversation messages left out on purpose, by reason (record_checks.IGNORED).
+    ignored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IGNORED, 0))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {"added": dict(self.added), "skipped": dict(self.skipped)}
+        return {"added": dict(self.added), "skipped": dict(self.skipped),
+                "ignored": dict(self.ignored)}
 
 
 @dataclass
@@ -158,6 +162,8 @@ class _TurnWriter:
         self.last_key[session] = key
 
     async def _conversation(self, record: Mapping[str, Any]) -> None:
+        for reason, count in record["ignored"].items():
+            self.report.ignored[reason] += count
         await self._flush()
         if not record["turns"]:
             return

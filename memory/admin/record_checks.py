@@ -156,31 +156,65 @@ def _profile(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {"consent": consent, "profile": {"fields": dict(fields), "text": text}}
 
 
+# Roles of OpenAI's chat format that are not turns: instructions are configuration, and a
+# legacy `function` result is not kept (as chat requests do not keep it). An import counts
+# each, with messages whose content has no text (an image alone), in its report.
+LEFT_OUT_ROLES = ("system", "developer", "function")
+IGNORED = (*LEFT_OUT_ROLES, "no_text")
+_ROLES = ", ".join(sorted({*TURN_ROLES, *LEFT_OUT_ROLES}))
+
+
 def _conversation(raw: Mapping[str, Any]) -> dict[str, Any]:
     messages = raw.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RecordError("messages must be a non-empty list", "messages")
     start = _first_time(raw, ("created_at", "timestamp", "create_time"), "", _NOW)
     turns = []
+    ignored = dict.fromkeys(IGNORED, 0)
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise RecordError("each message needs a role", where)
-        if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
-            raise RecordError("tool_calls must be a list", f"{where}.tool_calls")
+        calls = message.get("tool_calls")
+        if calls is not None and not _calls(calls):
+            raise RecordError("tool_calls must be a list of objects (each function an object)",
+                              f"{where}.tool_calls")
         at = _first_time(message, ("timestamp", "created_at", "create_time"), where, start)
         name = _opt_str(message, "name", MAX_ID_CHARS)
-        if message["role"] not in TURN_ROLES:
-            continue  # system prompts are configuration, not memory
+        content = message.get("content")
+        if not (content is None or isinstance(content, str) or (
+            isinstance(content, list) and all(isinstance(part, Mapping) for part in content)
+        )):
+            raise RecordError("content must be a string or a list of parts", f"{where}.content")
+        role = message["role"]
+        if role in LEFT_OUT_ROLES:
+            ignored[role] += 1
+            continue
+        if role not in TURN_ROLES:
+            raise RecordError(f"role must be one of {_ROLES}", f"{where}.role")
+        if not ((content.strip() if isinstance(content, str) else content) or calls):
+            raise RecordError("content must be non-empty text or a list of parts (or the"
+                              " message needs tool_calls)", f"{where}.content")
         text = turn_text(message)
-        if text.strip():
-            turns.append({"role": message["role"], "content": text, "created_at": at, "name": name})
+        if not text.strip():
+            ignored["no_text"] += 1  # parts without text: an image, audio
+            continue
+        turns.append({"role": role, "content": text, "created_at": at, "name": name})
     session = raw.get("session_id")
     return {
         "session_id": None if session is None else _ident(session, "session_id"),
         "messages": list(messages),
         "turns": turns,
+        "ignored": ignored,
     }
+
+
+def _calls(calls: Any) -> bool:
+    return isinstance(calls, list) and all(
+        isinstance(call, Mapping)
+        and (call.get("function") is None or isinstance(call["function"], Mapping))
+        for call in calls
+    )
 
 
 _CHECKS = {

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memory.admin.sessions import CursorError
 from memory.index.vectors import VectorIndex
 from memory.jobs.queue import JobQueue
 from memory.learning.facts import FactStore
@@ -57,11 +60,35 @@ class MemoryStats:
         }
 
     async def metrics(
-        self, user_id: str, since: float, until: float, limit: int
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """The user's per-request metrics rows in [since, until), oldest first; more left?"""
-        rows = await metrics.page(self.db, user_id, since, until, limit + 1)
-        return rows[:limit], len(rows) > limit
+        self, user_id: str, since: float, until: float, limit: int, cursor: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the user's per-request metrics rows in [since, until), oldest first,
+        and the next page's cursor."""
+        after = None if cursor is None else _decode(cursor)
+        found = await metrics.page(self.db, user_id, since, until, limit + 1, after)
+        rows = found[:limit]
+        more = len(found) > limit
+        return [row for _, row in rows], _encode(rows[-1][1]["created_at"], rows[-1][0]) if more else None
+
+    async def metrics_summary(self, user_id: str, since: float, until: float) -> dict[str, Any]:
+        """What summarize() says of every row in the range, computed by the database."""
+        totals = await metrics.totals(self.db, user_id, since, until)
+        p50, p95 = [
+            await metrics.latency_at(self.db, user_id, since, until, _rank(totals.latencies, pct))
+            if totals.latencies else None
+            for pct in (50, 95)
+        ]
+        mean = totals.injected_tokens_mean
+        return {
+            "requests": totals.requests,
+            "recall_ms_p50": p50,
+            "recall_ms_p95": p95,
+            "recall_ms_max": totals.recall_ms_max,
+            "injected_tokens_mean": None if mean is None else round(mean, 1),
+            "injected_tokens_max": totals.injected_tokens_max,
+            "truncated": totals.truncated,
+            "errors": totals.errors,
+        }
 
     async def _counts(self, user_id: str) -> dict[str, Any]:
         return {
@@ -106,10 +133,27 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _percentile(values: Sequence[float], pct: int) -> float | None:
-    if not values:
-        return None
-    index = min(len(values) - 1, max(0, round(pct / 100 * len(values)) - 1))
-    return float(values[index])
+    return float(values[_rank(len(values), pct)]) if values else None
+
+
+def _rank(count: int, pct: int) -> int:
+    """The index of the `pct` percentile among `count` sorted values (nearest rank)."""
+    return min(count - 1, max(0, round(pct / 100 * count) - 1))
+
+
+# `<created_at>:<id>` of the last row shown; every string of this shape is a valid cursor.
+_CURSOR = re.compile(r"([0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?):([0-9]{1,18})")
+
+
+def _encode(created_at: float, row_id: int) -> str:
+    return f"{created_at!r}:{row_id}"
+
+
+def _decode(cursor: str) -> tuple[float, int]:
+    match = _CURSOR.fullmatch(cursor)
+    if match is None or not math.isfinite(float(match[1])):
+        raise CursorError("invalid cursor")
+    return float(match[1]), int(match[2])
 
 
 def _files(folder: Path) -> list[Path]:

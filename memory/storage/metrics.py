@@ -52,24 +52,74 @@ async def prune(tx: Transaction, older_than: float) -> int:
     return await tx.change("DELETE FROM request_metrics WHERE created_at < ?", (older_than,))
 
 
+_RANGE = "user_id = ? AND created_at >= ? AND created_at < ?"
+
+
 async def page(
-    conn: Connection, user_id: str, since: float, until: float, limit: int
-) -> list[dict[str, Any]]:
-    """Up to `limit` of the user's rows in [since, until), oldest first, as dicts."""
+    conn: Connection, user_id: str, since: float, until: float, limit: int,
+    after: tuple[float, int] | None = None,
+) -> list[tuple[int, dict[str, Any]]]:
+    """Up to `limit` of the user's rows in [since, until), oldest first, after the row
+    `after` (its created_at and id): (id, row as a dict) pairs."""
+    params: tuple[Any, ...] = (user_id, since, until)
+    later = ""
+    if after is not None:
+        later = " AND (created_at > ? OR (created_at = ? AND id > ?))"
+        params += (after[0], after[0], after[1])
     rows = await conn.fetch(
-        "SELECT created_at, session_id, request_id, model, items_json, injected_tokens,"
-        " truncated, recall_ms, embed_ms, error FROM request_metrics"
-        " WHERE user_id = ? AND created_at >= ? AND created_at < ?"
+        "SELECT id, created_at, session_id, request_id, model, items_json, injected_tokens,"
+        f" truncated, recall_ms, embed_ms, error FROM request_metrics WHERE {_RANGE}{later}"
         " ORDER BY created_at, id LIMIT ?",
-        (user_id, since, until, limit),
+        (*params, limit),
     )
     found = []
     for row in rows:
-        item = dict(zip(_FIELDS, row, strict=True))
+        item = dict(zip(_FIELDS, row[1:], strict=True))
         item["items"] = json.loads(item["items"])
         item["truncated"] = bool(item["truncated"])
-        found.append(item)
+        found.append((int(row[0]), item))
     return found
+
+
+@dataclass(frozen=True)
+class RangeTotals:
+    """Aggregates of the user's rows in a time range (all of them, not one page)."""
+
+    requests: int
+    latencies: int  # rows with a recall latency
+    recall_ms_max: float | None
+    injected_tokens_mean: float | None
+    injected_tokens_max: int | None
+    truncated: int
+    errors: int
+
+
+async def totals(conn: Connection, user_id: str, since: float, until: float) -> RangeTotals:
+    """Counts, maxima and the mean of injected tokens over the range, in one query."""
+    row = (await conn.fetch(
+        "SELECT COUNT(*), COUNT(recall_ms), MAX(recall_ms), AVG(injected_tokens),"
+        " MAX(injected_tokens), COALESCE(SUM(CASE WHEN truncated <> 0 THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN error IS NOT NULL AND error <> '' THEN 1 ELSE 0 END), 0)"
+        f" FROM request_metrics WHERE {_RANGE}",
+        (user_id, since, until),
+    ))[0]
+    return RangeTotals(
+        int(row[0]), int(row[1]), None if row[2] is None else float(row[2]),
+        None if row[3] is None else float(row[3]), None if row[4] is None else int(row[4]),
+        int(row[5]), int(row[6]),
+    )
+
+
+async def latency_at(
+    conn: Connection, user_id: str, since: float, until: float, index: int
+) -> float | None:
+    """The range's recall latency at `index` in ascending order (for percentiles)."""
+    rows = await conn.fetch(
+        f"SELECT recall_ms FROM request_metrics WHERE {_RANGE} AND recall_ms IS NOT NULL"
+        " ORDER BY recall_ms LIMIT 1 OFFSET ?",
+        (user_id, since, until, index),
+    )
+    return float(rows[0][0]) if rows else None
 
 
 # What a metrics row holds besides its user: take_rows returns rows with these keys.

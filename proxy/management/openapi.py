@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.choices import MAX_BUDGET
-from memory import CATEGORIES, MAX_FACTS_PAGE
+from memory import CATEGORIES, IGNORED, MAX_FACTS_PAGE
 from proxy.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
@@ -226,7 +226,14 @@ SCHEMAS: dict[str, Any] = {
             "object": {"type": "string"}, "records": {"type": "integer"},
             "restored": {"type": "boolean"},
             "added": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "skipped": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "skipped": {"type": "object", "additionalProperties": {"type": "integer"},
+                        "description": "Records already there, by kind."},
+            "ignored": {
+                "type": "object", "required": list(IGNORED), "additionalProperties": False,
+                "description": "Conversation messages left out on purpose: system, developer"
+                               " and legacy function messages, and messages with no text.",
+                "properties": {reason: {"type": "integer", "minimum": 0} for reason in IGNORED},
+            },
         },
     },
     "Profile": {
@@ -257,11 +264,17 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Metrics": {
-        "type": "object", "required": ["object", "since", "until", "summary", "data", "has_more"],
+        "type": "object",
+        "required": ["object", "since", "until", "summary", "data", "has_more", "next_cursor"],
         "properties": {
-            "object": {"type": "string", "enum": ["memory.metrics"]},
+            "object": {"type": "string", "enum": ["list"]},
             "since": {"type": "number"}, "until": {"type": "number"},
-            "summary": {"type": "object"}, "has_more": {"type": "boolean"},
+            "summary": {
+                "type": "object", "description": "Of every row in [since, until), not this page.",
+                "required": ["requests", "recall_ms_p50", "recall_ms_p95", "recall_ms_max",
+                             "injected_tokens_mean", "injected_tokens_max", "truncated", "errors"],
+            },
+            "has_more": {"type": "boolean"}, "next_cursor": _nullable("string"),
             "data": {"type": "array", "items": {"type": "object", "properties": {
                 "created_at": {"type": "number"}, "session_id": _nullable("string"),
                 "request_id": _nullable("string"), "model": _nullable("string"),
@@ -287,6 +300,7 @@ _PAGE_QUERY = [
     _query("cursor", {"type": "string", "pattern": _SESSION_CURSOR}, "next_cursor of the previous page."),
 ]
 _TIME = {"type": "number", "minimum": 0}
+_METRICS_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18})?$"
 
 PATHS: dict[str, Any] = {
     "/facts": {
@@ -372,7 +386,8 @@ PATHS: dict[str, Any] = {
                             "400", params=[
         _query("since", _TIME, "Unix seconds (default: a day before until)."),
         _query("until", _TIME, "Unix seconds (default: now)."),
-        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Most rows."),
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Page size (default 1000)."),
+        _query("cursor", {"type": "string", "pattern": _METRICS_CURSOR}, "next_cursor of the previous page."),
     ])},
 }
 

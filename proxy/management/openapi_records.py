@@ -18,6 +18,31 @@ SECONDS = {"type": "number", "minimum": 0, "maximum": 32503680000}
 _INT = {"type": "integer", "minimum": -(2**63) + 1, "maximum": 2**63 - 1}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True}
 
+TURN_ROLES = ["user", "assistant", "tool"]
+_PARTS = {"type": "array", "items": {"type": "object"}}
+_CALLS = {"type": "array", "items": {"type": "object", "properties": {
+    "function": {"type": "object", "nullable": True}}}}
+
+
+def _message(
+    roles: list[str], *, required: str | None = None, content: dict[str, Any] | None = None,
+    tool_calls: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One shape of a conversation message (record_checks._conversation accepts these)."""
+    return {
+        "type": "object", "required": ["role"] + ([required] if required else []),
+        "properties": {
+            "role": {"type": "string", "enum": roles},
+            "content": content or {"oneOf": [{"type": "string", "nullable": True}, _PARTS]},
+            "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+            "timestamp": {**SECONDS, "nullable": True},
+            "created_at": {**SECONDS, "nullable": True},
+            "create_time": {**SECONDS, "nullable": True},
+            "tool_calls": tool_calls or {**_CALLS, "nullable": True},
+        },
+    }
+
+
 RECORD_SCHEMAS: dict[str, Any] = {
     "TurnRecord": {
         "type": "object", "required": ["type", "session_id", "role", "content"],
@@ -90,8 +115,12 @@ RECORD_SCHEMAS: dict[str, Any] = {
     },
     "Conversation": {
         "type": "object", "required": ["messages"],
-        "description": "OpenAI chat format; system messages are skipped. Records may carry"
-                       " other fields too (they are ignored).",
+        "description": "OpenAI chat format. system, developer and function messages, and"
+                       " messages whose content has no text part, are left out and counted"
+                       " in the report's `ignored`; any other role, or a user, assistant or"
+                       " tool message with empty content and no tool_calls, is a 400 naming"
+                       " messages[i].role or messages[i].content. Records may carry other"
+                       " fields too (they are ignored).",
         "properties": {
             "type": {"type": "string", "enum": ["conversation"]},
             "session_id": {**ID_TEXT, "nullable": True,
@@ -99,17 +128,13 @@ RECORD_SCHEMAS: dict[str, Any] = {
             "created_at": {**SECONDS, "nullable": True},
             "timestamp": {**SECONDS, "nullable": True},
             "create_time": {**SECONDS, "nullable": True},
-            "messages": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "required": ["role"],
-                "properties": {
-                    "role": {"type": "string"}, "content": {},
-                    "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-                    "timestamp": {**SECONDS, "nullable": True},
-                    "created_at": {**SECONDS, "nullable": True},
-                    "create_time": {**SECONDS, "nullable": True},
-                    "tool_calls": {"type": "array", "nullable": True},
-                },
-            }},
+            "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [
+                # left out and counted; a turn needs text: in its content, or its tool calls
+                _message(["system", "developer", "function"]),
+                _message(TURN_ROLES, required="content", content={"type": "string", "pattern": NON_BLANK}),
+                _message(TURN_ROLES, required="content", content={**_PARTS, "minItems": 1}),
+                _message(TURN_ROLES, required="tool_calls", tool_calls={**_CALLS, "minItems": 1}),
+            ]}},
         },
     },
 }

@@ -7,9 +7,9 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, MAX_METRICS_ROWS, summarize
-from proxy.management.access import Caller, endpoint, respond
-from proxy.management.inputs import query_limit, query_time
+from memory import CATEGORIES, MAX_METRICS_ROWS
+from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.inputs import query_limit, query_text, query_time
 
 DAY = 86400.0
 
@@ -40,15 +40,16 @@ async def stats(request: Request, who: Caller) -> Response:
 
 @endpoint
 async def metrics(request: Request, who: Caller) -> Response:
-    """GET /v1/memory/metrics?since=&until=: the user's request metrics, oldest first."""
+    """GET /v1/memory/metrics?since=&until=&limit=&cursor=: a cursor page of the user's
+    request metrics, oldest first, with a summary of the whole range."""
     now = time.time()
     until = query_time(request, "until", now + 1)
     since = query_time(request, "since", until - DAY)
     # since after until is an empty range, not an error.
-    rows, more = await who.memory.manage.stats.metrics(
-        who.user_id, since, until, query_limit(request, 1000, MAX_METRICS_ROWS)
+    stats = who.memory.manage.stats
+    rows, cursor = await stats.metrics(
+        who.user_id, since, until, query_limit(request, 1000, MAX_METRICS_ROWS),
+        query_text(request, "cursor", max_chars=64),
     )
-    return respond({
-        "object": "memory.metrics", "since": since, "until": until, "summary": summarize(rows),
-        "data": rows, "has_more": more,
-    })
+    summary = await stats.metrics_summary(who.user_id, since, until)
+    return respond({**page(rows, cursor), "since": since, "until": until, "summary": summary})
