@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,6 +114,13 @@ class Settings:
     )
     admin_key: str | None = _setting(
         None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
+    )
+    allowed_hosts: str | None = _setting(
+        None,
+        "Host names memproxy answers under, comma-separated (`*`: any), so a web page whose "
+        "name a DNS answer pointed at memproxy (DNS rebinding) gets 400. IP addresses and "
+        "localhost always pass. Unset: any name when proxy keys or an admin key are set, "
+        "else only localhost, addresses and the host it binds to.",
     )
     management_remote: bool = _setting(
         False,
@@ -538,6 +546,10 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         raise ValueError(f"must be >= {meta['min']}, got {value!r}")
     if "max" in meta and result > meta["max"]:
         raise ValueError(f"must be <= {meta['max']}, got {value!r}")
+    if f.name == "allowed_hosts" and result is not None:
+        names = [name.strip() for name in str(result).split(",")]
+        if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
+            raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
     if (
         f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
         and result is not None
