@@ -191,3 +191,25 @@ def test_allowed_hosts_names_the_deployment_and_keys_open_every_name(
             "Host": "lb.example", "Origin": "http://evil.example",
             "Authorization": "Bearer edge-key-0001"})
         assert_error(cross, 403)
+
+
+# -- item 5: denial of service before authentication -------------------------------------------
+
+GARBAGE = b"\x00{not json" * 1000
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/memory/facts", "/v1/memory/import", "/v1/memory/search", "/v1/embeddings",
+])
+def test_a_wrong_key_is_401_before_the_body_is_read(
+    start_proxy: Starter, upstream: ScriptedUpstream, path: str,
+) -> None:
+    proxy = start_proxy(memory=True, api_keys="edge-key-0002", **QUIET)
+    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+        for key in ({"Authorization": "Bearer wrong-key-0002"}, {"x-api-key": "wrong"}, {}):
+            for body in (GARBAGE, b"", b"[]"):
+                response = http.post(path, content=body, headers={
+                    **key, "Content-Type": "application/json"})
+                assert refused(response, 401, path) in ("invalid_api_key", "authentication_error")
+    assert upstream.history == []
