@@ -54,6 +54,18 @@ class Settings:
     max_body_bytes: int = _setting(
         32 * 1024 * 1024, "Largest request body accepted, in bytes; larger bodies get 413.", min=1
     )
+    max_header_bytes: int = _setting(
+        64 * 1024, "Largest request head (request line and headers), in bytes; a larger one "
+        "gets 431 and the connection closes.", min=1024,
+    )
+    header_timeout_seconds: float = _setting(
+        10.0, "Seconds a client may take to send a request's headers (from the connection's "
+        "start, or the request's first byte); then 408 and the connection closes.", min=0.01,
+    )
+    body_timeout_seconds: float = _setting(
+        30.0, "Seconds a request body may send nothing while memproxy waits for it; then 408 "
+        "(or the connection closes).", min=0.01,
+    )
 
     # -- upstream
     upstream_base_url: str = _setting(

@@ -8,6 +8,8 @@ rebinding (a page whose name resolves to 127.0.0.1) are refused before routing.
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,3 +215,89 @@ def test_a_wrong_key_is_401_before_the_body_is_read(
                     **key, "Content-Type": "application/json"})
                 assert refused(response, 401, path) in ("invalid_api_key", "authentication_error")
     assert upstream.history == []
+
+
+def raw_exchange(port: int, chunks: list[bytes], *, gap: float = 0.0, wait: float = 10.0) -> tuple[bytes, float]:
+    """Send `chunks` over one socket (`gap` seconds apart) until the server closes it; what it
+    answered, and the seconds from the first byte to the close."""
+    started = time.monotonic()
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk)
+                if gap:
+                    time.sleep(gap)
+        except OSError:  # the server closed while we were still sending: what it said counts
+            pass
+        try:
+            while part := sock.recv(65536):
+                answer += part
+        except OSError:
+            pass
+    return answer, time.monotonic() - started
+
+
+@pytest.fixture
+def bounded(start_proxy: Starter) -> RunningProxy:
+    """memproxy on a real socket with short read bounds."""
+    return start_proxy(memory=True, header_timeout_seconds=1, body_timeout_seconds=1,
+                       max_header_bytes=16384, **QUIET)
+
+
+def assert_served_after(proxy: RunningProxy) -> None:
+    assert httpx.get(f"{proxy.url}/healthz", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("shape", ["one huge header", "many headers", "huge url"])
+def test_a_header_bomb_is_431_and_the_connection_closes(bounded: RunningProxy, shape: str) -> None:
+    head = {
+        "one huge header": [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Bomb: "]
+        + [b"a" * 65536] * 64,
+        "many headers": [b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"]
+        + [b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 50) for i in range(1000))] * 64,
+        "huge url": [b"POST /v1/chat/completions?q="] + [b"c" * 65536] * 64,
+    }[shape]
+    answer, seconds = raw_exchange(bounded.port, head)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_header_fields_too_large"
+    assert seconds < 5
+    assert_served_after(bounded)
+
+
+@pytest.mark.parametrize("shape", ["nothing", "trickled headers", "trickled after keep-alive"])
+def test_headers_that_do_not_arrive_in_time_are_408(bounded: RunningProxy, shape: str) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    chunks = {
+        "nothing": [b""],
+        "trickled headers": [bytes([b]) for b in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " * 5],
+        "trickled after keep-alive": [request] + [bytes([b]) for b in request * 5],
+    }[shape]
+    answer, seconds = raw_exchange(bounded.port, chunks, gap=0.1)
+    assert b"HTTP/1.1 408 " in answer, answer[-300:]
+    assert b'"request_timeout"' in answer
+    assert seconds < 1 + 0.1 * len(chunks)
+    if shape == "trickled after keep-alive":
+        assert answer.startswith(b"HTTP/1.1 200 ")
+    assert_served_after(bounded)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/memory/import", "/v1/files"])
+def test_a_body_that_stops_arriving_is_408(bounded: RunningProxy, path: str) -> None:
+    head = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n" % path.encode())
+    answer, seconds = raw_exchange(bounded.port, [head, b'{"model": "gpt-4o-mini", '], wait=10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert seconds < 4
+    assert_served_after(bounded)
+
+
+def test_a_slow_body_that_keeps_coming_is_served(bounded: RunningProxy) -> None:
+    body = json.dumps(CHAT).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+    pieces = [body[i : i + 20] for i in range(0, len(body), 20)]
+    answer, seconds = raw_exchange(bounded.port, [head, *pieces], gap=0.3)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert seconds > 1  # longer than the idle bound, in all
