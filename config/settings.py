@@ -287,6 +287,11 @@ class Settings:
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000
     )
+    index_max_chunks_per_turn: int = _setting(
+        100, "Most chunks one turn is indexed as (searched by meaning and by words): a longer "
+        "turn is indexed from its start and stored whole, so one huge message cannot occupy "
+        "the shared index queue for minutes. 0: no limit.", min=0,
+    )
 
     # -- recall and ranking
     recall_cache_entries: int = _setting(
