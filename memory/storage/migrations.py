@@ -360,6 +360,14 @@ CREATE TABLE vector_generations (
 );
 """
 
+_FAIR_JOBS = """
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN fair_at REAL NOT NULL DEFAULT 0;
+UPDATE jobs SET fair_at = run_after;
+CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
+CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -380,6 +388,9 @@ MIGRATIONS: list[Migration] = [
     # PostgreSQL's chunk postings (memory.storage.postgres_schema); FTS5 keeps its own, so
     # nothing changes here: the name is recorded so both backends list the same migrations.
     ("0009_chunk_postings", lambda conn: None),
+    # Fair claims between users (memory/storage/jobs.py): a job's owner and its place in
+    # the fair order; jobs queued before keep the order they had (fair_at = run_after).
+    ("0010_fair_jobs", _FAIR_JOBS),
 ]
 
 

@@ -445,6 +445,14 @@ CREATE TABLE vector_generations (
 """),
     ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
     ("0009_chunk_postings", _CHUNK_POSTINGS),
+    ("0010_fair_jobs", """
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN fair_at DOUBLE PRECISION NULL;
+UPDATE jobs SET fair_at = run_after;
+ALTER TABLE jobs ALTER COLUMN fair_at SET NOT NULL;
+CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
+CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
+"""),
 ]
 
 

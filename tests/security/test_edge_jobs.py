@@ -5,14 +5,19 @@ another user's jobs."""
 from __future__ import annotations
 
 import random
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from memory.log.turn_log import INDEX_JOB
+from memory.storage.turns import NewTurn
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, Starter, db_rows
 from tests.support.jobs import wait_for_jobs
+from tests.support.storage import Storage
 
 pytestmark = pytest.mark.both_backends
 
@@ -62,3 +67,28 @@ def test_a_huge_turn_is_stored_whole_and_indexed_up_to_the_cap(
         assert "heliotrope" in search["block"], search
         turns = http.get("/v1/memory/turns", params={"session_id": "huge"}).json()["data"]
         assert any(t["content"] == message for t in turns)
+
+
+async def test_one_user_s_backlog_does_not_starve_another_user(
+    tmp_path: Path, database_url: str | None,
+) -> None:
+    store = await Storage.open(tmp_path / "memory.db", url=database_url)
+    try:
+        # A queues 200 index jobs (a script pasting turns), then B chats once.
+        for n in range(200):
+            await store.log.append_turns("user-a", f"s{n}", [NewTurn("user", f"turn {n}")],
+                                         job_kind=INDEX_JOB)
+        done = await store.log.append_turns("user-b", "s", [NewTurn("user", "hello")],
+                                            job_kind=INDEX_JOB)
+        order = []
+        for _ in range(5):
+            [job] = await store.queue.claim(None, 1, time.time())
+            order.append(job.id)
+            assert await store.queue.complete(job)
+        assert done.job_id in order[:3], order
+        # The rest of A's backlog still runs, oldest first.
+        rest = await store.queue.claim(None, 500, time.time())
+        assert len(rest) == 200 - 4
+        assert [job.id for job in rest] == sorted(job.id for job in rest)
+    finally:
+        await store.close()
