@@ -447,9 +447,8 @@ CREATE TABLE vector_generations (
     ("0009_chunk_postings", _CHUNK_POSTINGS),
     ("0010_fair_jobs", """
 ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
-ALTER TABLE jobs ADD COLUMN fair_at DOUBLE PRECISION NULL;
+ALTER TABLE jobs ADD COLUMN fair_at DOUBLE PRECISION NOT NULL DEFAULT 0;
 UPDATE jobs SET fair_at = run_after;
-ALTER TABLE jobs ALTER COLUMN fair_at SET NOT NULL;
 CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
 CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
 """),
