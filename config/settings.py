@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,18 @@ class Settings:
     )
     max_body_bytes: int = _setting(
         32 * 1024 * 1024, "Largest request body accepted, in bytes; larger bodies get 413.", min=1
+    )
+    max_header_bytes: int = _setting(
+        64 * 1024, "Largest request head (request line and headers), in bytes; a larger one "
+        "gets 431 and the connection closes.", min=1024,
+    )
+    header_timeout_seconds: float = _setting(
+        10.0, "Seconds a client may take to send a request's headers (from the connection's "
+        "start, or the request's first byte); then 408 and the connection closes.", min=0.01,
+    )
+    body_timeout_seconds: float = _setting(
+        30.0, "Seconds a request body may send nothing while memproxy waits for it; then 408 "
+        "(or the connection closes).", min=0.01,
     )
 
     # -- upstream
@@ -113,6 +126,13 @@ class Settings:
     )
     admin_key: str | None = _setting(
         None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
+    )
+    allowed_hosts: str | None = _setting(
+        None,
+        "Host names memproxy answers under, comma-separated (`*`: any), so a web page whose "
+        "name a DNS answer pointed at memproxy (DNS rebinding) gets 400. IP addresses and "
+        "localhost always pass. Unset: any name when proxy keys or an admin key are set, "
+        "else only localhost, addresses and the host it binds to.",
     )
     management_remote: bool = _setting(
         False,
@@ -270,6 +290,11 @@ class Settings:
     )
     chunk_max_tokens: int = _setting(
         200, "Largest chunk a turn is split into for indexing, in tokens.", min=16, max=2000
+    )
+    index_max_chunks_per_turn: int = _setting(
+        100, "Most chunks one turn is indexed as (searched by meaning and by words): a longer "
+        "turn is indexed from its start and stored whole, so one huge message cannot occupy "
+        "the shared index queue for minutes. 0: no limit.", min=0,
     )
 
     # -- recall and ranking
@@ -542,6 +567,10 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         raise ValueError(f"must be >= {meta['min']}, got {value!r}")
     if "max" in meta and result > meta["max"]:
         raise ValueError(f"must be <= {meta['max']}, got {value!r}")
+    if f.name == "allowed_hosts" and result is not None:
+        names = [name.strip() for name in str(result).split(",")]
+        if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
+            raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
     if (
         f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
         and result is not None

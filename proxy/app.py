@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -17,6 +18,7 @@ from starlette.routing import Mount, Route
 from config import Settings
 from memory import Embedder, MemoryEngine
 from proxy.chat import chat_completions
+from proxy.edge import EdgeGuard
 from proxy.errors import (
     ProxyError,
     handle_http_exception,
@@ -26,7 +28,7 @@ from proxy.errors import (
 from proxy.llm_client import LLMClient
 from proxy.logs import configure_logging, get_logger
 from proxy.management import routes as management_routes
-from proxy.messages_api import count_message_tokens, create_message
+from proxy.messages_api import MESSAGES, count_message_tokens, create_message
 from proxy.metrics import Metrics, metrics_endpoint
 from proxy.panel import panel_routes
 from proxy.passthrough import passthrough
@@ -114,6 +116,9 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        # Host, Origin and Content-Type, before any route reads a byte (proxy/edge.py).
+        middleware=[Middleware(EdgeGuard, settings=settings,
+                               envelopes={"/v1/messages": MESSAGES.error_response})],
         exception_handlers={
             ProxyError: handle_proxy_error,
             HTTPException: handle_http_exception,

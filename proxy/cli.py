@@ -113,6 +113,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import begin_shutdown, create_app
+    from proxy.serving import uvicorn_config
     from proxy.shutdown import Shutdown
 
     class Server(uvicorn.Server):
@@ -141,13 +142,12 @@ def serve(args: argparse.Namespace) -> int:
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     app = create_app(settings)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port,
-        log_level=settings.log_level, access_log=False, server_header=False,
+    config = uvicorn_config(
+        app, settings,
         # The app ends its streams at the cut (proxy/shutdown.py); uvicorn cancels what else
         # still runs (a reply not yet started) then too. A float: int() would turn a grace
         # under a second into 0; asyncio.wait_for takes any number.
-        timeout_graceful_shutdown=Shutdown(settings.shutdown_grace_seconds).work_seconds,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=Shutdown(settings.shutdown_grace_seconds).work_seconds,
     )
     Server(config).run()
     return 0

@@ -2,13 +2,16 @@
 
     ProxyError                       status  type
     ├── InvalidRequest                  400  invalid_request_error
-    │   └── InvalidHeader               400  invalid_request_error (param = the header)
+    │   ├── InvalidHeader               400  invalid_request_error (param = the header)
+    │   └── HostNotAllowed              400  invalid_request_error (param = Host)
     ├── AuthenticationFailed            401  authentication_error
     ├── PermissionDenied                403  permission_error
+    │   └── OriginRefused               403  permission_error (a web page of another site)
     ├── NotFound                        404  invalid_request_error
     ├── MethodNotAllowed                405  invalid_request_error
     ├── Conflict                        409  invalid_request_error
     ├── PayloadTooLarge                 413  invalid_request_error
+    ├── UnsupportedMediaType            415  invalid_request_error (param = Content-Type)
     ├── RateLimited                     429  rate_limit_error
     ├── MemoryUnavailable               503  api_error
     ├── ShuttingDown                    503  api_error (a stream the shutdown cut)
@@ -72,12 +75,27 @@ class InvalidHeader(InvalidRequest):
         super().__init__(message, param=header)
 
 
+class HostNotAllowed(InvalidRequest):
+    """A Host header that is none of this server's names (DNS rebinding; proxy/edge.py)."""
+
+    code = "host_not_allowed"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="Host")
+
+
 class AuthenticationFailed(ProxyError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 
 
 class PermissionDenied(ProxyError):
     status, type, code = 403, "permission_error", "permission_denied"
+
+
+class OriginRefused(PermissionDenied):
+    """A write sent by a web page of another origin (proxy/edge.py)."""
+
+    code = "cross_origin_request"
 
 
 class NotFound(ProxyError):
@@ -104,6 +122,13 @@ class ShuttingDown(ProxyError):
 
 class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="Content-Type")
 
 
 class RateLimited(ProxyError):

@@ -113,11 +113,12 @@ def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]
 
 async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response | RelayResponse:
     settings = state.settings
+    # The key first: a wrong one must not cost reading and parsing a body of up to 32 MB.
+    principal = identify(request, settings, admin_allowed=False)
+    key = principal.key
     raw = await read_body(request, settings.max_body_bytes)
     parsed = fmt.parse(raw)
     body = parsed.body
-    principal = identify(request, settings, admin_allowed=False)
-    key = principal.key
     try:
         flags = Flags.from_headers(request.headers, settings)
     except FlagError as exc:

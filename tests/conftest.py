@@ -19,6 +19,7 @@ import uvicorn
 from config import Settings, load_settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
+from proxy.serving import uvicorn_config
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
 
@@ -143,8 +144,9 @@ def serve(settings: Settings, **app_kwargs: Any) -> RunningProxy:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(settings, **app_kwargs), log_level="warning", access_log=False, lifespan="on"
+    # The uvicorn settings and protocol `memproxy serve` runs (proxy/serving.py).
+    config = uvicorn_config(
+        create_app(settings, **app_kwargs), settings, log_level="warning", lifespan="on"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

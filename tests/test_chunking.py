@@ -173,3 +173,19 @@ def test_invariants_with_tiktoken(text: str, max_tokens: int) -> None:
 def test_invariants_with_word_count(text: str, max_tokens: int) -> None:
     chunks = chunk_text(text, max_tokens=max_tokens, count=word_count)
     check_invariants(text, chunks, max_tokens, word_count)
+
+
+def test_max_chunks_keeps_the_first_chunks_and_counts_only_the_text_they_come_from() -> None:
+    sentence = "The billing service writes its ledger to Postgres every night. "
+    text = sentence * 20_000  # about 1.2 MB
+    seen: list[int] = []
+
+    def counting(piece: str) -> int:
+        seen.append(len(piece))
+        return tiktoken_count(piece)
+
+    capped = chunk_text(text, max_tokens=50, count=counting, max_chunks=8)
+    assert [c.ordinal for c in capped] == list(range(8))
+    assert capped == chunk_text(text[:20_000], max_tokens=50, count=tiktoken_count)[:8]
+    assert max(seen) <= 8 * 50 * 8  # never the whole text
+    assert chunk_text("short", max_tokens=50, count=tiktoken_count, max_chunks=1)[0].text == "short"

@@ -164,8 +164,10 @@ def fixture_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 OLD_TABLES = {  # table: the columns it had at 0002
-    "sessions": "*", "turns": "*", "jobs": "*", "request_metrics": "*", "facts": "*",
+    "sessions": "*", "turns": "*", "request_metrics": "*", "facts": "*",
     "summaries": "*", "profiles": "*", "consent": "*",
+    "jobs": "id, kind, payload, status, attempts, max_attempts, run_after, last_error,"
+            " created_at, updated_at",
     "chunks": "id, turn_id, user_id, session_id, ordinal, kind, text, tokens, owner, sess",
 }
 
@@ -196,6 +198,9 @@ async def test_a_0002_database_from_disk_is_upgraded_without_loss(
         await store.close()
 
     assert old_rows(path) == before
+    with closing(sqlite3.connect(path)) as conn:  # queued jobs keep their order (0010)
+        assert conn.execute("SELECT COUNT(*) FROM jobs WHERE fair_at != run_after"
+                            " OR owner != ''").fetchone() == (0,)
     with closing(sqlite3.connect(path)) as conn:
         assert migrations.applied(conn) == ALL
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -284,7 +289,8 @@ async def test_postgres_0009_gives_the_chunks_already_indexed_their_postings(
                 " sess, speaker) VALUES ($1, $2, $3, 0, 'prose', $4, '', '', $5)",
                 turn, user, session, text, speaker)
 
-        assert await postgres_schema.apply(conn) == ALL[len(before):]
+        upto_0009 = [m for m in postgres_schema.MIGRATIONS if m[0] < "0010"]
+        assert await postgres_schema.apply(conn, upto_0009) == ["0009_chunk_postings"]
 
         postings = await conn.fetch("SELECT * FROM chunk_terms ORDER BY 1, 2, 3")
         assert [tuple(r) for r in postings] == [

@@ -42,10 +42,23 @@ class Chunk:
     tokens: int
 
 
-def chunk_text(text: str, *, max_tokens: int, count: Count) -> list[Chunk]:
-    """Split `text` into chunks of at most `max_tokens` by `count`; [] for blank text."""
+# Characters a token of ordinary text spans at most, to cut a text down before chunking it
+# (about 4 in English prose; the bound may leave fewer than max_chunks, never more work).
+CHARS_PER_TOKEN_BOUND = 8
+
+
+def chunk_text(text: str, *, max_tokens: int, count: Count, max_chunks: int = 0) -> list[Chunk]:
+    """Split `text` into chunks of at most `max_tokens` by `count`; [] for blank text.
+
+    `max_chunks` (0: no limit) keeps the first chunks only, and chunks only the start of the
+    text they can come from: a huge text costs what its first `max_chunks` chunks cost."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    if max_chunks > 0:
+        return chunk_text(
+            text[: max_chunks * max_tokens * CHARS_PER_TOKEN_BOUND], max_tokens=max_tokens,
+            count=count,
+        )[:max_chunks]
     if not text.strip():
         return []
     segments = list(_segments(text))

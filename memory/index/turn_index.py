@@ -47,6 +47,7 @@ class TurnIndexer:
             chunks = chunk_text(
                 turn.content, max_tokens=self.settings.chunk_max_tokens,
                 count=lambda t: count_tokens(t, CHUNK_COUNT_MODEL),
+                max_chunks=self.settings.index_max_chunks_per_turn,
             )
             chunk_ids = await self.log.add_chunks(
                 turn.id, [(c.ordinal, c.kind, c.text, c.tokens) for c in chunks]

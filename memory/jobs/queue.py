@@ -22,16 +22,17 @@ class JobQueue:
 
     async def enqueue(
         self, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
-        run_after: float | None = None,
+        run_after: float | None = None, owner: str = "",
     ) -> int:
-        """Queue a job and return its id."""
+        """Queue a job for `owner` (a user id; '' for the system) and return its id."""
         async with self.db.autocommit() as tx:
             return await jobs.enqueue(
-                tx, kind, payload, max_attempts=max_attempts, run_after=run_after
+                tx, kind, payload, max_attempts=max_attempts, run_after=run_after, owner=owner
             )
 
     async def claim(self, kinds: Sequence[str] | None, limit: int, now: float) -> list[Job]:
-        """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first."""
+        """Mark up to `limit` ready jobs running (attempts + 1) and return them, in the fair
+        order between users (memory/storage/jobs.py)."""
         if limit <= 0 or (kinds is not None and not kinds):
             return []
         async with self.db.autocommit() as tx:

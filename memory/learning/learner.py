@@ -91,7 +91,8 @@ class Learner:
                    "model": self.settings.extract_model or model, "user_turns": user_turns}
         for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary)):
             if every and user_turns and user_turns % every == 0:
-                await jobs.enqueue(tx, kind, payload, max_attempts=self.settings.job_max_attempts)
+                await jobs.enqueue(tx, kind, payload, max_attempts=self.settings.job_max_attempts,
+                                   owner=user_id)
 
     # -- facts
 

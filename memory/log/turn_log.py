@@ -101,7 +101,8 @@ class TurnLog:
             job_id = None
             if new_ids and job_kind is not None:
                 job_id = await jobs.enqueue(
-                    tx, job_kind, {"turn_ids": new_ids}, max_attempts=max_attempts
+                    tx, job_kind, {"turn_ids": new_ids}, max_attempts=max_attempts,
+                    owner=user_id,
                 )
             if then is not None and new_ids and new_ids[-1] == parent_id:
                 await then(tx, parent_id)

@@ -10,6 +10,14 @@ On PostgreSQL several replicas share it: a claim skips rows another replica is c
 job runs; a running job whose lease ended belongs to a replica that died, and any replica
 claims it again (or buries it when that was its last attempt, as a restart would).
 
+Claims are fair between users: each job carries its `owner` (the user it works for; '' for
+the system's own) and a `fair_at` time, its run_after or, when its owner already has jobs
+waiting, FAIR_STEP seconds after the owner's last one. Claims go by fair_at, so a user who
+queues 200 jobs at once has them spread 200 s into the future, and another user's job
+queued a moment later goes ahead of all but the first (start-time fair queuing, with the
+clock as virtual time); a job never waits behind more than one of each other owner's jobs
+per FAIR_STEP. Both orders are index-backed (jobs_fair, jobs_by_owner).
+
 A claim is named by the job's id and its attempt number (`attempts` only ever grows, and
 every claim adds one): renewing and settling a job match both, so a worker that lost its
 lease, and whose job another replica claimed since, can neither extend the new claim's lease
@@ -32,6 +40,8 @@ STATUSES = ("queued", "running", "done", "dead")
 # job_lease_seconds): a dead replica's job waits this long before another replica takes it
 # over. Workers renew at a third of it.
 LEASE_SECONDS = 60.0
+# How far apart one owner's waiting jobs are placed in the fair order (seconds).
+FAIR_STEP = 1.0
 # The claim a renewal or settlement is for: still running, and not claimed again since.
 _HELD = " AND status = 'running' AND attempts = ?"
 _CRASHED = (
@@ -67,15 +77,22 @@ class DeadJob:
 
 async def enqueue(
     tx: Transaction, kind: str, payload: Mapping[str, Any], *, max_attempts: int = 5,
-    run_after: float | None = None,
+    run_after: float | None = None, owner: str = "",
 ) -> int:
-    """Queue a job that commits (or not) with `tx`; return its id."""
+    """Queue a job for `owner` (a user id; '' for the system) that commits (or not) with
+    `tx`; return its id."""
     now = time.time()
+    ready = now if run_after is None else run_after
+    last = await tx.fetch(
+        "SELECT MAX(fair_at) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')",
+        (owner,),
+    )
+    fair_at = ready if last[0][0] is None else max(ready, float(last[0][0]) + FAIR_STEP)
     inserted = await tx.fetch(
         "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
-        " created_at, updated_at) VALUES (?, ?, 'queued', 0, ?, ?, ?, ?) RETURNING id, attempts",
-        (kind, json.dumps(payload), max_attempts, now if run_after is None else run_after,
-         now, now),
+        " created_at, updated_at, owner, fair_at)"
+        " VALUES (?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?) RETURNING id, attempts",
+        (kind, json.dumps(payload), max_attempts, ready, now, now, owner, fair_at),
     )  # fmt: skip
     return int(only_row(inserted, "insert returned no id")[0])
 
@@ -84,7 +101,7 @@ async def claim(
     tx: Transaction, kinds: Sequence[str] | None, limit: int, now: float, *,
     lease_seconds: float = LEASE_SECONDS,
 ) -> list[Job]:
-    """Mark up to `limit` ready jobs running (attempts + 1) and return them, oldest first.
+    """Mark up to `limit` ready jobs running (attempts + 1) and return them, in fair order.
 
     On PostgreSQL the claim holds each job for `lease_seconds`, and jobs whose lease ended
     are ready again.
@@ -96,16 +113,16 @@ async def claim(
             "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?,"
             " lease_until = ? WHERE id IN (SELECT id FROM jobs WHERE"
             " ((status = 'queued' AND run_after <= ?) OR (status = 'running' AND lease_until <= ?))"
-            f"{kind_filter} ORDER BY run_after, id LIMIT ? FOR UPDATE SKIP LOCKED)"
-            " RETURNING id, kind, payload, attempts, max_attempts, run_after",
+            f"{kind_filter} ORDER BY fair_at, id LIMIT ? FOR UPDATE SKIP LOCKED)"
+            " RETURNING id, kind, payload, attempts, max_attempts, fair_at",
             [now, now + lease_seconds, now, now, *(kinds or ()), limit],
         )
     else:
         rows = await tx.fetch(
             "UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = ?"
             " WHERE id IN (SELECT id FROM jobs WHERE status = 'queued' AND run_after <= ?"
-            f"{kind_filter} ORDER BY run_after, id LIMIT ?)"
-            " RETURNING id, kind, payload, attempts, max_attempts, run_after",
+            f"{kind_filter} ORDER BY fair_at, id LIMIT ?)"
+            " RETURNING id, kind, payload, attempts, max_attempts, fair_at",
             [now, now, *(kinds or ()), limit],
         )
     rows.sort(key=lambda row: (row[5], row[0]))

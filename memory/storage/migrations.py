@@ -362,6 +362,14 @@ CREATE TABLE vector_generations (
 
 _REPLY_OWNER = "CREATE INDEX turns_by_reply ON turns (request_id, id) WHERE role = 'assistant';"
 
+_FAIR_JOBS = """
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN fair_at REAL NOT NULL DEFAULT 0;
+UPDATE jobs SET fair_at = run_after;
+CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
+CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
+"""
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -385,6 +393,9 @@ MIGRATIONS: list[Migration] = [
     # Whose reply a response id is, whoever asks (proxy/ownership.py): the first user a
     # reply turn was stored for under that id.
     ("0010_reply_owner", _REPLY_OWNER),
+    # Fair claims between users (memory/storage/jobs.py): a job's owner and its place in
+    # the fair order; jobs queued before keep the order they had (fair_at = run_after).
+    ("0011_fair_jobs", _FAIR_JOBS),
 ]
 
 

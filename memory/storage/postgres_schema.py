@@ -447,6 +447,13 @@ CREATE TABLE vector_generations (
     ("0009_chunk_postings", _CHUNK_POSTINGS),
     ("0010_reply_owner",
      "CREATE INDEX turns_by_reply ON turns (request_id, id) WHERE role = 'assistant';"),
+    ("0011_fair_jobs", """
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN fair_at DOUBLE PRECISION NOT NULL DEFAULT 0;
+UPDATE jobs SET fair_at = run_after;
+CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
+CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
+"""),
 ]
 
 
