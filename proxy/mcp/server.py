@@ -100,7 +100,7 @@ class McpEndpoint:
         accept = request.headers.get("accept", "")
         manager = self.sse if "text/event-stream" in accept else self.json
         try:
-            await manager.handle_request(scope, replay(body), watch)
+            await manager.handle_request(scope, replay(body, receive), watch)
         finally:
             state.metrics.observe(ROUTE, status or 499, time.perf_counter() - started)
 
@@ -122,18 +122,19 @@ def authorise(request: Request, state: AppState) -> McpCaller:
     )
 
 
-def replay(body: bytes) -> Receive:
-    """A receive that hands over the body already read, then waits for the disconnect."""
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands over the body already read, then the client's own messages (an
+    SSE answer watches them for the disconnect)."""
     sent = False
 
-    async def receive() -> Message:
+    async def replayed() -> Message:
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
+        return await receive()
 
-    return receive
+    return replayed
 
 
 def build_server() -> Server[Any]:
