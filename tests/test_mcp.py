@@ -77,7 +77,7 @@ async def test_each_tool_round_trip(served: RunningProxy, mode: Mode) -> None:
 
 
 async def test_added_memory_is_stored_with_ttl_and_redaction(served: RunningProxy) -> None:
-    async with mcp_session(served, key=ALICE, **{"X-Memory-Session-Id": "editor-setup"}) as client:
+    async with mcp_session(served, key=ALICE, headers={"X-Memory-Session-Id": "editor-setup"}) as client:
         added = structured(await client.call_tool("add_memory", {
             "text": "User's staging token is sk-abcdefghijklmnopqrstuvwxyz0123456789",
             "ttl_days": 2, "importance": 8,
@@ -128,6 +128,13 @@ def raw(served: RunningProxy, body: bytes | str, key: str | None = ALICE, **head
     return httpx.post(f"{served.url}/mcp", content=body, headers=sent, timeout=30)
 
 
+def facts_of(served: RunningProxy, key: str) -> list[str]:
+    """The texts of the key's user's facts, through the memory API."""
+    listed = httpx.get(f"{served.url}/v1/memory/facts", timeout=30,
+                       headers={"Authorization": f"Bearer {key}"})
+    return [fact["text"] for fact in listed.json()["data"]]
+
+
 def call(name: str, arguments: Any) -> str:
     return json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                        "params": {"name": name, "arguments": arguments}})
@@ -146,10 +153,7 @@ def test_http_level_errors_never_5xx(served: RunningProxy) -> None:
     assert wrong_type.status_code == 200 and wrong_type.json()["error"]["code"] == -32602
     assert httpx.get(f"{served.url}/mcp", timeout=10).status_code == 405
     assert httpx.delete(f"{served.url}/mcp", timeout=10).status_code == 405
-    assert served.state.memory is not None
-    with httpx.Client(base_url=f"{served.url}/v1/memory",
-                      headers={"Authorization": f"Bearer {ALICE}"}) as api:
-        assert api.get("/facts").json()["data"] == []  # nothing was stored
+    assert facts_of(served, ALICE) == []  # nothing was stored
 
 
 def test_json_or_sse_as_the_client_asks(served: RunningProxy) -> None:
@@ -223,7 +227,7 @@ async def test_org_members_read_shared_memory_only_writers_change_it(served: Run
     async with mcp_session(served, key=ALICE) as alice:
         refused = error_text(await alice.call_tool("add_memory", shared))
         assert "may read but not change" in refused
-    async with mcp_session(served, key="key-writer-0001", **{"X-Memory-User-Id": "alice"}) as writer:
+    async with mcp_session(served, key="key-writer-0001", headers={"X-Memory-User-Id": "alice"}) as writer:
         fact = structured(await writer.call_tool("add_memory", shared))
         assert fact["shared"] is True
     async with mcp_session(served, key="key-bob-00001") as bob:
@@ -237,7 +241,7 @@ async def test_org_members_read_shared_memory_only_writers_change_it(served: Run
     async with mcp_session(served, key="key-carol-0001") as carol:  # outside the organisation
         assert "organisation" in error_text(await carol.call_tool("list_memories", {"shared": True}))
         assert "no memory" in error_text(await carol.call_tool("delete_memory", {"id": fact["id"]}))
-    async with mcp_session(served, key="key-writer-0001", **{"X-Memory-User-Id": "bob"}) as writer:
+    async with mcp_session(served, key="key-writer-0001", headers={"X-Memory-User-Id": "bob"}) as writer:
         assert structured(await writer.call_tool("delete_memory", {"id": fact["id"]}))["shared"]
 
 
@@ -251,6 +255,4 @@ async def test_memproxy_mcp_on_stdio_forwards_to_the_server(served: RunningProxy
         assert {tool.name for tool in (await client.list_tools()).tools} == TOOL_NAMES
         added = structured(await client.call_tool("add_memory", {"text": NOTE}))
         assert "1 to 1000" in error_text(await client.call_tool("add_memory", {"text": "x" * 1001}))
-    with httpx.Client(base_url=f"{served.url}/v1/memory",
-                      headers={"Authorization": f"Bearer {ALICE}"}) as api:
-        assert [f["text"] for f in api.get("/facts").json()["data"]] == [added["text"]]
+    assert facts_of(served, ALICE) == [added["text"]]

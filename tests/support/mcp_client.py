@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 import httpx2
@@ -22,12 +22,13 @@ Mode = Literal["auto", "legacy"]
 
 @contextlib.asynccontextmanager
 async def mcp_session(
-    proxy: Served | str, *, key: str | None = None, mode: Mode = "auto", **headers: str
+    proxy: Served | str, *, key: str | None = None, mode: Mode = "auto",
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Client]:
     """A connected client: `mode` "auto" speaks the newest protocol (2026-07-28, one
     self-contained request each), "legacy" the initialize handshake (2025-11-25)."""
     url = proxy if isinstance(proxy, str) else proxy.base_url.removesuffix("/v1")
-    sent = {name.replace("_", "-"): value for name, value in headers.items()}
+    sent = dict(headers or {})
     if key is not None:
         sent["Authorization"] = f"Bearer {key}"
     async with (
