@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -256,3 +257,19 @@ async def test_memproxy_mcp_on_stdio_forwards_to_the_server(served: RunningProxy
         added = structured(await client.call_tool("add_memory", {"text": NOTE}))
         assert "1 to 1000" in error_text(await client.call_tool("add_memory", {"text": "x" * 1001}))
     assert facts_of(served, ALICE) == [added["text"]]
+
+
+def test_the_readme_example_runs(start_proxy: Callable[..., RunningProxy]) -> None:
+    local = start_proxy(memory=True, **QUIET)  # keys off: loopback clients reach memory
+    added = httpx.post(f"{local.url}/v1/memory/facts", timeout=30,
+                       json={"text": "User lives in Lisbon.", "category": "identity"})
+    assert added.status_code == 201
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("**MCP**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "http://127.0.0.1:8080/mcp" in example
+    ran = subprocess.run(
+        [sys.executable, "-c", example.replace("http://127.0.0.1:8080", local.url)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "User lives in Lisbon." in ran.stdout and "<memory>" in ran.stdout
