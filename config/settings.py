@@ -140,6 +140,11 @@ class Settings:
         "(/v1/memory), panel data, and recall and remembering in their chats (else their "
         "chats go through with memory off). With keys set, keys decide.",
     )
+    mcp: bool = _setting(
+        True,
+        "Serve the Model Context Protocol at /mcp (Streamable HTTP, stateless): the memory "
+        "tools for MCP clients, under the same keys and access rules as the memory API.",
+    )
     clear_undo_seconds: float = _setting(
         10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
         min=1.0, max=86400.0,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -39,6 +39,9 @@ from proxy.state import AppState
 from proxy.upstream import Upstream
 from proxy.upstream_embeddings import UpstreamEmbedder
 
+if TYPE_CHECKING:
+    from proxy.mcp.server import McpEndpoint
+
 log = get_logger("app")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -53,6 +56,8 @@ def create_app(
     `embedder` replaces the local model (tests share one loaded model).
     """
 
+    mcp = _mcp_endpoint(settings)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         configure_logging(settings.log_level)
@@ -63,6 +68,7 @@ def create_app(
         if uses_litellm:
             import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
         jobs_stop: asyncio.Task[None] | None = None
+        mcp_run = contextlib.AsyncExitStack()  # the MCP SDK's task groups, while serving
         try:
             if memory is not None:
                 state.memory = memory
@@ -76,6 +82,8 @@ def create_app(
                 jobs_stop = asyncio.get_running_loop().create_task(
                     _stop_jobs_at_shutdown(state.shutdown, state.memory)
                 )
+            if mcp is not None:
+                await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
@@ -85,6 +93,7 @@ def create_app(
             yield {SHUTDOWN_STATE: state.shutdown}
         finally:
             app.state.ready = False
+            await mcp_run.aclose()
             state.shutdown.begin()  # a no-op when the server began it as the signal came
             await state.drain()
             if jobs_stop is not None:
@@ -112,6 +121,7 @@ def create_app(
         Mount("/v1/memory", routes=management_routes()),
         *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
+        *([Route("/mcp", mcp, methods=METHODS)] if mcp is not None else []),
     ]
     app = Starlette(
         routes=routes,
@@ -127,6 +137,15 @@ def create_app(
     )
     app.state.ready = False
     return app
+
+
+def _mcp_endpoint(settings: Settings) -> McpEndpoint | None:
+    """/mcp's app when MEMPROXY_MCP is on; the SDK is imported only then."""
+    if not settings.mcp:
+        return None
+    from proxy.mcp.server import McpEndpoint
+
+    return McpEndpoint(settings.max_body_bytes)
 
 
 def begin_shutdown(app: Starlette, at: float | None = None) -> None:

@@ -1,5 +1,5 @@
 """The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py),
-`memproxy migrate` (memory/admin/migrate.py), and `memories`, `sessions` and `stats` against a
+`memproxy migrate` (memory/admin/migrate.py), `memproxy mcp` (proxy/mcp/stdio.py), and `memories`, `sessions` and `stats` against a
 running server (proxy/cli_memory.py)."""
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
                          " without it they stay in the embedded Chroma of the data directory")
     migrate.add_argument("--batch-size", type=int, default=2000, help="rows (or vectors) per committed batch")
     migrate.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    mcp = commands.add_parser(
+        "mcp", help="speak MCP on stdin/stdout, forwarding to a running memproxy's /mcp"
+    )
+    mcp.add_argument("--url", help="memproxy's address (MEMPROXY_URL, default http://127.0.0.1:8080)")
+    mcp.add_argument("--key", help="a proxy key (MEMPROXY_API_KEY)")
+    mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
+    mcp.add_argument("--session", help="X-Memory-Session-Id for what is added")
     cli_memory.add_commands(commands)
     return parser
 
@@ -52,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return backup_command(args)
     if args.command == "migrate":
         return migrate_command(args)
+    if args.command == "mcp":
+        from proxy.mcp.stdio import run  # the MCP SDK, for this command only
+
+        return run(args)
     return cli_memory.run(args)
 
 

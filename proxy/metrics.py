@@ -62,6 +62,10 @@ class Metrics:
             "memproxy_recall_cache_misses", "Recalls the recall cache could not answer.",
             registry=self.registry,
         )
+        self.mcp_calls = Counter(
+            "memproxy_mcp_tool_calls", "MCP tool calls on /mcp, by tool and outcome: ok, error.",
+            ["tool", "outcome"], registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,

@@ -1,0 +1,216 @@
+"""/mcp: the Model Context Protocol over Streamable HTTP (MCP 2025-06-18 "Transports"),
+stateless, on the official `mcp` SDK's low-level server and session manager.
+
+Stateless means no session lives in this process: every POST carries one JSON-RPC message
+and is answered in full, so any replica behind a round-robin balancer answers any request.
+The answer is JSON or an SSE stream as the client's Accept asks (text/event-stream listed:
+SSE; else JSON); GET and DELETE, which only sessions use, get 405.
+
+Before the SDK sees a request, `McpEndpoint` does what /v1/memory does (proxy/access.py):
+the key and X-Memory-* headers name the caller and the memory (401/403 at the HTTP level),
+the body is read within the size limit (413), and the caller rides in the request's scope
+to the tool handlers, which never take identity from arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import mcp_types as types
+import orjson
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from memory import ConsentRequired, CursorError, FactError, RequestMetrics
+from proxy.access import decide, identify
+from proxy.errors import MemoryUnavailable, ProxyError
+from proxy.identity import resolve_org, resolve_session, resolve_user
+from proxy.limits import limit_keys
+from proxy.logs import get_logger
+from proxy.mcp import resources
+from proxy.mcp.caller import CALLER, McpCaller, caller_of
+from proxy.mcp.schemas import TOOLS
+from proxy.mcp.tools import HANDLERS, arguments
+from proxy.requests import read_body
+from proxy.state import AppState
+
+log = get_logger("mcp")
+ROUTE = "/mcp"
+MAX_BODY_BYTES = 1024 * 1024  # a tool call is a few kB; the memory API's limits are smaller
+
+
+class McpEndpoint:
+    """The /mcp ASGI app; `run()` must be entered for the app's lifespan."""
+
+    def __init__(self, body_limit: int) -> None:
+        self.server = build_server()
+        self.body_limit = min(body_limit, MAX_BODY_BYTES)
+        # The SDK's own checks (Accept, Content-Type, the JSON-RPC envelope) stay on; the
+        # size limit is ours (a JSON 413, before the SDK reads anything).
+        self.json = StreamableHTTPSessionManager(
+            self.server, json_response=True, stateless=True,
+            max_request_body_size=self.body_limit + 1,
+        )
+        self.sse = StreamableHTTPSessionManager(
+            self.server, json_response=False, stateless=True,
+            max_request_body_size=self.body_limit + 1,
+        )
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The task groups the SDK runs each request's server in."""
+        async with self.json.run(), self.sse.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        status = 0
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        request = Request(scope, receive)
+        state: AppState = request.app.state.memproxy
+        try:
+            if scope.get("method") != "POST":
+                response = Response(status_code=405, headers={"Allow": "POST"})
+                await response(scope, receive, watch)
+                return
+            scope[CALLER] = authorise(request, state)
+            body = await read_body(request, self.body_limit)
+        except ProxyError as exc:
+            await exc.to_response()(scope, receive, watch)
+            return
+        finally:
+            if status:
+                state.metrics.observe(ROUTE, status, time.perf_counter() - started)
+        accept = request.headers.get("accept", "")
+        manager = self.sse if "text/event-stream" in accept else self.json
+        try:
+            await manager.handle_request(scope, replay(body, receive), watch)
+        finally:
+            state.metrics.observe(ROUTE, status or 499, time.perf_counter() - started)
+
+
+def authorise(request: Request, state: AppState) -> McpCaller:
+    """The caller of an /mcp request, as /v1/memory authorises one: 401, 403 or 503."""
+    settings = state.settings
+    principal = identify(request, settings, admin_allowed=True)
+    headers = request.headers
+    user_id = resolve_user(headers, {}, principal.key)
+    org_id = resolve_org(headers, principal.key)
+    decide(principal, settings, user_id=user_id, org_id=org_id, action="read")
+    if state.memory is None:
+        raise MemoryUnavailable("memory is turned off on this proxy")
+    session_id = resolve_session(headers, user_id, []) if "x-memory-session-id" in headers else None
+    return McpCaller(
+        principal, user_id, org_id, session_id, state.memory, settings,
+        limit_keys=limit_keys(principal.key, request, user_id, settings),
+    )
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands over the body already read, then the client's own messages (an
+    SSE answer watches them for the disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def build_server() -> Server[Any]:
+    """The low-level MCP server: memproxy's tools and resources."""
+    server: Server[Any] = Server(
+        "memproxy", version="1", title="memproxy memory",
+        instructions=(
+            "Long-term memory shared with every AI app that goes through memproxy. Search it "
+            "before answering from the user's history; save durable facts with add_memory."
+        ),
+        on_list_tools=list_tools, on_call_tool=call_tool,
+        on_list_resources=resources.list_resources,
+        on_list_resource_templates=resources.list_templates,
+        on_read_resource=resources.read_resource,
+    )
+    server.middleware = []  # no OpenTelemetry span per message: nothing here exports them
+    return server
+
+
+async def list_tools(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    """Every tool (one page)."""
+    return types.ListToolsResult(tools=list(TOOLS.values()))
+
+
+async def call_tool(
+    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    """Run one tool for the request's caller; a failure it can explain is an error result."""
+    handler = HANDLERS.get(params.name)
+    if handler is None:
+        raise MCPError(INVALID_PARAMS, f"unknown tool {params.name[:100]!r}")
+    who = caller_of(ctx)
+    state: AppState = ctx.request.app.state.memproxy  # type: ignore[union-attr]
+    started = time.perf_counter()
+    outcome, result = "ok", None
+    try:
+        if state.limits.enabled:
+            state.limits.admit(*who.limit_keys, stream=False)
+        result = await handler(who, arguments(params.name, params.arguments))
+        return types.CallToolResult(
+            content=[types.TextContent(text=_json_text(result))], structured_content=result
+        )
+    except ProxyError as exc:
+        outcome = type(exc).__name__
+        return _error_result(exc.message)
+    except (FactError, ConsentRequired, CursorError) as exc:
+        outcome = type(exc).__name__
+        return _error_result(str(exc))
+    finally:
+        _account(state, who, params.name, outcome, result, time.perf_counter() - started)
+
+
+def _account(
+    state: AppState, who: McpCaller, tool: str, outcome: str, result: dict[str, Any] | None,
+    seconds: float,
+) -> None:
+    """Count the call, log it, and keep a metrics row after the response."""
+    state.metrics.mcp_calls.labels(tool, "ok" if outcome == "ok" else "error").inc()
+    log.info("mcp tool call", extra={
+        "tool": tool, "outcome": outcome, "client": who.client, "ms": round(seconds * 1000, 2),
+    })
+    items = result.get("items") if isinstance(result, dict) and tool == "search_memory" else None
+    state.spawn(who.memory.record(RequestMetrics(
+        user_id=who.user_id, session_id=who.session_id, model=f"mcp:{tool}",
+        items=Counter(item["kind"] for item in items) if items else {},
+        injected_tokens=int(result.get("tokens", 0)) if items is not None and result else 0,
+        recall_ms=round(seconds * 1000, 3),
+        error=None if outcome == "ok" else outcome,
+    )))
+
+
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()

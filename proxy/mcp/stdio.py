@@ -1,0 +1,98 @@
+"""`memproxy mcp`: MCP on stdin/stdout for clients that only start local processes, every
+message forwarded to a running memproxy's /mcp, so that server stays the only writer.
+
+The bridge is an MCP server on stdio whose handlers call an MCP client connected to the
+running server over Streamable HTTP; identity is the key (and X-Memory-* headers) this
+command sends, never anything the local client says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+CLIENT_NAME = "memproxy-mcp-stdio"
+TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stdin closes; 1 when the server cannot be reached."""
+    url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
+    key = args.key or os.environ.get("MEMPROXY_API_KEY") or os.environ.get("MEMPROXY_KEY")
+    headers = {name: value for name, value in (
+        ("Authorization", f"Bearer {key}" if key else None),
+        ("X-Memory-User-Id", args.user), ("X-Memory-Session-Id", args.session),
+    ) if value}
+    try:
+        anyio.run(bridge, f"{url}/mcp", headers)
+    except MCPError as exc:
+        print(f"memproxy mcp: {url}/mcp refused: {exc.message}", file=sys.stderr)
+        return 1
+    except (OSError, httpx2.HTTPError) as exc:
+        print(f"memproxy mcp: cannot reach memproxy at {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def bridge(url: str, headers: Mapping[str, str]) -> None:
+    """Connect to `url`, then serve stdio with every request forwarded there."""
+    async with (
+        httpx2.AsyncClient(headers=dict(headers), timeout=TIMEOUT) as http,
+        Client(streamable_http_client(url, http_client=http),
+               client_info=types.Implementation(name=CLIENT_NAME, version="1")) as remote,
+        stdio_server() as (read, write),
+    ):
+        server = forwarding_server(remote)
+        await server.run(read, write, server.create_initialization_options())
+
+
+def forwarding_server(remote: Client) -> Server[Any]:
+    """A server whose every tool and resource is the remote server's."""
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return await remote.list_tools()
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return await remote.call_tool(params.name, params.arguments)
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return await remote.list_resources()
+
+    async def list_templates(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return await remote.list_resource_templates()
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        return await remote.read_resource(params.uri)
+
+    server: Server[Any] = Server(
+        "memproxy", version="1", title="memproxy memory (stdio)",
+        instructions=remote.instructions,
+        on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
+        on_list_resource_templates=list_templates, on_read_resource=read_resource,
+    )
+    server.middleware = []
+    return server

@@ -1,0 +1,194 @@
+"""The MCP tools' work, on the memory engine's public surface and the memory API's checks.
+
+Whose memory a call reaches is the HTTP request's (its key and X-Memory-* headers, decided
+in proxy/mcp/server.py), never an argument: a prompt can write arguments. A tool that
+changes memory asks proxy/access.py's `decide` for "write" on the memory it changes, so an
+organisation's shared memory changes only for an org writer.
+
+Every failure a client can cause is a `ToolFailure` (or the memory API's own error), which
+the server turns into a tool result marked as an error: nothing is stored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from config.choices import MAX_BUDGET, SCOPES
+from memory import CATEGORIES, MAX_TEXT_CHARS, Fact, RecallRequest, organization_memory
+from proxy.access import decide
+from proxy.errors import InvalidRequest, NotFound
+from proxy.identity import MAX_ID_LENGTH
+from proxy.management.inputs import choice, flag, number, text
+from proxy.mcp.caller import McpCaller
+from proxy.mcp.schemas import KINDS, MAX_LIST_PAGE, MAX_QUERY_CHARS, MAX_TTL_DAYS, TOOLS
+
+DAY = 86400.0
+SEARCH_MODEL = "gpt-4o"  # how the memory API's search counts tokens
+
+
+Tool = Callable[[McpCaller, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def arguments(name: str, given: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The arguments, holding only the tool's own names (400-style error otherwise)."""
+    given = given or {}
+    allowed = TOOLS[name].input_schema.get("properties", {})
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise InvalidRequest(f"unknown argument {unknown[0]!r}", param=unknown[0])
+    return given
+
+
+async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """What a chat would be reminded of for `query` (as POST /v1/memory/search)."""
+    query = text(args, "query", required=True, max_chars=MAX_QUERY_CHARS) or ""
+    budget = number(args, "budget", low=0, high=MAX_BUDGET, integer=True)
+    scope = choice(args, "scope", SCOPES) or who.settings.memory_scope
+    session_id = text(args, "session_id", max_chars=MAX_ID_LENGTH) or who.session_id
+    if scope == "session" and session_id is None:
+        raise InvalidRequest("scope session needs a session_id", param="session_id")
+    budget = who.settings.memory_budget if budget is None else budget
+    decide(who.principal, who.settings, user_id=who.user_id, org_id=who.org_id, action="read")
+    recalled = await who.memory.recall(RecallRequest(
+        who.user_id, session_id or "", [{"role": "user", "content": query}], SEARCH_MODEL,
+        budget, scope, who.org_id,
+    ))
+    return {
+        "query": query, "scope": scope, "budget": budget, "tokens": recalled.tokens,
+        "truncated": recalled.truncated, "block": recalled.block,
+        "items": [
+            {"id": item.id, "kind": item.source, "text": item.text,
+             "created_at": item.created_at, "session_id": item.session_id,
+             "score": round(item.score, 4)}
+            for item in recalled.items
+        ],
+    }
+
+
+async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """One fact, through the fact store as POST /v1/memory/facts (redacted, pinned, TTL)."""
+    fact_text = text(args, "text", required=True, max_chars=MAX_TEXT_CHARS) or ""
+    category = choice(args, "category", CATEGORIES) or "context"
+    importance = number(args, "importance", low=1, high=10, integer=True)
+    ttl = number(args, "ttl_days", low=0, high=MAX_TTL_DAYS)
+    if ttl is not None and ttl <= 0:
+        raise InvalidRequest("ttl_days must be more than 0", param="ttl_days")
+    owner, shared = _target(who, args, "write")
+    fact = await who.memory.facts.add(
+        owner, fact_text, category, importance=5 if importance is None else importance,
+        pinned=bool(flag(args, "pinned")),
+        expires_at=None if ttl is None else time.time() + ttl * DAY,
+        source="manual", source_session=who.session_id,
+    )
+    return fact_json(fact, shared)
+
+
+async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A page of facts or summaries, newest first."""
+    kind = choice(args, "kind", KINDS) or "fact"
+    category = choice(args, "category", CATEGORIES)
+    limit = number(args, "limit", low=1, high=MAX_LIST_PAGE, integer=True) or 20
+    cursor = text(args, "cursor", max_chars=20)
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidRequest("invalid cursor", param="cursor")
+    owner, shared = _target(who, args, "read")
+    if kind == "fact":
+        facts, after = await who.memory.facts.list(
+            owner, category=category, limit=limit, cursor=cursor
+        )
+        return {"items": [fact_json(f, shared) for f in facts], "next_cursor": after}
+    if category is not None:
+        raise InvalidRequest("category filters facts only", param="category")
+    found = await who.memory.summaries.list(owner)
+    if cursor is not None:
+        found = [s for s in found if s.id < int(cursor)]
+    page = found[:limit]
+    return {
+        "items": [
+            {"id": f"s{s.id}", "kind": "summary", "text": s.text, "created_at": s.created_at,
+             "session_id": s.session_id, "shared": shared}
+            for s in page
+        ],
+        "next_cursor": str(page[-1].id) if len(found) > limit else None,
+    }
+
+
+async def delete_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """One fact (its whole history) or summary by id; the org's fact for an org writer."""
+    raw = text(args, "id", required=True, max_chars=19) or ""
+    kind, digits = ("summary", raw[1:]) if raw.startswith("s") else ("fact", raw.removeprefix("f"))
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+        raise InvalidRequest("id must look like f12 (a fact) or s3 (a summary)", param="id")
+    item_id = int(digits)
+    memory = who.memory
+    if kind == "summary":
+        decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="write")
+        if not await memory.summaries.delete(who.user_id, item_id):
+            raise NotFound(f"no memory {raw}", param="id")
+        return {"id": raw, "deleted": True, "shared": False}
+    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="write")
+    if await memory.facts.get(who.user_id, item_id) is not None:
+        await memory.facts.delete(who.user_id, item_id)
+        return {"id": raw, "deleted": True, "shared": False}
+    if who.org_id is not None:
+        shared_owner = organization_memory(who.org_id)
+        if await memory.facts.get(shared_owner, item_id) is not None:
+            decide(who.principal, who.settings, user_id=None, org_id=who.org_id, action="write")
+            await memory.facts.delete(shared_owner, item_id)
+            return {"id": raw, "deleted": True, "shared": True}
+    raise NotFound(f"no memory {raw}", param="id")
+
+
+async def read_profile(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Consent and the profile (as GET /v1/memory/profile)."""
+    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
+    profiles = who.memory.profiles
+    profile = await profiles.get(who.user_id)
+    body = None if profile is None else {
+        k: v for k, v in profile.as_dict().items() if k != "user_id"
+    }
+    return {"consent": await profiles.consent(who.user_id), "profile": body}
+
+
+async def session_summary(who: McpCaller, session_id: str) -> str | None:
+    """The current summary of one of the caller's sessions."""
+    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
+    summary = await who.memory.summaries.latest(who.user_id, session_id)
+    return None if summary is None else summary.text
+
+
+def fact_json(fact: Fact, shared: bool) -> dict[str, Any]:
+    """A fact as the tools show it."""
+    return {
+        "id": f"f{fact.id}", "kind": "fact", "text": fact.text, "category": fact.category,
+        "pinned": fact.pinned, "importance": fact.importance, "created_at": fact.created_at,
+        "expires_at": fact.expires_at, "session_id": fact.source_session, "shared": shared,
+    }
+
+
+def _target(who: McpCaller, args: Mapping[str, Any], action: str) -> tuple[str, bool]:
+    """The memory a call reads or changes: the caller's, or (`shared`) its organisation's,
+    once `decide` allows it."""
+    if flag(args, "shared"):
+        if who.org_id is None:
+            raise InvalidRequest(
+                "shared memory needs an organisation: an org key or X-Memory-Org-Id",
+                param="shared",
+            )
+        decide(who.principal, who.settings, user_id=None, org_id=who.org_id,
+               action="write" if action == "write" else "read")
+        return organization_memory(who.org_id), True
+    decide(who.principal, who.settings, user_id=who.user_id, org_id=None,
+           action="write" if action == "write" else "read")
+    return who.user_id, False
+
+
+HANDLERS: dict[str, Tool] = {
+    "search_memory": search_memory,
+    "add_memory": add_memory,
+    "list_memories": list_memories,
+    "delete_memory": delete_memory,
+    "read_profile": read_profile,
+}
