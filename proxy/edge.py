@@ -40,6 +40,7 @@ IMPORT_TYPES = frozenset({"application/json", "application/x-ndjson", "applicati
 # multipart there), guarded by the Origin check alone.
 JSON_PATHS = frozenset({
     "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/mcp",
 })
 MEMORY_PREFIX = "/v1/memory/"
 IMPORT_PATH = "/v1/memory/import"

@@ -183,15 +183,16 @@ async def test_tool_calls_count_against_the_keys_rate_limit(
 async def test_a_cross_origin_write_to_mcp_is_refused(
     make_settings: Callable[..., Settings], embedder: LocalEmbedder
 ) -> None:
-    pytest.importorskip("proxy.edge", reason="the edge guard (proxy/edge.py) is on another branch")
     settings = make_settings(**QUIET)
     era = ERAS[0]
     body = json.dumps(envelope(era, "tools/call", {"name": "add_memory", "arguments": {"text": SECRET}}))
     async with running(settings, embedder) as app, mcp_client(app) as local:
-        for headers in ({"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
-                        {"Host": "evil.example:8080"}):
+        for headers, status in (
+            ({"Origin": "https://evil.example"}, 403), ({"Sec-Fetch-Site": "cross-site"}, 403),
+            ({"Host": "evil.example:8080"}, 400), ({"Content-Type": "text/plain"}, 415),
+        ):
             answer = await local.post("/mcp", content=body,
                                       headers={**era, "Accept": "application/json", **headers})
-            assert answer.status_code in (400, 403, 421), headers
+            assert answer.status_code == status, headers
         listed = await call_tool(local, era, "application/json", "list_memories", {})
         assert facts(listed) == []
