@@ -33,7 +33,7 @@ class Flags:
     placement: str
     dry_run: bool = False
     compact: bool = False  # replace the middle of a conversation near the context window
-    mode: str = "inject"  # "tool": memory_search offered to the model (proxy/memory_tool.py)
+    mode: str = "inject"  # "tool": memory_search offered to the model (proxy/flow/memory_tool/loop.py)
     # stable: earlier blocks of the session go back where they were and a request adds only
     # new items (the prompt prefix stays cacheable); fresh: one new block per request.
     injection: str = "stable"

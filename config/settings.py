@@ -362,7 +362,7 @@ class Settings:
         min=0.0,
     )
 
-    # -- learning: extraction and summaries (DESIGN.md section 3)
+    # -- learning: extraction and summaries (docs/memory.md, Learning)
     extract_every: int = _setting(
         1, "Extract facts after every N-th user turn of a session (0: extraction off).", min=0
     )

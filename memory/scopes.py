@@ -1,4 +1,4 @@
-"""Memory wider than one user: an organisation's shared knowledge (DESIGN.md section 7).
+"""Memory wider than one user: an organisation's shared knowledge (docs/memory.md, Scopes).
 
 An organisation's memory is stored like a user's, under a reserved id that no request can
 name as a user: it starts with a control character (ORG_MARK, the unit separator), which

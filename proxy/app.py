@@ -17,27 +17,28 @@ from starlette.routing import Mount, Route
 
 from config import Settings
 from memory import Embedder, MemoryEngine
-from proxy.chat import chat_completions
-from proxy.edge import EdgeGuard
-from proxy.errors import (
+from proxy.access.edge import EdgeGuard
+from proxy.flow.exchange import endpoint
+from proxy.formats.chat import CHAT
+from proxy.formats.messages import MESSAGES, count_message_tokens
+from proxy.formats.passthrough import passthrough
+from proxy.formats.responses import RESPONSES
+from proxy.http.errors import (
     ProxyError,
     handle_http_exception,
     handle_proxy_error,
     handle_unexpected,
 )
-from proxy.llm_client import LLMClient
-from proxy.logs import configure_logging, get_logger
+from proxy.http.logs import configure_logging, get_logger
+from proxy.http.metrics import Metrics, metrics_endpoint
+from proxy.http.relay import SHUTDOWN_STATE
+from proxy.http.shutdown import Shutdown
 from proxy.management import routes as management_routes
-from proxy.messages_api import MESSAGES, count_message_tokens, create_message
-from proxy.metrics import Metrics, metrics_endpoint
-from proxy.panel import panel_routes
-from proxy.passthrough import passthrough
-from proxy.relay import SHUTDOWN_STATE
-from proxy.responses_api import create_response
-from proxy.shutdown import Shutdown
+from proxy.management.panel import panel_routes
 from proxy.state import AppState
-from proxy.upstream import Upstream
-from proxy.upstream_embeddings import UpstreamEmbedder
+from proxy.upstream.client import Upstream
+from proxy.upstream.embeddings import UpstreamEmbedder
+from proxy.upstream.llm_client import LLMClient
 
 if TYPE_CHECKING:
     from proxy.mcp.server import McpEndpoint
@@ -66,7 +67,7 @@ def create_app(
         # Compaction reads context windows from litellm's model map.
         uses_litellm = any(route.provider for route in settings.routes) or settings.compact
         if uses_litellm:
-            import proxy.litellm_adapter  # noqa: F401 - import now, not on the first request
+            import proxy.upstream.litellm_transport  # noqa: F401 - import now, not on the first request
         jobs_stop: asyncio.Task[None] | None = None
         mcp_run = contextlib.AsyncExitStack()  # the MCP SDK's task groups, while serving
         try:
@@ -89,7 +90,7 @@ def create_app(
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
                 "memory": state.memory is not None,
             })
-            # Lifespan state: every request's scope carries the shutdown (proxy/relay.py).
+            # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py).
             yield {SHUTDOWN_STATE: state.shutdown}
         finally:
             app.state.ready = False
@@ -103,8 +104,8 @@ def create_app(
             if upstream is None:
                 await state.upstream.aclose()
             # litellm may have been imported since (a Messages request translated by it).
-            if "proxy.litellm_adapter" in sys.modules:
-                from proxy.litellm_adapter import close_clients
+            if "proxy.upstream.litellm_transport" in sys.modules:
+                from proxy.upstream.litellm_transport import close_clients
 
                 await close_clients()
 
@@ -112,10 +113,10 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions", endpoint(CHAT), methods=["POST"]),
         # Other methods (GET/DELETE /v1/responses/{id}, ...) fall through to the pass-through.
-        Route("/v1/responses", create_response, methods=["POST"]),
-        Route("/v1/messages", create_message, methods=["POST"]),
+        Route("/v1/responses", endpoint(RESPONSES), methods=["POST"]),
+        Route("/v1/messages", endpoint(MESSAGES), methods=["POST"]),
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
@@ -126,7 +127,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        # Host, Origin and Content-Type, before any route reads a byte (proxy/edge.py).
+        # Host, Origin and Content-Type, before any route reads a byte (proxy/access/edge.py).
         middleware=[Middleware(EdgeGuard, settings=settings,
                                envelopes={"/v1/messages": MESSAGES.error_response})],
         exception_handlers={

@@ -9,11 +9,11 @@ from typing import Any
 
 from config import Settings
 from memory import MemoryEngine
-from proxy.limits import KeyLimits
-from proxy.llm_client import LLMClient
-from proxy.metrics import Metrics
-from proxy.shutdown import Shutdown
-from proxy.upstream import Upstream
+from proxy.access.limits import KeyLimits
+from proxy.http.metrics import Metrics
+from proxy.http.shutdown import Shutdown
+from proxy.upstream.client import Upstream
+from proxy.upstream.llm_client import LLMClient
 
 
 @dataclass

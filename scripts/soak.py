@@ -340,7 +340,7 @@ async def drain(db_path: Path, requests: int, timeout: float) -> tuple[float, bo
 def audit(db_path: Path, ledger: Ledger) -> dict[str, int]:
     """Compare the turns in the database with what the clients sent and received."""
     rows = query(db_path, "SELECT user_id, session_id, role, content, incomplete FROM turns")
-    # A stream cut short keeps its partial reply marked incomplete (DESIGN.md 2.9): counted
+    # A stream cut short keeps its partial reply marked incomplete (docs/architecture.md, "Request flow"): counted
     # apart, since only failed requests may leave one.
     stored = Counter(tuple(row[:4]) for row in rows if not row[4])
     missing = ledger.expected - stored

@@ -19,7 +19,7 @@ import uvicorn
 from config import Settings, load_settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
-from proxy.serving import uvicorn_config
+from proxy.http.serving import uvicorn_config
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
 
@@ -144,7 +144,7 @@ def serve(settings: Settings, **app_kwargs: Any) -> RunningProxy:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    # The uvicorn settings and protocol `memproxy serve` runs (proxy/serving.py).
+    # The uvicorn settings and protocol `memproxy serve` runs (proxy/http/serving.py).
     config = uvicorn_config(
         create_app(settings, **app_kwargs), settings, log_level="warning", lifespan="on"
     )

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.cli import main
+from proxy.cli.main import main
 from tests.conftest import ROOT, RunningProxy
 from tests.memory_helpers import QUIET
 from tests.support.chat import chat

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import main
+from proxy.cli.main import main
 from tests.conftest import ROOT, RunningProxy
 from tests.memory_helpers import QUIET, Starter, memory_api
 from tests.support.chat import chat

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from config import Route
-from proxy.compaction import HEADING, Shape, middle
+from proxy.flow.compaction import HEADING, middle
+from proxy.formats.shape import Shape
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import (

@@ -23,7 +23,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.upstream import RETRY_MAX_DELAY, retry_after
+from proxy.upstream.client import RETRY_MAX_DELAY, retry_after
 from tests.conftest import RunningProxy
 from tests.support.scripted_upstream import (
     Drop,

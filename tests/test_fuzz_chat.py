@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from config import load_settings
 from memory.index.embeddings import LocalEmbedder
-from proxy.chat_body import ROLES
+from proxy.formats.chat_body import ROLES
 from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.scripted_upstream import (
     JSONReply,
@@ -180,7 +180,7 @@ valid_bodies = st.fixed_dictionaries(
 
 
 def validated(field: str, value: Any) -> bool:
-    """Whether memproxy's own checks (DESIGN.md 2.1) accept `value` for a top-level field."""
+    """Whether memproxy's own checks (docs/architecture.md, "Request flow") accept `value` for a top-level field."""
     kinds: dict[str, Any] = {"stream": bool, "user": str, "metadata": dict, "stream_options": dict}
     if field == "model":
         return isinstance(value, str) and bool(value)
@@ -404,7 +404,7 @@ def test_json_or_a_missing_content_type_is_judged_by_the_body_and_any_other_is_4
                       "messages": [{"role": "user", "content": "hi"}]}).encode()
     headers = {} if content_type is None else {"content-type": content_type}
     response = http.post("/v1/chat/completions", content=raw, headers=headers)
-    # A web page sends text and form bodies cross-origin unasked (proxy/edge.py).
+    # A web page sends text and form bodies cross-origin unasked (proxy/access/edge.py).
     essence = (content_type or "").split(";")[0].strip()
     if essence not in ("", "application/json"):
         assert assert_envelope(response, 415)["param"] == "Content-Type"

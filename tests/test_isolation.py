@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from config import ApiKey
 from memory.storage.fts import CHUNK_COLUMNS, match_expression, search_terms
 from memory.storage.postgres import PostgresDatabase
-from proxy.identity import resolve_user
+from proxy.access.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error
 from tests.support.jobs import wait_for_jobs

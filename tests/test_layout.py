@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -89,3 +90,135 @@ def test_each_third_party_store_library_lives_behind_one_module() -> None:
     ):
         importing = re.compile(rf"^\s*(?:import|from) {library}\b", re.MULTILINE)
         assert {path for path, text in code.items() if importing.search(text)} == allowed
+
+
+# proxy/'s packages, each importing only from those before it (docs/architecture.md, "Layers").
+PROXY_LAYERS = (
+    "http", "upstream", "access", "state", "formats", "flow", "management", "mcp", "app", "cli",
+    "__main__",
+)
+MAX_MODULE_LINES = 500
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the project modules it imports}, over config, memory and proxy, counting
+    imports under TYPE_CHECKING and inside functions."""
+    paths = {}
+    for folder in ("config", "memory", "proxy"):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            paths[".".join(parts)] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(known(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in paths else known(base))
+        graph[module] = {name for name in found if name is not None and name != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_every_kind_of_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    # A TYPE_CHECKING import and one inside a function are edges of the graph.
+    edges = import_graph()
+    assert "proxy.flow.call" in edges["proxy.flow.memory_tool.loop"]  # under TYPE_CHECKING
+    assert "proxy.app" in edges["proxy.cli.main"]  # inside serve()
+
+
+def test_proxy_packages_import_only_the_layers_before_them() -> None:
+    def layer(module: str) -> int:
+        return PROXY_LAYERS.index(module.split(".")[1])
+
+    offenders = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("proxy.") and module != "proxy"
+        for target in targets
+        if target.startswith("proxy.") and layer(target) > layer(module)
+    ]
+    assert offenders == []
+    assert {path.name for path in (ROOT / "proxy").iterdir() if path.suffix == ".py"} == {
+        "__init__.py", "__main__.py", "app.py", "state.py",
+    }
+
+
+def test_http_imports_nothing_else_of_proxy() -> None:
+    graph = import_graph()
+    assert all(
+        target.startswith("proxy.http")
+        for module, targets in graph.items() if module.startswith("proxy.http")
+        for target in targets if target.startswith("proxy")
+    )
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for folder in ("config", "memory", "proxy")
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_code_cites_the_project_s_own_docs() -> None:
+    # The external contract is not in the repository; docs/architecture.md is.
+    code = sources("config", "memory", "proxy", "scripts", "tests")
+    assert [path for path, text in code.items() if "DESIGN" + ".md" in text] == []

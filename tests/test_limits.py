@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageParam
 
 from config import ApiKey
-from proxy.errors import RateLimited
-from proxy.limits import KeyLimits, limit_key
+from proxy.access.limits import KeyLimits, limit_key
+from proxy.http.errors import RateLimited
 from tests.conftest import RunningProxy
 from tests.support.scripted_upstream import ErrorReply, ScriptedUpstream, SSEReply, chat_chunks
 

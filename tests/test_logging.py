@@ -11,7 +11,7 @@ from types import ModuleType
 import config
 import memory
 import proxy
-from proxy.logs import LOGGER_NAME
+from proxy.http.logs import LOGGER_NAME
 
 
 def all_modules() -> list[ModuleType]:

@@ -420,7 +420,7 @@ async def test_without_keys_only_loopback_clients_are_served(make_settings: Any)
         app = create_app(make_settings(management_remote=remote_ok), with_memory=False)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app, client=("203.0.113.9", 50000))
-            # A loopback name: without keys memproxy answers no other (proxy/edge.py).
+            # A loopback name: without keys memproxy answers no other (proxy/access/edge.py).
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
                 response = await http.get("/v1/memory/facts")
         assert_error(response, expected)  # 503: let through, but this proxy has no memory

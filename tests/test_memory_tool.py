@@ -15,9 +15,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from proxy.memory_tool import FAILED
-from proxy.memory_tool_chat import ChatRound
-from proxy.memory_tool_dialect import TOOL_NAME
+from proxy.flow.memory_tool.chat import ChatRound
+from proxy.flow.memory_tool.dialect import TOOL_NAME
+from proxy.flow.memory_tool.loop import FAILED
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.scripted_upstream import (

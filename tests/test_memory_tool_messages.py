@@ -13,7 +13,7 @@ import httpx
 import pytest
 from anthropic.types import MessageParam, ToolParam
 
-from proxy.memory_tool_dialect import TOOL_NAME
+from proxy.flow.memory_tool.dialect import TOOL_NAME
 from tests.conftest import RunningProxy
 from tests.support.formats import message_object, named_event
 from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream, SSEReply

@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam, Response
 
-from proxy.memory_tool_dialect import TOOL_NAME
+from proxy.flow.memory_tool.dialect import TOOL_NAME
 from tests.conftest import RunningProxy
 from tests.support.formats import response_events, response_object
 from tests.support.scripted_upstream import JSONReply, Received, Reply, ScriptedUpstream, SSEReply

@@ -16,7 +16,7 @@ from memory.recall.block import SHARED_HEADING, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.render import Entry
 from memory.tokens import count_tokens
-from proxy.identity import resolve_user
+from proxy.access.identity import resolve_user
 from tests.conftest import RunningProxy
 from tests.memory_helpers import QUIET, assert_error, memory_api
 from tests.support.chat import chat

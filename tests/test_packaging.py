@@ -7,7 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from proxy.cli import build_parser, main
+from proxy.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_console_script_is_the_cli() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == "memproxy"
-    assert project["scripts"]["memproxy"] == "proxy.cli:main"
-    assert main.__module__ == "proxy.cli"
+    assert project["scripts"]["memproxy"] == "proxy.cli.main:main"
+    assert main.__module__ == "proxy.cli.main"
 
 
 def test_dockerfile_runs_memproxy_serve_and_copies_every_package() -> None:

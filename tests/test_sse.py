@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import ChatReplyTee, ServerSentEvent, SSEDecoder
+from proxy.http.sse import ChatReplyTee, ServerSentEvent, SSEDecoder
 
 STREAM = (
     b": keep-alive comment\r\n"

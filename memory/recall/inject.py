@@ -1,4 +1,4 @@
-"""Placing the rendered memory block into a request's messages (DESIGN.md 2.7)."""
+"""Placing the rendered memory block into a request's messages (docs/architecture.md, "Request flow")."""
 
 from __future__ import annotations
 

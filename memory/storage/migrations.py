@@ -122,7 +122,7 @@ CREATE TABLE request_metrics (
 CREATE INDEX request_metrics_created ON request_metrics (created_at);
 """
 
-# Learned memory (DESIGN.md section 3). A fact's versions share `chain_id` (the id of its
+# Learned memory (docs/memory.md, Learning). A fact's versions share `chain_id` (the id of its
 # first version): an edit or a contradiction inserts a new row and closes the old one with
 # `valid_to` + `superseded_by`, so history is kept and a delete removes the whole chain.
 # previous_id / superseded_by are not foreign keys: a chain is deleted in one statement.
@@ -390,7 +390,7 @@ MIGRATIONS: list[Migration] = [
     # PostgreSQL's chunk postings (memory.storage.postgres_schema); FTS5 keeps its own, so
     # nothing changes here: the name is recorded so both backends list the same migrations.
     ("0009_chunk_postings", lambda conn: None),
-    # Whose reply a response id is, whoever asks (proxy/ownership.py): the first user a
+    # Whose reply a response id is, whoever asks (proxy/access/ownership.py): the first user a
     # reply turn was stored for under that id.
     ("0010_reply_owner", _REPLY_OWNER),
     # Fair claims between users (memory/storage/jobs.py): a job's owner and its place in

@@ -1,4 +1,4 @@
-"""The memory management API under /v1/memory (DESIGN.md section 5), one module per resource.
+"""The memory management API under /v1/memory (docs/memory-api.md), one module per resource.
 
     facts.py     facts: list, get, add, edit, delete, pin, history
     sessions.py  sessions and their turns

@@ -1,11 +1,11 @@
 """The memory API's side of access, and how its failures look on the wire.
 
-Who may reach which memory is decided once, in proxy/access.py (its table): a key bound to
+Who may reach which memory is decided once, in proxy/access/decision.py (its table): a key bound to
 a user reaches that user; an unbound key names the user like a chat request does
 (X-Memory-User-Id, else `default`); an organisation's key without a user names one of its
 organisation's members; the admin key reaches any user. Without keys (local single-user
 mode) only loopback clients are served, unless MEMPROXY_MANAGEMENT_REMOTE is on. Requests
-count against the caller's key in the same rate limit as chat completions (proxy/limits.py).
+count against the caller's key in the same rate limit as chat completions (proxy/access/limits.py).
 
 With X-Memory-Org-Id a request reaches an organisation's shared memory instead (facts,
 search, export, clearing and stats only); who reads and who changes it is in the same table.
@@ -35,15 +35,15 @@ from memory import (
     RecordError,
     organization_memory,
 )
-from proxy.access import Action, decide, identify
-from proxy.errors import (
+from proxy.access.decision import Action, decide, identify
+from proxy.access.identity import resolve_org, resolve_user
+from proxy.access.limits import limit_keys
+from proxy.http.errors import (
     Conflict,
     InvalidRequest,
     MemoryUnavailable,
     NotFound,
 )
-from proxy.identity import resolve_org, resolve_user
-from proxy.limits import limit_keys
 from proxy.state import AppState
 
 
@@ -95,7 +95,7 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 def authorise(request: Request) -> Caller:
     """The caller of a management request; 401, 403, 429 or 503 when it cannot be served.
 
-    Whose memory it reaches is decided by proxy/access.py, as for every chat request."""
+    Whose memory it reaches is decided by proxy/access/decision.py, as for every chat request."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
     principal = identify(request, settings, admin_allowed=True)

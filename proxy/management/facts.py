@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_TEXT_CHARS, Fact
-from proxy.errors import Conflict, InvalidRequest, NotFound
+from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
 from proxy.management.inputs import (
     choice,

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from proxy.errors import InvalidRequest, NotFound
-from proxy.requests import read_body
+from proxy.http.body import read_body
+from proxy.http.errors import InvalidRequest, NotFound
 
 _MISSING: Any = object()
 # How deep a management body may nest. Nothing the API takes needs more than a few levels;

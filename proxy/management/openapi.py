@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from config.choices import MAX_BUDGET
 from memory import CATEGORIES, IGNORED, MAX_FACTS_PAGE
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from memory import CATEGORIES, MAX_TEXT_CHARS
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
 
 # At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
 NON_BLANK = r"[^\s\x1c-\x1f\x85]"

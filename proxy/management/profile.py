@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.errors import InvalidRequest
+from proxy.http.errors import InvalidRequest
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.inputs import flag, json_object
 

@@ -11,8 +11,8 @@ from starlette.responses import Response
 
 from config.choices import MAX_BUDGET, SCOPES
 from memory import RecallRequest
-from proxy.errors import InvalidRequest
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.http.errors import InvalidRequest
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.inputs import choice, json_object, number, text
 

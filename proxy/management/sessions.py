@@ -6,8 +6,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import MAX_SESSIONS_PAGE, turn_dict
-from proxy.errors import InvalidRequest, NotFound
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.http.errors import InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
 from proxy.management.inputs import query_limit, query_text
 

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from memory import RecordError, check_record
-from proxy.errors import InvalidRequest
-from proxy.identity import conversation_fingerprint
+from proxy.access.identity import conversation_fingerprint
+from proxy.http.body import read_body
+from proxy.http.errors import InvalidRequest
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.inputs import MAX_DEPTH, nested_too_deep
-from proxy.requests import read_body
 
 FLUSH_BYTES = 64 * 1024
 MAX_REPORTED_ERRORS = 5

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from config import Settings
 from memory import MemoryEngine
-from proxy.access import Principal
+from proxy.access.decision import Principal
 
 CALLER = "memproxy.mcp.caller"  # the scope key the authorised caller rides under
 MAX_CLIENT_NAME = 100

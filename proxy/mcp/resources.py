@@ -12,8 +12,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from proxy.errors import ProxyError
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.http.errors import ProxyError
 from proxy.mcp.caller import caller_of
 from proxy.mcp.schemas import PROFILE_URI, RESOURCES, TEMPLATES
 from proxy.mcp.tools import read_profile, session_summary

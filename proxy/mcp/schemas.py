@@ -10,7 +10,7 @@ import mcp_types as types
 
 from config.choices import MAX_BUDGET, SCOPES
 from memory import CATEGORIES, MAX_TEXT_CHARS
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.identity import MAX_ID_LENGTH
 
 MAX_QUERY_CHARS = 8000  # as POST /v1/memory/search
 MAX_LIST_PAGE = 100

@@ -6,7 +6,7 @@ and is answered in full, so any replica behind a round-robin balancer answers an
 The answer is JSON or an SSE stream as the client's Accept asks (text/event-stream listed:
 SSE; else JSON); GET and DELETE, which only sessions use, get 405.
 
-Before the SDK sees a request, `McpEndpoint` does what /v1/memory does (proxy/access.py):
+Before the SDK sees a request, `McpEndpoint` does what /v1/memory does (proxy/access/decision.py):
 the key and X-Memory-* headers name the caller and the memory (401/403 at the HTTP level),
 the body is read within the size limit (413), and the caller rides in the request's scope
 to the tool handlers, which never take identity from arguments.
@@ -32,16 +32,16 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from memory import ConsentRequired, CursorError, FactError, RequestMetrics
-from proxy.access import decide, identify
-from proxy.errors import MemoryUnavailable, ProxyError
-from proxy.identity import resolve_org, resolve_session, resolve_user
-from proxy.limits import limit_keys
-from proxy.logs import get_logger
+from proxy.access.decision import decide, identify
+from proxy.access.identity import resolve_org, resolve_session, resolve_user
+from proxy.access.limits import limit_keys
+from proxy.http.body import read_body
+from proxy.http.errors import MemoryUnavailable, ProxyError
+from proxy.http.logs import get_logger
 from proxy.mcp import resources
 from proxy.mcp.caller import CALLER, McpCaller, caller_of
 from proxy.mcp.schemas import TOOLS
 from proxy.mcp.tools import HANDLERS, arguments
-from proxy.requests import read_body
 from proxy.state import AppState
 
 log = get_logger("mcp")

@@ -2,7 +2,7 @@
 
 Whose memory a call reaches is the HTTP request's (its key and X-Memory-* headers, decided
 in proxy/mcp/server.py), never an argument: a prompt can write arguments. A tool that
-changes memory asks proxy/access.py's `decide` for "write" on the memory it changes, so an
+changes memory asks proxy/access/decision.py's `decide` for "write" on the memory it changes, so an
 organisation's shared memory changes only for an org writer.
 
 Every failure a client can cause is a `ToolFailure` (or the memory API's own error), which
@@ -17,9 +17,9 @@ from typing import Any
 
 from config.choices import MAX_BUDGET, SCOPES
 from memory import CATEGORIES, MAX_TEXT_CHARS, Fact, RecallRequest, organization_memory
-from proxy.access import decide
-from proxy.errors import InvalidRequest, NotFound
-from proxy.identity import MAX_ID_LENGTH
+from proxy.access.decision import decide
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.http.errors import InvalidRequest, NotFound
 from proxy.management.inputs import choice, flag, number, text
 from proxy.mcp.caller import McpCaller
 from proxy.mcp.schemas import KINDS, MAX_LIST_PAGE, MAX_QUERY_CHARS, MAX_TTL_DAYS, TOOLS

@@ -1,4 +1,4 @@
-"""The one access decision (proxy/access.py): a test per actor of its table, through real
+"""The one access decision (proxy/access/decision.py): a test per actor of its table, through real
 HTTP requests to the app, on every way memory is read or changed.
 
 Each actor tries the victim's memory through a dry run, a chat that recalls (whole and

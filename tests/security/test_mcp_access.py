@@ -1,5 +1,5 @@
 """/mcp under attack: identity comes from the key and the X-Memory-* headers only, through
-proxy/access.py's `decide`, exactly as on /v1/memory. A prompt that writes tool arguments
+proxy/access/decision.py's `decide`, exactly as on /v1/memory. A prompt that writes tool arguments
 (or `_meta`) cannot name another user or organisation; another user's ids are not found; a
 remote client without keys is refused; the rate limit counts tool calls. The app runs
 in-process through httpx's ASGI transport so a remote address can be set, answering JSON

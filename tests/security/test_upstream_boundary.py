@@ -226,9 +226,9 @@ def test_upstream_failures_name_the_route_not_an_address(
 
 
 def test_no_format_lists_a_host_a_key_headers_or_a_provider() -> None:
-    from proxy.chat_body import CHAT_PARAMS
-    from proxy.messages_body import MESSAGES_PARAMS
-    from proxy.responses_api import RESPONSES_PARAMS
+    from proxy.formats.chat_body import CHAT_PARAMS
+    from proxy.formats.messages_body import MESSAGES_PARAMS
+    from proxy.formats.responses import RESPONSES_PARAMS
 
     litellms_own = {
         "model", "base_url", "api_base", "api_key", "api_version", "azure_endpoint", "headers",

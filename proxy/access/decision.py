@@ -1,0 +1,157 @@
+"""The one access decision: may this caller read or change this user's (or organisation's)
+memory? Every way in asks `decide`: chat completions, Responses and Messages (recall,
+injection, dry run, tool mode, compaction, the stored conversation a request continues),
+and the memory API (and so the CLI and the panel): facts, turns, search, export, import,
+clear, profile, stats.
+
+    caller                                   a user's memory            an org's shared memory
+    admin key                                any user                   any org, read and write
+    key bound to a user (`k:alice`)          that user only             its own org: read; write
+                                                                        with :org-writer
+    org key without a user (`k:org=acme`)    the org's members only     its own org: read; write
+                                                                        with :org-writer
+    unbound key (`k`)                        any user                   any org: read only
+    keys configured, no valid key            none (401)                 none (401)
+    no keys, loopback client                 any user                   any org, read and write
+    no keys, remote client                   none (403), unless         none (403), unless
+                                             MEMPROXY_MANAGEMENT_REMOTE MEMPROXY_MANAGEMENT_REMOTE
+
+An organisation's members are the users that keys of that organisation are bound to in
+MEMPROXY_API_KEYS (`k2:bob:org=acme` makes bob a member of acme). "Keys configured" means
+MEMPROXY_API_KEYS or MEMPROXY_ADMIN_KEY: with only the admin key set, every other request
+is a caller without a valid key. Chats never write an organisation's shared memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from starlette.requests import Request
+
+from config import ApiKey, Flags, Settings
+from proxy.access.identity import authenticate, presented_key
+from proxy.http.errors import AuthenticationFailed, PermissionDenied, ProxyError
+
+Action = Literal["read", "write"]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: the proxy key presented (None: none configured, or the admin key),
+    whether it is the admin key, and whether the client is on this machine."""
+
+    key: ApiKey | None
+    admin: bool = False
+    loopback: bool = False
+
+
+def identify(request: Request, settings: Settings, *, admin_allowed: bool) -> Principal:
+    """The caller of `request`; 401 when proxy keys are on and its key is missing or wrong.
+
+    The admin key counts only where `admin_allowed` (the memory API): chats never take it,
+    so with only the admin key configured a chat goes through as a bring-your-own-key
+    request whose memory `decide` refuses.
+    """
+    loopback = is_loopback(request)
+    admin_key = settings.admin_key
+    if admin_allowed and admin_key:
+        presented = presented_key(request.headers)
+        if presented and hmac.compare_digest(presented.encode(), admin_key.encode()):
+            return Principal(None, admin=True, loopback=loopback)
+    return Principal(authenticate(request.headers, settings.api_keys), loopback=loopback)
+
+
+def decide(
+    principal: Principal, settings: Settings, *, user_id: str | None, org_id: str | None,
+    action: Action,
+) -> None:
+    """Allow `action` on `user_id`'s memory (with `org_id`'s shared memory read alongside),
+    or, with `user_id` None, on `org_id`'s shared memory; else raise 401 or 403."""
+    if principal.admin:
+        return
+    key = principal.key
+    if key is None:
+        if settings.api_keys or settings.admin_key:
+            raise AuthenticationFailed(
+                "memory needs a valid API key: send a memproxy key as a Bearer token"
+            )
+        if principal.loopback or settings.management_remote:
+            return  # local single-user mode, or an operator who opened it on purpose
+        raise PermissionDenied(
+            "without proxy keys memory answers only loopback clients;"
+            " set MEMPROXY_API_KEYS, or MEMPROXY_MANAGEMENT_REMOTE=on"
+        )
+    if user_id is not None:
+        _check_user(key, settings.api_keys, user_id)
+    if org_id is not None:
+        _check_org(key, org_id, "write" if user_id is None and action == "write" else "read")
+
+
+def chat_flags(
+    principal: Principal, settings: Settings, flags: Flags, *, user_id: str, org_id: str | None
+) -> tuple[Flags, ProxyError | None]:
+    """The flags a chat request runs with: as asked when its caller may reach the memory,
+    else memory off and the refusal, which X-Memory-Error reports (memory never breaks the
+    chat). A dry run only reads memory: it answers the refusal, as the memory API does."""
+    if not (flags.active or flags.compact):
+        return flags, None  # memory off: nothing to decide, nothing to hash
+    try:
+        decide(principal, settings, user_id=user_id, org_id=org_id,
+               action="write" if flags.write else "read")
+    except ProxyError as exc:
+        if flags.dry_run:
+            raise
+        return dataclasses.replace(flags, read=False, write=False, compact=False), exc
+    return flags, None
+
+
+def _check_user(key: ApiKey, keys: tuple[ApiKey, ...], user_id: str) -> None:
+    if key.user_id is not None:
+        if user_id != key.user_id:
+            raise PermissionDenied("this API key is bound to another user", param="X-Memory-User-Id")
+    elif key.org_id is not None and user_id not in members(keys).get(key.org_id, ()):
+        raise PermissionDenied(
+            f"user {user_id!r} is not a member of this API key's organisation",
+            param="X-Memory-User-Id",
+        )
+
+
+def _check_org(key: ApiKey, org_id: str, action: Action) -> None:
+    if key.org_id is not None and key.org_id != org_id:
+        raise PermissionDenied(
+            "this API key belongs to another organisation", param="X-Memory-Org-Id"
+        )
+    if key.org_id is None and key.user_id is not None:
+        raise PermissionDenied("this API key belongs to no organisation", param="X-Memory-Org-Id")
+    if action == "write" and not key.org_writer:
+        raise PermissionDenied(
+            "this API key may read but not change the organisation's shared memory",
+            param="X-Memory-Org-Id",
+        )
+
+
+@lru_cache(maxsize=8)
+def members(keys: tuple[ApiKey, ...]) -> Mapping[str, frozenset[str]]:
+    """{organisation: the users keys of it are bound to} (settings are frozen: computed once)."""
+    found: dict[str, set[str]] = {}
+    for key in keys:
+        if key.org_id is not None and key.user_id is not None:
+            found.setdefault(key.org_id, set()).add(key.user_id)
+    return {org: frozenset(users) for org, users in found.items()}
+
+
+def is_loopback(request: Request) -> bool:
+    """Whether the client connected from this machine."""
+    host = request.client.host if request.client else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))

@@ -1,0 +1,103 @@
+"""The memory API's client for the command line: requests, errors, output and uploads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.cli.render import Progress
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+UPLOAD_CHUNK = 256 * 1024
+
+
+class CliError(Exception):
+    """The server answered with an error, or could not be reached."""
+
+
+class UsageError(Exception):
+    """The command line asks for something it may not (exit status 2, as argparse's)."""
+
+
+class MemoryClient:
+    """httpx against /v1/memory with the key and the user of the command line."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
+        headers = {}
+        key = args.key or os.environ.get("MEMPROXY_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if args.user:
+            headers["X-Memory-User-Id"] = args.user
+        if args.org:
+            headers["X-Memory-Org-Id"] = args.org
+        self.http = httpx.Client(base_url=f"{url}/v1/memory", headers=headers, timeout=300)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request; the JSON answer, or CliError with the server's message."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach memproxy at {self.http.base_url}: {exc}") from None
+        _check(response)
+        return response.json()
+
+    def stream(self, path: str) -> Iterator[bytes]:
+        """The lines of a streamed answer, without their newline."""
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.is_error:
+                    response.read()
+                    _check(response)
+                # Split on b"\n" only: httpx's iter_lines also splits at U+2028 inside JSON.
+                pending = b""
+                for chunk in response.iter_bytes():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    yield from lines
+                if pending:
+                    yield pending
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach memproxy at {self.http.base_url}: {exc}") from None
+
+
+def _check(response: httpx.Response) -> None:
+    if not response.is_error:
+        return
+    try:
+        error = response.json()["error"]
+        message = f"{error['message']} ({response.status_code} {error.get('code') or ''})".strip()
+    except (ValueError, KeyError, TypeError):
+        message = f"HTTP {response.status_code}: {response.text[:200]}"
+    raise CliError(message)
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """`data` as JSON with --json, else `text`."""
+    print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else text)
+
+
+def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
+    """The file's bytes in chunks, advancing a progress bar."""
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        progress = Progress("importing", len(data))
+        return iter([data]), progress
+    size = path.stat().st_size
+    progress = Progress("uploading", size)
+
+    def chunks() -> Iterator[bytes]:
+        with path.open("rb") as handle:
+            while chunk := handle.read(UPLOAD_CHUNK):
+                progress.advance(len(chunk))
+                yield chunk
+
+    return chunks(), progress
+

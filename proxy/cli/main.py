@@ -1,0 +1,172 @@
+"""The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py),
+`memproxy migrate` (memory/admin/migrate.py), `memproxy mcp` (proxy/mcp/stdio.py), and `memories`, `sessions` and `stats` against a
+running server (proxy/cli/memory.py)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from config import SettingsError, load_settings
+from proxy.cli import memory as cli_memory
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="memproxy", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
+    serve.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    backup = commands.add_parser(
+        "backup", help="copy the memory of this data directory, safely while a server runs"
+    )
+    backup.add_argument("dest", type=Path, help="new data directory to write the copy to")
+    backup.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    migrate = commands.add_parser(
+        "migrate", help="copy this data directory's memory into PostgreSQL (and a Chroma"
+        " server); stop memproxy first"
+    )
+    migrate.add_argument("dest_url", help="the PostgreSQL database, postgresql://...")
+    migrate.add_argument("--chroma-url", help="also copy the vectors to this Chroma server;"
+                         " without it they stay in the embedded Chroma of the data directory")
+    migrate.add_argument("--batch-size", type=int, default=2000, help="rows (or vectors) per committed batch")
+    migrate.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
+    mcp = commands.add_parser(
+        "mcp", help="speak MCP on stdin/stdout, forwarding to a running memproxy's /mcp"
+    )
+    mcp.add_argument("--url", help="memproxy's address (MEMPROXY_URL, default http://127.0.0.1:8080)")
+    mcp.add_argument("--key", help="a proxy key (MEMPROXY_API_KEY)")
+    mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
+    mcp.add_argument("--session", help="X-Memory-Session-Id for what is added")
+    cli_memory.add_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `memproxy` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "backup":
+        return backup_command(args)
+    if args.command == "migrate":
+        return migrate_command(args)
+    if args.command == "mcp":
+        from proxy.mcp.stdio import run  # the MCP SDK, for this command only
+
+        return run(args)
+    return cli_memory.run(args)
+
+
+def backup_command(args: argparse.Namespace) -> int:
+    """Copy MEMPROXY_DATA_DIR's database to a new data directory (memory/admin/backup.py)."""
+    from memory import BackupError, backup
+
+    try:
+        settings = load_settings(config_file=args.config)
+        if settings.database_url:
+            raise BackupError("the memory is in PostgreSQL (MEMPROXY_DATABASE_URL): back it up"
+                              " with pg_dump; this command copies the embedded SQLite file")
+        done = backup(settings.db_path, args.dest)
+    except (SettingsError, BackupError, OSError) as exc:
+        print(f"memproxy: backup failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"
+          f" {done.seconds:.1f} s. A server started on it (MEMPROXY_DATA_DIR={args.dest})"
+          f" rebuilds the vector index first: {done.rebuild_jobs} queued jobs.")
+    return 0
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    """Copy MEMPROXY_DATA_DIR's memory into PostgreSQL (memory/admin/migrate.py)."""
+    from memory import CopiedBatch, MigrateError, migrate
+
+    def progress(batch: CopiedBatch) -> None:
+        print(f"  {batch.table}: {batch.inserted} of {batch.rows} new", file=sys.stderr)
+
+    try:
+        settings = load_settings(config_file=args.config)
+        if settings.database_url:
+            raise MigrateError("MEMPROXY_DATABASE_URL is set: this command copies the embedded"
+                               " SQLite file of MEMPROXY_DATA_DIR; unset it")
+        if not args.dest_url.startswith(("postgresql://", "postgres://")):
+            raise MigrateError(f"DEST_URL is postgresql://..., not {args.dest_url!r}")
+        done = migrate(settings, args.dest_url, chroma_url=args.chroma_url,
+                       batch_size=max(1, args.batch_size), on_batch=progress)
+    except (SettingsError, MigrateError, OSError) as exc:
+        print(f"memproxy: migrate failed: {exc} (what was copied stays; run it again to go"
+              " on)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("memproxy: migrate interrupted; run it again to go on", file=sys.stderr)
+        return 130
+    print(f"{'TABLE':<16} {'SOURCE':>9} {'DEST':>9} {'COPIED':>9}")
+    for table, count in done.source_rows.items():
+        print(f"{table:<16} {count:>9} {done.dest_rows[table]:>9} {done.copied_rows[table]:>9}")
+    for collection, count in done.copied_vectors.items():
+        print(f"vectors {collection}: {count} copied")
+    print(f"Done in {done.seconds:.1f} s. Start memproxy with MEMPROXY_DATABASE_URL=DEST_URL"
+          + (f" and MEMPROXY_CHROMA_URL={args.chroma_url}." if args.chroma_url else
+             f" and the same MEMPROXY_DATA_DIR={settings.data_dir} (its embedded Chroma)."))
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Start uvicorn with the app."""
+    import uvicorn
+
+    from proxy.app import begin_shutdown, create_app
+    from proxy.http.serving import uvicorn_config
+    from proxy.http.shutdown import Shutdown
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, starting the app's shutdown clock when the signal arrives (not
+        when its main loop next looks), so streams and jobs share one grace from then."""
+
+        signalled_at: float | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self.signalled_at = self.signalled_at or time.monotonic()
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            begin_shutdown(app, self.signalled_at)
+            await super().shutdown(sockets)
+
+    try:
+        settings = load_settings(config_file=args.config)
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if overrides:
+            settings = settings.replace(**overrides)
+    except SettingsError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 2
+    # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
+    # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    app = create_app(settings)
+    config = uvicorn_config(
+        app, settings,
+        # The app ends its streams at the cut (proxy/http/shutdown.py); uvicorn cancels what else
+        # still runs (a reply not yet started) then too. A float: int() would turn a grace
+        # under a second into 0; asyncio.wait_for takes any number.
+        timeout_graceful_shutdown=Shutdown(settings.shutdown_grace_seconds).work_seconds,
+    )
+    Server(config).run()
+    return 0
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

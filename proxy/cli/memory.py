@@ -1,0 +1,119 @@
+"""`memproxy memories|sessions|stats`: the memory API from the command line.
+
+Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`,
+`--org` for an organisation's shared memory).
+Tables on a terminal, `--json` for scripts; a progress bar on stderr for exports and
+imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 usage, 141
+(quietly) when the output pipe closed early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from config.choices import SCOPES
+from memory import CATEGORIES
+from proxy.cli.client import DEFAULT_URL, CliError, MemoryClient, UsageError
+from proxy.cli.commands import COMMANDS
+
+
+def add_commands(commands: Any) -> None:
+    """Add `memories`, `sessions` and `stats` to the `memproxy` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help=f"memproxy's address (MEMPROXY_URL, default {DEFAULT_URL})")
+    common.add_argument("--key", help="a proxy key or the admin key (MEMPROXY_KEY)")
+    common.add_argument("--user", help="whose memory (X-Memory-User-Id)")
+    common.add_argument(
+        "--org", help="an organisation's shared memory instead of a user's (X-Memory-Org-Id)"
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    memories = commands.add_parser("memories", help="see and change what memproxy remembers")
+    actions = memories.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", parents=[common], help="list facts")
+    listing.add_argument("--category", choices=CATEGORIES)
+    listing.add_argument("--pinned", action="store_true", help="only pinned facts")
+    listing.add_argument("--query", "-q", help="full-text filter")
+    listing.add_argument("--all", action="store_true", help="include old versions and expired")
+    listing.add_argument("--limit", type=int, default=50, help="most facts shown (default 50)")
+    search = actions.add_parser("search", parents=[common], help="what would be injected")
+    search.add_argument("query")
+    search.add_argument("--budget", type=int, help="token budget (default: the server's)")
+    search.add_argument("--scope", choices=SCOPES)
+    search.add_argument("--session", help="the session to search from")
+    add = actions.add_parser("add", parents=[common], help="remember a fact")
+    add.add_argument("text")
+    add.add_argument("--category", choices=CATEGORIES, default="context")
+    add.add_argument("--confidence", type=float)
+    add.add_argument("--importance", type=int)
+    add.add_argument("--pin", action="store_true")
+    edit = actions.add_parser("edit", parents=[common], help="change a fact (keeps history)")
+    edit.add_argument("id", type=int)
+    edit.add_argument("--text")
+    edit.add_argument("--category", choices=CATEGORIES)
+    edit.add_argument("--confidence", type=float)
+    edit.add_argument("--importance", type=int)
+    forget = actions.add_parser("forget", parents=[common], help="delete a fact and its history")
+    forget.add_argument("id", type=int)
+    pin = actions.add_parser("pin", parents=[common], help="pin a fact (--off to unpin)")
+    pin.add_argument("id", type=int)
+    pin.add_argument("--off", action="store_true", help="unpin instead")
+    export = actions.add_parser("export", parents=[common], help="export as JSON Lines")
+    export.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
+    load = actions.add_parser("import", parents=[common], help="import JSON Lines")
+    load.add_argument("file", type=Path, help="records or OpenAI-format conversations, or -")
+    clear = actions.add_parser(
+        "clear", parents=[common], help="delete all memory of the user (undo within the window)"
+    )
+    clear.add_argument("--yes", action="store_true", help="really clear (required)")
+    undo = actions.add_parser("undo", parents=[common], help="undo a clear with its undo token")
+    # An option, written --token=...: a token may start with "-", which argparse would take
+    # for an option if it stood alone.
+    undo.add_argument("--token", required=True, dest="undo_token",
+                      help="the undo token `memories clear` printed")
+
+    sessions = commands.add_parser("sessions", help="conversations memproxy has logged")
+    session_actions = sessions.add_subparsers(dest="action", required=True)
+    session_list = session_actions.add_parser("list", parents=[common], help="list sessions")
+    session_list.add_argument("--limit", type=int, default=50)
+    show = session_actions.add_parser("show", parents=[common], help="a session's turns")
+    show.add_argument("session_id")
+    delete = session_actions.add_parser("delete", parents=[common], help="delete a session")
+    delete.add_argument("session_id")
+
+    commands.add_parser("stats", parents=[common], help="counts, index sizes, job queue")
+
+
+# The status of a command whose output pipe was closed (`memproxy stats | head -1`): what a
+# shell reports for a tool ended by SIGPIPE, 128 + 13.
+CLOSED_PIPE = 141
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a memory command; print errors to stderr."""
+    handler = COMMANDS[(args.command, getattr(args, "action", None))]
+    client = MemoryClient(args)
+    try:
+        handler(client, args)
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
+    except BrokenPipeError:
+        # The reader has gone, as `head` does: stop quietly. Python would flush stdout again
+        # at exit and print the error, so stdout now writes to nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
+    except UsageError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 2
+    except CliError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.http.close()
+    return 0

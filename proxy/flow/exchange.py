@@ -1,0 +1,360 @@
+"""One request of any API format, end to end (docs/architecture.md, "Request flow"): parse, authenticate, identify,
+recall, inject, forward, relay, remember.
+
+The format (`proxy.formats.base.ApiFormat`) says how its body reads, where the memory block
+goes and how its replies and errors look; the transport says how the bytes travel (raw to
+an upstream that speaks the format, or through litellm). Everything else happens here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from config import Flags
+from config.flags import FlagError
+from memory import Recalled, ReplyChain
+from proxy.access.decision import chat_flags, identify
+from proxy.access.identity import Identity, resolve_org, resolve_session, resolve_user
+from proxy.access.limits import limit_keys
+from proxy.access.ownership import previous_response_not_found, stored_elsewhere
+from proxy.flow.call import Call
+from proxy.flow.compaction import compact
+from proxy.flow.memory_step import MemoryStep
+from proxy.flow.memory_tool.loop import MemoryTool
+from proxy.formats.base import ApiFormat, ReplyTee
+from proxy.http.body import read_body
+from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
+from proxy.http.logs import get_logger
+from proxy.http.relay import RelayResponse, StreamOutcome
+from proxy.state import AppState
+from proxy.upstream.client import (
+    UpstreamReply,
+    forward_headers,
+    map_transport_error,
+    relay_headers,
+    url_for,
+)
+from proxy.upstream.client import (
+    read_body as read_upstream_body,
+)
+
+# How much of a continued conversation recall reads (it is already in the model's context).
+CHAIN_TURNS = 40
+
+
+def endpoint(fmt: ApiFormat) -> Callable[[Request], Awaitable[Response | RelayResponse]]:
+    """The route handler of one API format (`POST /v1/chat/completions`, ...)."""
+
+    async def run(request: Request) -> Response | RelayResponse:
+        return await handle(request, fmt)
+
+    run.__name__ = f"{fmt.route}_endpoint"
+    return run
+
+
+async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
+    """Handle one request of `fmt`, streamed or not; errors in the format's envelope."""
+    state: AppState = request.app.state.memproxy
+    started = time.perf_counter()
+    status = 500
+    response: Response | RelayResponse | None = None
+    try:
+        response = await _handle(request, state, fmt)
+        status = response.status_code if isinstance(response, Response) else response.status
+        return response
+    except ProxyError as exc:
+        status = exc.status
+        if exc.status >= 500:
+            state.metrics.upstream_errors.labels(exc.code or "error").inc()
+        return fmt.error_response(exc)
+    finally:
+        call: Call | None = getattr(request.state, "call", None)
+        if call is not None and call.slot is not None:
+            call.slot.hand_over(response)  # held until a stream ends, else freed now
+        elapsed = time.perf_counter() - started
+        state.metrics.observe(fmt.route, status, elapsed)
+        log = get_logger(fmt.route)
+        if log.isEnabledFor(logging.INFO):
+            log.info(fmt.route, extra=_log_fields(request, status, elapsed))
+
+
+def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]:
+    """What one request's log line says: ids and figures, never keys or message text."""
+    fields: dict[str, Any] = {"status": status, "ms": round(elapsed * 1000, 2)}
+    call: Call | None = getattr(request.state, "call", None)
+    if call is not None:
+        fields.update(
+            request_id=call.request_id, model=call.body["model"], user_id=call.identity.user_id,
+            session_id=call.identity.session_id, stream=bool(call.body.get("stream")),
+        )
+    return fields
+
+
+async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response | RelayResponse:
+    settings = state.settings
+    # The key first: a wrong one must not cost reading and parsing a body of up to 32 MB.
+    principal = identify(request, settings, admin_allowed=False)
+    key = principal.key
+    raw = await read_body(request, settings.max_body_bytes)
+    parsed = fmt.parse(raw)
+    body = parsed.body
+    try:
+        flags = Flags.from_headers(request.headers, settings)
+    except FlagError as exc:
+        raise InvalidHeader(exc.header, str(exc)) from None
+    user_id = resolve_user(request.headers, body, key)
+    org_id = resolve_org(request.headers, key)
+    # Memory the caller may not reach is off for this request (a dry run gets the refusal).
+    flags, refused = chat_flags(principal, settings, flags, user_id=user_id, org_id=org_id)
+    chain, chain_error = await _chain(state, flags, user_id, parsed.continues)
+    session_id = resolve_session(
+        request.headers, user_id, parsed.conversation,
+        continued=chain.session_id if chain is not None else None,
+    )
+    call = Call(
+        fmt, parsed, raw, Identity(user_id, session_id, org_id), flags,
+        fmt.target(state.upstream, body["model"], request.headers),
+        request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
+    )
+    # Sent back as the UTF-8 bytes it arrived in (headers go out as latin-1).
+    call.headers["X-Memory-Session-Id"] = session_id.encode().decode("latin-1")
+    request.state.call = call
+    if state.limits.enabled:  # hashing the key is wasted work when no limit is set
+        call.slot = state.limits.admit(
+            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True
+        )
+    tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
+    step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
+    if chain_error is not None:
+        step.failed("chain", chain_error)
+    if refused is not None:
+        step.failed("access", refused)
+    recalled = await step.recall()
+    if flags.dry_run:
+        return _dry_run(call, recalled, step)
+    step.lend_client_key(request.headers, call.target)
+    step.start_remembering()
+    # Without a change the client's own bytes go out: nothing re-encoded.
+    payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
+    try:
+        if tool is None:
+            upstream = await _send(request, state, call, payload, body)
+        else:
+            upstream = await tool.open(partial(_send, request, state, call), body, step)
+        return await _relay(state, call, upstream, step)
+    except ProxyError:
+        step.remember_reply(None, incomplete=True)
+        raise
+
+
+async def _outgoing(
+    state: AppState, call: Call, step: MemoryStep, recalled: Recalled | None
+) -> tuple[bytes, dict[str, Any]] | None:
+    """The bytes and body to send when memory changes the request (compaction, the
+    block); None when it goes as sent."""
+    body = call.body
+    if call.flags.compact:
+        body = await compact(state, call, step, body, recalled.tokens if recalled else 0) or body
+    if step.placed:
+        body = call.fmt.place(body, step.placed)
+    elif step.placed is None and recalled is not None and recalled.items:
+        body = call.fmt.inject(body, recalled.block, call.flags.placement)
+    if body is call.body:
+        return None
+    try:
+        return orjson.dumps(body), body
+    except TypeError as exc:  # orjson writes 254 levels of nesting but reads 1024
+        step.failed("inject", exc)
+        return None
+
+
+async def _chain(
+    state: AppState, flags: Flags, user_id: str, reply_id: str | None
+) -> tuple[ReplyChain | None, Exception | None]:
+    """The stored conversation a request continues, when it names one and memory is on;
+    404 when memproxy stored that reply for another user, memory on or off for this
+    request (`proxy.access.ownership`)."""
+    if reply_id is None or state.memory is None:
+        return None, None
+    try:
+        elsewhere = await stored_elsewhere(state.memory, user_id, reply_id)
+        chain = None if elsewhere or not flags.active else \
+            await state.memory.reply_chain(user_id, reply_id, limit=CHAIN_TURNS)
+    except Exception as exc:  # memory never breaks the chat: reported in X-Memory-Error
+        return None, exc
+    if elsewhere:
+        raise previous_response_not_found(reply_id)
+    return chain, None
+
+
+def _memory_step(
+    state: AppState, call: Call, chain: ReplyChain | None, flags: Flags
+) -> MemoryStep:
+    context: list[Mapping[str, Any]] = []
+    after = None
+    # A session named in a header may differ from the chain's: then the turns start there.
+    if chain is not None and chain.session_id == call.identity.session_id:
+        context = [{"role": t.role, "content": t.content, "name": t.name} for t in chain.turns]
+        after = chain.last_turn_id
+    # Stable injection needs the whole conversation in the request, as sent: not with a
+    # stored chain before it, nor when compaction may rewrite it.
+    stable = flags.injection == "stable" and chain is None and not flags.compact
+    return MemoryStep(
+        state, call.identity, flags, call.request_id, model=call.body["model"],
+        messages=call.parsed.conversation, context=context, after=after, stable=stable,
+        first_placement=call.fmt.first_placement(call.body, flags.placement),
+    )
+
+
+async def _send(
+    request: Request, state: AppState, call: Call, payload: bytes, body: dict[str, Any]
+) -> UpstreamReply:
+    """Open the reply: raw bytes to an upstream that speaks the format, or through litellm."""
+    if call.target.via_litellm:
+        return await call.fmt.open_litellm(call.target, body, timeout=state.settings.upstream_timeout)
+    headers = forward_headers(
+        request.headers.items(), call.target,
+        strip_auth=bool(state.settings.api_keys), identity_encoding=True,
+    )
+    return await state.upstream.open_ok(
+        "POST", url_for(call.target, call.fmt.path), headers, payload,
+        retries=state.settings.upstream_retries,
+    )
+
+
+async def _relay(
+    state: AppState, call: Call, upstream: UpstreamReply, step: MemoryStep
+) -> Response | RelayResponse:
+    """Relay the reply (streamed or whole) and remember what it said."""
+    # Memory headers last, once the request's turns are stored (MemoryStep.stored).
+    await step.stored()
+    out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        return _relay_stream(state, call.fmt, upstream, out_headers, step)
+    try:
+        content = await read_upstream_body(upstream)
+    finally:
+        await upstream.aclose()
+    if upstream.status_code >= 300:
+        step.remember_reply(None, incomplete=False)
+        return Response(content, upstream.status_code, out_headers)
+    reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
+    reply = call.fmt.read_reply(reply_body) if step.writing else None
+    step.remember_reply(
+        reply.text if reply else None, incomplete=not (reply is None or reply.complete),
+        reply_id=reply.reply_id if reply else None,
+    )
+    if call.fmt.continuable:
+        await step.reply_stored()
+    return Response(content, upstream.status_code, out_headers)
+
+
+def _relay_stream(
+    state: AppState, fmt: ApiFormat, upstream: UpstreamReply, headers: dict[str, str],
+    step: MemoryStep,
+) -> RelayResponse:
+    # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
+    # checks) it only when it remembers the reply; otherwise the bytes go through as sent.
+    tee = fmt.tee() if step.writing else None
+    last_sent = [b""]  # the last chunk relayed, for formats that number their events
+
+    async def chunks() -> Any:
+        if tee is None:
+            async for chunk in upstream.aiter_raw():
+                last_sent[0] = chunk
+                yield chunk
+            return
+        held = b""
+        async for chunk in upstream.aiter_raw():
+            # Whole events only, so a malformed one can be replaced by an error event.
+            ready, held = _whole_events(held + chunk)
+            if ready:
+                tee.feed(ready)
+                if tee.malformed:
+                    if valid := _before_malformed(fmt, ready):
+                        last_sent[0] = valid
+                        yield valid
+                    raise UpstreamError("upstream sent a malformed stream event",
+                                        code="upstream_invalid_response")
+                if tee.finished and fmt.continuable:
+                    # The end goes out once the reply is stored, so a request that
+                    # continues from it (by its id) finds it.
+                    step.remember_reply(tee.text, incomplete=False, reply_id=tee.reply_id)
+                    await step.reply_stored()
+                last_sent[0] = ready
+                yield ready
+        if held:
+            tee.feed(held)
+            yield held
+
+    def done(outcome: StreamOutcome) -> None:
+        state.metrics.inflight_streams.dec()
+        if outcome.error is not None:
+            state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
+        if tee is not None:
+            step.remember_reply(tee.text, incomplete=not (outcome.completed and tee.finished),
+                                reply_id=tee.reply_id)
+
+    state.metrics.inflight_streams.inc()
+    return RelayResponse(
+        chunks(), status=upstream.status_code, headers=headers, close=upstream.aclose,
+        on_error=map_transport_error, on_done=done,
+        error_event=lambda error: fmt.error_event(error, last_sent[0]),
+    )
+
+
+def _json_object(content: bytes) -> dict[str, Any]:
+    """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
+    try:
+        reply = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise UpstreamError("upstream returned a body that is not a JSON object",
+                            code="upstream_invalid_response")
+    return reply
+
+
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """Split SSE bytes after the last blank line: (whole events, the start of the next)."""
+    if data.endswith(b"\n\n"):
+        return data, b""  # the usual case: the upstream flushes whole events
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) != -1]
+    end = max(ends, default=0)
+    return data[:end], data[end:]
+
+
+def _before_malformed(fmt: ApiFormat, events: bytes) -> bytes:
+    """The whole events that precede the first malformed one (a rare path: it re-reads)."""
+    tee: ReplyTee = fmt.tee()
+    valid = b""
+    for event in re.split(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))", events):
+        tee.feed(event)
+        if tee.malformed:
+            break
+        valid += event
+    return valid
+
+
+def _dry_run(call: Call, recalled: Recalled | None, step: MemoryStep) -> Response:
+    payload = {
+        "object": "memory.dry_run",
+        "user_id": call.identity.user_id,
+        "session_id": call.identity.session_id,
+        "placement": call.flags.placement,
+        "budget": step.flags.budget,  # in tool mode the pre-fetch's
+        **(recalled.as_dict() if recalled is not None else {"block": "", "items": [], "tokens": 0}),
+        "errors": step.errors,
+    }
+    return Response(orjson.dumps(payload), 200, {**call.headers, **step.headers()},
+                    media_type="application/json")

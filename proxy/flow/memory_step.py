@@ -1,0 +1,241 @@
+"""Memory around one request of any format: recall before forwarding, remember after the reply.
+
+Memory never breaks the chat: every failure here is caught, counted, and reported in the
+`X-Memory-Error` response header while the request goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from config import Flags
+from memory import Injection, Placed, Recalled, RecallRequest, RequestMetrics
+from proxy.access.identity import Identity, presented_key
+from proxy.http.logs import get_logger
+from proxy.state import AppState
+from proxy.upstream.client import Target
+
+log = get_logger("memory")
+# How long a reply waits, at most, for its request's turns to be committed before it starts.
+STORE_WAIT_SECONDS = 2.0
+
+
+class MemoryStep:
+    """The recall and remember steps of one request.
+
+    `messages` is the request's conversation as chat messages. A request that sends only
+    its new messages and names the reply it continues (`previous_response_id`) passes the
+    stored conversation before them as `context` (recall reads it; it is not stored again)
+    and the stored reply's turn id as `after` (the new turns go on from it).
+
+    `stable` (stable injection, docs/memory.md): the blocks earlier requests of the session
+    injected go back at their places (`placed`), and this request's block holds only the
+    items they do not show; it is kept with the request's last user turn. The first block
+    of a conversation goes where `first_placement` says, the others before their turn.
+    """
+
+    def __init__(
+        self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
+        model: str, messages: Sequence[Mapping[str, Any]],
+        context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
+        stable: bool = False, first_placement: str = "system",
+    ) -> None:
+        self.state = state
+        self.identity = identity
+        self.flags = flags
+        self.request_id = request_id
+        self.model = model
+        self.messages = messages
+        self.context = context
+        self.after = after
+        self.errors: list[str] = []
+        self.recalled: Recalled | None = None
+        self.stable = stable
+        self.first_placement = first_placement
+        self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        # Stable injection: every block of the request at its place (None: fresh injection).
+        self.placed: list[Placed] | None = None
+        self._injected: tuple[int, Injection] | None = None  # this request's new block
+        self._stored: asyncio.Task[int | None] | None = None
+        self._reply: asyncio.Task[None] | None = None
+
+    @property
+    def writing(self) -> bool:
+        """Whether this request's turns are remembered."""
+        return self.flags.write and not self.flags.dry_run and self.state.memory is not None
+
+    async def recall(self) -> Recalled | None:
+        """Recalled memory for this request, or None when reading is off or failed."""
+        memory = self.state.memory
+        if memory is None or not (self.flags.read or self.flags.dry_run):
+            return None
+        started = time.perf_counter()
+        try:
+            placed = await self._placed_blocks()
+            last = len(self._users) - 1  # a retry recalls as its first try: not its own block
+            self.recalled = await memory.cached_recall(RecallRequest(
+                self.identity.user_id, self.identity.session_id,
+                [*self.context, *self.messages], self.model, self.flags.budget, self.flags.scope,
+                org_id=self.identity.org_id,
+                shown=frozenset(k for user, b in placed.items() if user < last for k in b.items),
+                add_budget=round(self.flags.budget * self.state.settings.memory_stable_share),
+            ))
+            if self.placed is not None:
+                self._place(placed, self.recalled)
+        except Exception as exc:
+            self.failed("recall", exc)
+            self.placed = None
+        metrics = self.state.metrics
+        metrics.recall_latency.observe(time.perf_counter() - started)
+        if self.recalled is not None:
+            metrics.injected_tokens.observe(self.recalled.tokens)
+            if self.state.settings.recall_cache_entries and self.recalled.skipped is None:
+                (metrics.recall_cache_hits if self.recalled.cached else metrics.recall_cache_misses).inc()
+        return self.recalled
+
+    async def _placed_blocks(self) -> dict[int, Injection]:
+        """Stable injection: {user message number: block} of the blocks earlier requests
+        placed in this conversation, its last user message included."""
+        memory = self.state.memory
+        if memory is None or not self.stable or not self._users:
+            return {}
+        self.placed = []
+        found = await memory.placed_blocks(
+            self.identity.user_id, self.identity.session_id, self.messages, after=self.after
+        )
+        return {self._users.index(i): block for i, block in found.items() if i in self._users}
+
+    def _place(self, placed: dict[int, Injection], recalled: Recalled) -> None:
+        """Every block at its place: the earlier ones, then this request's at its last user
+        message (for a retry, the block its first try kept, byte for byte)."""
+        last = len(self._users) - 1
+        own = placed.get(last)
+        if own is None and recalled.items:
+            # Into the system prompt only as the conversation's first block: appended later,
+            # it would change the prompt's start and lose the whole cached prefix.
+            placement = self.first_placement if last == 0 else "last_user"
+            own = Injection(placement, recalled.block, [item.id for item in recalled.items],
+                            recalled.tokens)
+            self._injected = (self._users[last], own)
+        self.placed = [Placed(user, b.block, b.placement) for user, b in sorted(placed.items())
+                       if user != last]
+        if own is not None:
+            self.placed.append(Placed(last, own.block, own.placement))
+
+    def lend_client_key(self, headers: Mapping[str, str], target: Target) -> None:
+        """Bring-your-own-key: this user's learning jobs may use the key the client sent to
+        `target` (in memory only, and only for that upstream)."""
+        llm = self.state.llm
+        if llm is None or not self.writing or self.state.settings.api_keys or target.api_key:
+            return
+        key = presented_key(headers)
+        if key:
+            llm.lend_key(self.identity.user_id, target, key)
+
+    def start_remembering(self) -> None:
+        """Store the request's turns in the background, alongside forwarding."""
+        memory = self.state.memory
+        if memory is None or not self.writing:
+            return
+        self._stored = self.state.spawn(memory.remember_request(
+            self.identity.user_id, self.identity.session_id, self.messages,
+            model=self.model, request_id=self.request_id, after=self.after,
+            injected=self._injected,
+        ))
+
+    async def stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
+        """Wait up to `timeout` seconds for the request's turns to be committed; never raises.
+
+        The write runs during the upstream call, so this usually returns at once. Once it is
+        committed, a crash in the middle of the reply cannot lose a turn the client saw
+        accepted, and a storage failure can still go out in X-Memory-Error.
+        """
+        if self._stored is not None and not self._stored.done():
+            await asyncio.wait({self._stored}, timeout=timeout)
+
+    async def stored_turn(self, timeout: float = STORE_WAIT_SECONDS) -> int | None:
+        """The id of the request's last stored turn, once stored (None if it is not)."""
+        await self.stored(timeout)
+        task = self._stored
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    def remember_reply(
+        self, text: str | None, *, incomplete: bool, reply_id: str | None = None
+    ) -> None:
+        """Store the assistant's reply once the request's turns are in, then the metrics row.
+
+        `reply_id`: the upstream's id for the reply (a Responses API response id), stored
+        as the reply turn's request id so a request continuing from it finds it.
+        """
+        if self.state.memory is None or not self.flags.active or self._reply is not None:
+            return  # once: a stream may store its reply before it ends
+        self._reply = self.state.spawn(self._after_reply(text, incomplete, reply_id or self.request_id))
+
+    async def reply_stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
+        """Wait up to `timeout` seconds for the reply to be committed; never raises.
+
+        A client that continues from a reply by its id (`previous_response_id`) may send
+        that request the moment it has the reply: the reply must be findable by then.
+        """
+        if self._reply is not None and not self._reply.done():
+            await asyncio.wait({self._reply}, timeout=timeout)
+
+    async def _after_reply(self, text: str | None, incomplete: bool, reply_id: str) -> None:
+        memory = self.state.memory
+        assert memory is not None
+        try:
+            after = await self._stored if self._stored is not None else None
+            if self._stored is not None and text:
+                await memory.remember_reply(
+                    self.identity.user_id, self.identity.session_id, after, text,
+                    model=self.model, request_id=reply_id, incomplete=incomplete,
+                )
+        except Exception as exc:
+            self.failed("remember", exc)
+        try:
+            await memory.record(self._metrics_row())
+        except Exception as exc:
+            self.failed("metrics", exc)
+
+    def headers(self) -> dict[str, str]:
+        """X-Memory-* response headers describing what memory did."""
+        headers: dict[str, str] = {}
+        if self.recalled is not None:
+            headers["X-Memory-Injected-Tokens"] = str(self.recalled.tokens)
+            headers["X-Memory-Items"] = str(len(self.recalled.items))
+            headers["X-Memory-Recall-Ms"] = f"{self.recalled.recall_ms:.1f}"
+        if self._stored is not None and self._stored.done() and self._stored.exception():
+            self.failed("remember", self._stored.exception())  # type: ignore[arg-type]
+        if self.errors:
+            headers["X-Memory-Error"] = "; ".join(self.errors)[:500]
+        return headers
+
+    def failed(self, stage: str, exc: BaseException) -> None:
+        """Record a memory failure: counted, logged, and reported in X-Memory-Error."""
+        reason = f"{stage}: {type(exc).__name__}"
+        if reason not in self.errors:
+            self.errors.append(reason)
+            self.state.metrics.memory_errors.labels(stage).inc()
+            log.warning("memory degraded", extra={
+                "stage": stage, "error": type(exc).__name__, "detail": str(exc)[:200],
+                "request_id": self.request_id,
+            })
+
+    def _metrics_row(self) -> RequestMetrics:
+        recalled = self.recalled
+        return RequestMetrics(
+            created_at=time.time(), user_id=self.identity.user_id,
+            session_id=self.identity.session_id, request_id=self.request_id, model=self.model,
+            items=Counter(item.source for item in recalled.items) if recalled else {},
+            injected_tokens=recalled.tokens if recalled else 0,
+            truncated=bool(recalled and recalled.truncated),
+            recall_ms=recalled.recall_ms if recalled else None,
+            embed_ms=recalled.embed_ms if recalled else None,
+            error="; ".join(self.errors) or None,
+        )

@@ -1,0 +1,248 @@
+"""The memory tool loop in Anthropic Messages (`proxy.flow.memory_tool.loop`): a tool with an
+`input_schema`, `tool_use` blocks answered by `tool_result` blocks in a user message, and
+the stream's filter.
+
+The API refuses `tool_use` blocks in a conversation whose request defines no tools, so in the
+last round memory_search stays defined (with `tool_choice: none` when the client has no
+tools of its own) and a call to it there is dropped.
+
+In a stream, text (and thinking) blocks go out as they arrive, numbered on from the rounds
+before; memory_search's blocks are dropped; the client's tool_use blocks, `message_delta` and
+`message_stop` are held until the round ends (a memory_search call may follow a client call).
+A later round's `message_start` is not sent: the client sees one message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.flow.memory_tool.dialect import (
+    DESCRIPTION,
+    PARAMETERS,
+    TOOL_NAME,
+    Search,
+    add_usage,
+    encoded,
+    event_payload,
+    search_query,
+)
+from proxy.http.sse import ServerSentEvent, SSEDecoder
+
+Payload = dict[str, Any]
+TOOL: Payload = {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
+# Stream deltas by type, and the block field each one extends.
+DELTA_FIELDS = {"text_delta": ("text", "text"), "input_json_delta": ("partial_json", "input"),
+                "thinking_delta": ("thinking", "thinking"), "signature_delta": ("signature", "signature")}
+
+
+class MessagesDialect:
+    """Anthropic Messages' side of the tool loop."""
+
+    def unsupported(self, body: Payload) -> str | None:
+        """Tools that are not a list or hold a memory_search, `tool_choice: none`."""
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            return "tools is not an array"
+        if any(isinstance(t, dict) and t.get("name") == TOOL_NAME for t in tools or ()):
+            return f"the request has its own {TOOL_NAME} tool"
+        if _dict(body.get("tool_choice")).get("type") == "none":
+            return "tool_choice is none"
+        return None
+
+    def items(self, body: Payload) -> list[Any]:
+        """`messages`."""
+        return list(body["messages"])
+
+    def with_items(self, body: Payload, items: list[Any]) -> Payload:
+        """`messages` replaced."""
+        return {**body, "messages": items}
+
+    def offer(self, body: Payload) -> Payload:
+        """memory_search after the client's tools."""
+        return {**body, "tools": [*(body.get("tools") or ()), TOOL]}
+
+    def last_round(self, body: Payload) -> Payload:
+        """Still defined (the conversation holds its tool_use blocks), not to be called."""
+        if body.get("tools") or "tool_choice" in body:
+            return self.offer(body)
+        return {**self.offer(body), "tool_choice": {"type": "none"}}
+
+    def searches(self, reply: Payload) -> list[Search]:
+        """The message's memory_search tool_use blocks."""
+        return [Search(str(b.get("id") or ""), search_query(b.get("input"))) for b in _blocks(reply)
+                if _ours(b)]
+
+    def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
+        """The assistant message without the client's tool uses, then the tool results."""
+        kept = [b for b in _blocks(reply) if b.get("type") != "tool_use" or _ours(b)]
+        results = [{"type": "tool_result", "tool_use_id": search.id, "content": text}
+                   for search, text in answers]
+        return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
+
+    def final(self, reply: Payload, usage_before: Payload | None) -> Payload:
+        """The message without memory_search's blocks (end_turn when no tool use is left)."""
+        out = {**reply}
+        if isinstance(reply.get("usage"), dict) and usage_before is not None:
+            out["usage"] = add_usage(usage_before, reply["usage"])
+        blocks = _blocks(reply)
+        if any(_ours(b) for b in blocks):
+            out["content"] = [b for b in blocks if not _ours(b)]
+            if reply.get("stop_reason") == "tool_use" and not _tool_uses(out["content"]):
+                out["stop_reason"] = "end_turn"
+        return out
+
+    def usage(self, reply: Payload) -> Any:
+        """The message's usage."""
+        return reply.get("usage")
+
+    def stream_round(self, previous: Any, usage_before: Payload | None) -> MessagesRound:
+        """The next round, numbering its blocks after those the client already has."""
+        return MessagesRound(previous if isinstance(previous, MessagesRound) else None, usage_before)
+
+
+class MessagesRound:
+    """Reads one round's Messages events; relays some, holds the rest."""
+
+    def __init__(self, previous: MessagesRound | None, usage_before: Payload | None) -> None:
+        self.first = previous is None
+        # The client's number for the next block: rounds go on from the blocks it has.
+        self.next_index: int = previous.next_index if previous is not None else 0
+        self.usage_before = usage_before
+        self._decoder = SSEDecoder()
+        self._blocks: dict[int, Payload] = {}  # upstream index -> the block rebuilt
+        self._numbers: dict[int, int] = {}  # upstream index -> the client's index
+        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
+        self._stop_reason: Any = None
+        self._usage: Payload = {}
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take upstream bytes; return the whole events that go to the client now."""
+        out = []
+        for event in self._decoder.feed(chunk):
+            payload = event_payload(event)
+            verdict = self._read(payload) if payload is not None else "relay"
+            if verdict == "hold":
+                self._held.append((event, payload))
+            elif verdict == "relay":
+                out.append(encoded(event))
+            elif verdict == "renumber" and payload is not None:
+                out.append(self._numbered(event, payload))
+        return b"".join(out)
+
+    def reply(self) -> Payload:
+        """The round as a whole message: its blocks in order, stop reason and usage."""
+        blocks = [_finished(b) for _, b in sorted(self._blocks.items())]
+        return {"type": "message", "role": "assistant", "content": blocks,
+                "stop_reason": self._stop_reason, "usage": self._usage or None}
+
+    def end(self) -> bytes:
+        """The held events: the client's tool uses numbered on, then the message's end."""
+        client_uses = any(b.get("type") == "tool_use" for b in self._blocks.values() if not _ours(b))
+        out = []
+        for event, payload in self._held:
+            if payload is None:
+                out.append(encoded(event))
+            elif payload.get("type") == "message_delta":
+                out.append(self._message_delta(event, payload, client_uses))
+            elif isinstance(index := payload.get("index"), int):
+                if index not in self._numbers:
+                    self._numbers[index] = self._take_number()
+                out.append(self._numbered(event, payload))
+            else:
+                out.append(encoded(event))
+        return b"".join(out)
+
+    def _read(self, payload: Payload) -> str:
+        """What happens to one event: relay, renumber (a block), hold or drop."""
+        kind, index = payload.get("type"), payload.get("index")
+        if kind == "message_start":
+            self._usage = {**_dict(_dict(payload.get("message")).get("usage"))}
+            return "relay" if self.first else "drop"
+        if kind in ("message_delta", "message_stop"):
+            if kind == "message_delta":
+                self._stop_reason = _dict(payload.get("delta")).get("stop_reason")
+                self._usage.update(_dict(payload.get("usage")))
+            return "hold"
+        if not isinstance(index, int) or not str(kind).startswith("content_block"):
+            return "relay"  # ping, error, anything new
+        if kind == "content_block_start":
+            self._blocks[index] = {**_dict(payload.get("content_block"))}
+        block = self._blocks.setdefault(index, {})
+        if kind == "content_block_delta":
+            _extend(block, _dict(payload.get("delta")))
+        if _ours(block):
+            return "drop"
+        if block.get("type") == "tool_use":
+            return "hold"  # the client's: after the round, unless the round searched
+        if kind == "content_block_start":
+            self._numbers[index] = self._take_number()
+        return "renumber"
+
+    def _take_number(self) -> int:
+        self.next_index += 1
+        return self.next_index - 1
+
+    def _numbered(self, event: ServerSentEvent, payload: Payload) -> bytes:
+        index = payload["index"]
+        number = self._numbers.get(index, index)
+        if number == index:
+            return encoded(event)
+        return _event(event, {**payload, "index": number})
+
+    def _message_delta(self, event: ServerSentEvent, payload: Payload, client_uses: bool) -> bytes:
+        delta = _dict(payload.get("delta"))
+        stripped = any(_ours(b) for b in self._blocks.values())
+        if not stripped and self.usage_before is None:
+            return encoded(event)
+        out = {**payload}
+        if stripped and delta.get("stop_reason") == "tool_use" and not client_uses:
+            out["delta"] = {**delta, "stop_reason": "end_turn"}
+        if self.usage_before is not None:
+            # Every round's tokens, in the field the SDKs take the final usage from.
+            out["usage"] = add_usage(self.usage_before, self._usage)
+        return _event(event, out)
+
+
+def _event(event: ServerSentEvent, payload: Payload) -> bytes:
+    return encoded(ServerSentEvent(orjson.dumps(payload).decode(), event.event))
+
+
+def _extend(block: Payload, delta: Payload) -> None:
+    """Add a stream delta to the block it belongs to."""
+    source, target = DELTA_FIELDS.get(str(delta.get("type")), (None, None))
+    if source is not None and target is not None and isinstance(delta.get(source), str):
+        if target == "input":  # a tool use's input arrives as JSON text
+            block["partial_json"] = str(block.get("partial_json") or "") + delta[source]
+        else:
+            block[target] = str(block.get(target) or "") + delta[source]
+
+
+def _finished(block: Payload) -> Payload:
+    """A streamed block as a whole message holds it (a tool use's input parsed)."""
+    out = {k: v for k, v in block.items() if k != "partial_json"}
+    if "partial_json" in block:
+        try:
+            out["input"] = orjson.loads(block["partial_json"] or "{}")
+        except orjson.JSONDecodeError:
+            out["input"] = {}
+    return out
+
+
+def _blocks(reply: Payload) -> list[Payload]:
+    content = reply.get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _tool_uses(blocks: list[Payload]) -> bool:
+    return any(b.get("type") == "tool_use" for b in blocks)
+
+
+def _ours(block: Payload) -> bool:
+    return block.get("type") == "tool_use" and block.get("name") == TOOL_NAME
+
+
+def _dict(value: Any) -> Payload:
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,142 @@
+"""What an API format tells the shared flow (`proxy.flow.exchange`): how its body reads, where
+memory goes in it, how its replies read, and how its errors look (docs/api-formats.md).
+
+    format      route                  memory goes into                     errors
+    chat        /v1/chat/completions   the system message / before the      OpenAI's envelope
+                                       last user message
+    responses   /v1/responses          `instructions` / before the last     OpenAI's envelope
+                                       user input item
+    messages    /v1/messages           `system` / the last user message,    Anthropic's envelope
+                                       after the last cache_control
+
+Memory itself reads every format the same way: as OpenAI chat messages in text form (the
+format's `Parsed.conversation`), which is what identity, recall and the turn log take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from starlette.responses import Response
+
+from memory import Placed
+from proxy.formats.shape import Shape
+from proxy.http.errors import ProxyError
+from proxy.upstream.client import Target, Upstream, UpstreamReply
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A checked request body and the conversation memory reads from it."""
+
+    body: dict[str, Any]
+    conversation: list[dict[str, Any]]  # OpenAI chat messages, text only
+    continues: str | None = None  # the id of the stored reply this request goes on from
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What memory keeps of a whole (not streamed) reply."""
+
+    text: str
+    reply_id: str | None = None
+    complete: bool = True
+
+
+class ReplyTee(Protocol):
+    """Reads a relayed event stream as it passes, for the reply's text."""
+
+    finished: bool  # the stream reached its normal, complete end
+    malformed: bool  # an event the client's SDK could not parse: the relay stops before it
+    reply_id: str | None
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes (whole events or not)."""
+        ...
+
+    @property
+    def text(self) -> str:
+        """The reply so far, as text."""
+        ...
+
+
+class ApiFormat(Protocol):
+    """One API format's side of the flow."""
+
+    route: str  # metrics label and logger name
+    path: str  # the upstream path, under the target's base URL
+    # A later request may name a reply by its id (previous_response_id): the reply is
+    # stored before the client sees its end, so that request finds it.
+    continuable: bool
+    def parse(self, raw: bytes) -> Parsed:
+        """Decode and check a body; a malformed one is a 400 (an InvalidRequest)."""
+        ...
+
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """Where this format's request for `model` goes."""
+        ...
+
+    def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
+        """A copy of `body` carrying the memory block; `body` is never changed."""
+        ...
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where a conversation's first block goes under stable injection (it stays there)."""
+        ...
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """A copy of `body` carrying each block at its place (the user messages counted as
+        in `conversation`); `body` is never changed."""
+        ...
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The body's conversation as chat messages (text only)."""
+        ...
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """The conversation's items for compaction (None: this body cannot be compacted)."""
+        ...
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """A copy of `body` whose items in `span` are replaced by one carrying `summary`."""
+        ...
+
+    def read_reply(self, body: dict[str, Any]) -> Reply:
+        """What a whole successful reply said."""
+        ...
+
+    def tee(self) -> ReplyTee:
+        """A reader for this format's event stream."""
+        ...
+
+    def error_response(self, error: ProxyError) -> Response:
+        """An error before the reply started, in this format's envelope."""
+        ...
+
+    def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
+        """The one SSE event that ends a stream which already started; `last_sent` is the
+        last chunk relayed (a format may number its events)."""
+        ...
+
+    async def open_litellm(self, target: Target, body: dict[str, Any], *, timeout: float) -> UpstreamReply:
+        """Send through litellm; the reply in this format's wire shape."""
+        ...
+
+
+@dataclass
+class TextParts:
+    """A reply's text pieces and tool calls, gathered by a tee."""
+
+    parts: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """Content first, then each tool call on its own line."""
+        return "\n".join(filter(None, ["".join(self.parts), *self.calls]))
+
+
+def tool_call_line(name: Any, arguments: Any) -> str:
+    """A tool call as memory stores it (the chat format's rendering)."""
+    return f"[tool call] {name if isinstance(name, str) else ''}({arguments if isinstance(arguments, str) else ''})"

@@ -1,0 +1,94 @@
+"""POST /v1/chat/completions: OpenAI's chat format in the shared flow (`proxy.flow.exchange`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starlette.responses import Response
+
+from memory import Placed, inject, place
+from proxy.formats.base import Parsed, Reply, ReplyTee
+from proxy.formats.chat_body import CHAT_PARAMS, parse_chat_body
+from proxy.formats.shape import Shape, pairs_by_id
+from proxy.http.errors import ProxyError, sse_error_event
+from proxy.http.sse import ChatReplyTee, reply_text
+from proxy.upstream.client import Target, Upstream, UpstreamReply
+
+
+class ChatFormat:
+    """Chat completions: memory goes into the system message or before the last user one."""
+
+    route = "chat"
+    continuable = False
+    path = "/v1/chat/completions"
+
+    def parse(self, raw: bytes) -> Parsed:
+        """The body, whose messages are already what memory reads."""
+        body = parse_chat_body(raw)
+        return Parsed(body, body["messages"])
+
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """The model's route (the routing table, else the default upstream)."""
+        return upstream.target_for(model)
+
+    def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
+        """`memory.inject` on the messages."""
+        return {**body, "messages": inject(body["messages"], block, placement)}
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Where the flags say."""
+        return placement
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """`memory.place` on the messages."""
+        return {**body, "messages": place(body["messages"], placed)}
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The messages themselves."""
+        return list(body["messages"])
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Roles, and each tool message paired with the assistant message that called it."""
+        messages = body["messages"]
+        calls = [(i, c.get("id")) for i, m in enumerate(messages)
+                 for c in _list(m.get("tool_calls")) if isinstance(c, dict)]
+        results = [(i, m.get("tool_call_id")) for i, m in enumerate(messages) if m.get("role") == "tool"]
+        return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """The span becomes one system message holding the summary."""
+        messages, (start, end) = body["messages"], span
+        return {**body, "messages": [*messages[:start], {"role": "system", "content": summary},
+                                     *messages[end:]]}
+
+    def read_reply(self, body: dict[str, Any]) -> Reply:
+        """Choice 0's content and tool calls."""
+        return Reply(reply_text(body))
+
+    def tee(self) -> ReplyTee:
+        """A chat.completion.chunk reader."""
+        return ChatReplyTee()
+
+    def error_response(self, error: ProxyError) -> Response:
+        """OpenAI's error envelope."""
+        return error.to_response()
+
+    def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
+        """`event: error` with OpenAI's envelope, which the SDKs raise as APIError."""
+        return sse_error_event(error)
+
+    async def open_litellm(
+        self, target: Target, body: dict[str, Any], *, timeout: float
+    ) -> UpstreamReply:
+        """litellm's chat completion, in OpenAI's chat wire format."""
+        from proxy.upstream.litellm_transport import open_chat
+
+        return await open_chat(target, body, CHAT_PARAMS, timeout=timeout)
+
+
+CHAT = ChatFormat()
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

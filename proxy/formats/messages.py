@@ -1,0 +1,257 @@
+"""POST /v1/messages: Anthropic's Messages API in the shared flow (`proxy.flow.exchange`).
+
+Upstream: `anthropic_base_url` when set (bytes both ways, `x-api-key` forwarded or the
+configured one), else the model's route through litellm's translation: a route with a
+provider goes to that provider, any other (and the default upstream) gets OpenAI chat
+completions. Errors, before and during a stream, use Anthropic's envelope
+`{"type": "error", "error": {"type", "message"}}` (https://docs.anthropic.com/en/api/errors).
+`/v1/messages/count_tokens` goes to `anthropic_base_url` untouched, or is estimated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from memory import Placed, count_tokens
+from proxy.access.identity import authenticate, presented_key
+from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.chat_body import parse_json_object
+from proxy.formats.messages_body import (
+    MESSAGES_PARAMS,
+    conversation,
+    has_message_breakpoint,
+    inject_messages,
+    parse_messages_body,
+    place_messages,
+)
+from proxy.formats.passthrough import relay
+from proxy.formats.shape import Shape, pairs_by_id
+from proxy.http.body import read_body
+from proxy.http.errors import ProxyError, UpstreamStatus
+from proxy.http.relay import RelayResponse
+from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.state import AppState
+from proxy.upstream.client import Target, Upstream, UpstreamReply
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class MessagesFormat:
+    """Anthropic Messages' side of the flow."""
+
+    route = "messages"
+    path = "/v1/messages"
+    continuable = False
+
+    def parse(self, raw: bytes) -> Parsed:
+        """The checked body and its conversation as chat messages."""
+        body = parse_messages_body(raw)
+        return Parsed(body, conversation(body))
+
+    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
+        """`anthropic_base_url`, else the model's route translated by litellm."""
+        settings = upstream.settings
+        route = upstream.target_for(model)
+        if settings.anthropic_base_url:
+            # A route's context_window still counts here (compaction).
+            target = anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
+            return replace(target, context_window=route.context_window)
+        if route.via_litellm:
+            return route
+        # litellm calls this upstream itself, so it needs the key a raw forward would send.
+        key = route.api_key or (None if settings.api_keys else presented_key(headers))
+        return Target(route.base_url, key, provider="openai", name=route.name)
+
+    def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
+        """Into `system`, after the last cache_control breakpoint (`proxy.formats.messages_body`)."""
+        return inject_messages(body, block, placement)
+
+    def first_placement(self, body: dict[str, Any], placement: str) -> str:
+        """Not `system` when a breakpoint in the messages caches a prefix shared beyond
+        this conversation (`proxy.formats.messages_body`)."""
+        return "last_user" if has_message_breakpoint(body) else placement
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """Each block in its user message, the first maybe in `system` (`proxy.formats.messages_body`)."""
+        return place_messages(body, placed)
+
+    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """`system` and the messages as chat messages."""
+        return conversation(body)
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Message roles; each tool_use paired with the message holding its tool_result."""
+        messages = body["messages"]
+        blocks = [(i, b) for i, m in enumerate(messages)
+                  for b in _list(m.get("content")) if isinstance(b, dict)]
+        calls = [(i, b.get("id")) for i, b in blocks if b.get("type") == "tool_use"]
+        results = [(i, b.get("tool_use_id")) for i, b in blocks if b.get("type") == "tool_result"]
+        return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
+
+    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
+        """The span becomes one user message holding the summary (the API joins it with a
+        user message next to it)."""
+        messages, (start, end) = body["messages"], span
+        note = {"role": "user", "content": [{"type": "text", "text": summary}]}
+        return {**body, "messages": [*messages[:start], note, *messages[end:]]}
+
+    def read_reply(self, body: dict[str, Any]) -> Reply:
+        """The message's text and tool uses."""
+        gathered = TextParts()
+        for block in _list(body.get("content")):
+            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                gathered.parts.append(block["text"])
+            elif isinstance(block, dict) and block.get("type") == "tool_use":
+                gathered.calls.append(tool_call_line(block.get("name"), _json(block.get("input"))))
+        return Reply(gathered.text(), complete=body.get("stop_reason") != "max_tokens")
+
+    def tee(self) -> ReplyTee:
+        """A Messages event reader."""
+        return MessagesTee()
+
+    def error_response(self, error: ProxyError) -> Response:
+        """Anthropic's error envelope (an Anthropic upstream's own error body as it was)."""
+        message = error.message
+        if isinstance(error, UpstreamStatus):
+            parsed = _loads(error.body)
+            if parsed.get("type") == "error" and isinstance(parsed.get("error"), dict):
+                return Response(error.body, error.status, error.headers, media_type="application/json")
+            inner = parsed.get("error")
+            message = (inner.get("message") if isinstance(inner, dict) else None) or \
+                error.body.decode("utf-8", "replace").strip()[:2000] or message
+        headers = {k: v for k, v in error.headers.items() if k.lower() != "content-type"}
+        return Response(orjson.dumps(envelope(error.status, message)), error.status, headers,
+                        media_type="application/json")
+
+    def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
+        """Anthropic's `error` event, which its SDKs raise as an APIStatusError."""
+        return b"event: error\ndata: " + orjson.dumps(envelope(error.status, error.message)) + b"\n\n"
+
+    async def open_litellm(
+        self, target: Target, body: dict[str, Any], *, timeout: float
+    ) -> UpstreamReply:
+        """litellm's Messages interface, translating to the route's provider."""
+        from proxy.upstream.litellm_transport import open_messages
+
+        return await open_messages(target, body, MESSAGES_PARAMS, timeout=timeout)
+
+
+MESSAGES = MessagesFormat()
+
+
+async def count_message_tokens(request: Request) -> Response | RelayResponse:
+    """POST /v1/messages/count_tokens: relayed to `anthropic_base_url`, else estimated here
+    with the model's tokenizer (tiktoken's, so an estimate for Claude models)."""
+    state: AppState = request.app.state.memproxy
+    settings = state.settings
+    try:
+        if settings.anthropic_base_url:
+            target = anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
+            return await relay(request, state, target)
+        authenticate(request.headers, settings.api_keys)
+        raw = await read_body(request, settings.max_body_bytes)
+        # The same body as /v1/messages, without max_tokens.
+        body = parse_messages_body(orjson.dumps({"max_tokens": 1, **parse_json_object(raw)}))
+        text = "\n".join(m["content"] or "" for m in conversation(body))
+        tokens = count_tokens(text, body["model"]) + _json_tokens(body.get("tools"), body["model"])
+        return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
+    except ProxyError as exc:
+        return MESSAGES.error_response(exc)
+
+
+def anthropic_target(base_url: str, api_key: str | None) -> Target:
+    """An Anthropic-compatible upstream: its base URL (with or without /v1) and key."""
+    base = base_url.rstrip("/").removesuffix("/v1")
+    return Target(f"{base}/v1", api_key, key_header="x-api-key", name="anthropic_base_url")
+
+
+def envelope(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error envelope for a status."""
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+@dataclass
+class MessagesTee:
+    """Collects the reply from Messages events: text deltas and tool uses, in block order."""
+
+    decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    gathered: TextParts = field(default_factory=TextParts)
+    tools: dict[int, list[str]] = field(default_factory=dict)  # block index -> [name, json]
+    reply_id: str | None = None  # a Messages reply is never named by a later request
+    finished: bool = False
+    malformed: bool = False
+    stop_reason: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes."""
+        for event in self.decoder.feed(chunk):
+            if not self.malformed:
+                self._event(event)
+
+    def _event(self, event: ServerSentEvent) -> None:
+        try:
+            payload = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            self.malformed = bool(event.data)  # every Messages event is a JSON object
+            return
+        kind, index = payload.get("type"), payload.get("index")
+        if kind == "content_block_start" and isinstance(index, int):
+            block = _dict(payload.get("content_block"))
+            if block.get("type") == "tool_use":
+                self.tools[index] = [str(block.get("name") or ""), ""]
+        elif kind == "content_block_delta":
+            delta = _dict(payload.get("delta"))
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                self.gathered.parts.append(delta["text"])
+            elif delta.get("type") == "input_json_delta" and index in self.tools:
+                self.tools[index][1] += str(delta.get("partial_json") or "")
+        elif kind == "message_delta":
+            self.stop_reason = _dict(payload.get("delta")).get("stop_reason") or self.stop_reason
+        elif kind == "message_stop":
+            self.finished = self.stop_reason != "max_tokens"
+
+    @property
+    def text(self) -> str:
+        """Text first, then each tool use."""
+        calls = [tool_call_line(name, arguments) for name, arguments in self.tools.values()]
+        return TextParts(self.gathered.parts, calls).text()
+
+
+def _loads(data: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _json_tokens(value: Any, model: str) -> int:
+    return count_tokens(orjson.dumps(value).decode(), model) if value else 0
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

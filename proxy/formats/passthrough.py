@@ -1,0 +1,98 @@
+"""Every other /v1/* path: method, query, headers and body relayed untouched, both ways."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.access.identity import DEFAULT_USER, authenticate
+from proxy.access.limits import limit_keys
+from proxy.access.ownership import check_response_path
+from proxy.http.errors import PayloadTooLarge, ProxyError
+from proxy.http.relay import RelayResponse
+from proxy.state import AppState
+from proxy.upstream.client import (
+    Target,
+    forward_headers,
+    map_transport_error,
+    raise_for_status,
+    relay_headers,
+    url_for,
+)
+
+ROUTE = "passthrough"
+
+
+async def passthrough(request: Request) -> Response | RelayResponse:
+    """Forward a request to the default upstream and stream its response back."""
+    state: AppState = request.app.state.memproxy
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await relay(request, state, state.upstream.default)
+        status = response.status_code if isinstance(response, Response) else response.status
+        return response
+    except ProxyError as exc:
+        status = exc.status
+        if exc.status >= 500:
+            state.metrics.upstream_errors.labels(exc.code or "error").inc()
+        raise
+    finally:
+        state.metrics.observe(ROUTE, status, time.perf_counter() - started)
+
+
+async def relay(request: Request, state: AppState, target: Target) -> Response | RelayResponse:
+    """Forward `request` to `target` (same path, query and body) and stream the reply back."""
+    settings = state.settings
+    key = authenticate(request.headers, settings.api_keys)
+    await check_response_path(request, state.settings, state.memory)
+    if state.limits.enabled:
+        # Only a request without any key counts against its user (the body is not parsed here).
+        user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
+        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.max_body_bytes:
+        raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
+    headers = forward_headers(
+        request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False
+    )
+    if declared.isdigit():
+        headers.append(("content-length", declared))  # streamed through, so say how long
+    has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
+    too_large: list[PayloadTooLarge] = []
+    content = _limited(request, settings.max_body_bytes, too_large) if has_body else b""
+    # The path as sent (still percent-encoded), checked by url_for: decoded, `%2e%2e` would
+    # already be `..` and `%3f` a query.
+    raw_path = request.scope.get("raw_path")
+    path = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else request.url.path
+    url = url_for(target, path, request.url.query)
+    try:
+        upstream = await state.upstream.open(request.method, url, headers, content)
+    except ProxyError:
+        if too_large:  # the upload outgrew the limit on its way: 413, not a failed upstream
+            raise too_large[0] from None
+        raise
+    await raise_for_status(upstream)
+    return RelayResponse(
+        upstream.aiter_raw(), status=upstream.status_code,
+        headers=relay_headers(upstream.headers.multi_items()), close=upstream.aclose,
+        on_error=map_transport_error,
+        sse=upstream.headers.get("content-type", "").startswith("text/event-stream"),
+    )
+
+
+async def _limited(
+    request: Request, limit: int, too_large: list[PayloadTooLarge]
+) -> AsyncIterator[bytes]:
+    """The body as it arrives; past `limit` it stops, noting why in `too_large` (the HTTP
+    client that reads this iterator reports the failure as its own connection error)."""
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_large.append(PayloadTooLarge(f"request body is larger than the {limit}-byte limit"))
+            raise too_large[-1]
+        yield chunk

@@ -1,0 +1,52 @@
+"""Embeddings from an OpenAI-compatible /embeddings endpoint instead of the local model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+
+from proxy.upstream.client import Upstream, raise_for_status, read_body, url_for
+
+
+class UpstreamEmbedder:
+    """Embeds through the default upstream (`MEMPROXY_EMBEDDING_BACKEND=upstream`).
+
+    Background jobs carry no client key, so this needs `MEMPROXY_UPSTREAM_API_KEY` unless
+    the upstream is keyless (a local server).
+    """
+
+    def __init__(self, upstream: Upstream, model: str, *, batch_size: int = 256) -> None:
+        self.upstream = upstream
+        self.model = model
+        self.batch_size = batch_size
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors for `texts`, in order."""
+        batches = [
+            await self._batch(texts[i : i + self.batch_size])
+            for i in range(0, len(texts), self.batch_size)
+        ]
+        if not batches:
+            return np.zeros((0, 0), dtype=np.float32)
+        vectors = np.concatenate(batches).astype(np.float32)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.where(norms == 0, 1.0, norms)
+
+    async def _batch(self, texts: Sequence[str]) -> np.ndarray:
+        target = self.upstream.default
+        headers = [("content-type", "application/json")]
+        if target.api_key:
+            headers.append(("authorization", f"Bearer {target.api_key}"))
+        body = orjson.dumps({"model": self.model, "input": list(texts), "encoding_format": "float"})
+        response = await self.upstream.open("POST", url_for(target, "/v1/embeddings"), headers, body)
+        await raise_for_status(response)
+        try:
+            payload = orjson.loads(await read_body(response))
+        finally:
+            await response.aclose()
+        rows = sorted(payload["data"], key=lambda row: row["index"])
+        if len(rows) != len(texts):
+            raise ValueError(f"upstream returned {len(rows)} embeddings for {len(texts)} inputs")
+        return np.asarray([row["embedding"] for row in rows], dtype=np.float32)
