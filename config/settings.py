@@ -107,8 +107,8 @@ class Settings:
         tuple,
         "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
         "it in an organisation and `:org-writer` lets it change that organisation's shared "
-        "memory (`key[:user][:org=ORG][:org-writer]`). When set, a request without a valid "
-        "key gets 401.",
+        "memory (`key[:user][:org=ORG][:org-writer]`). Each key must be at least 8 characters "
+        "(a shorter one stops start-up). When set, a request without a valid key gets 401.",
         secret=True,
     )
     admin_key: str | None = _setting(

@@ -85,7 +85,12 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         status = exc.status
         if exc.status >= 500:
             state.metrics.upstream_errors.labels(exc.code or "error").inc()
-        return fmt.error_response(exc)
+        error = fmt.error_response(exc)
+        # Once identity is resolved, errors carry the session id like every chat response.
+        known: Call | None = getattr(request.state, "call", None)
+        if known is not None:
+            error.headers.update(known.headers)
+        return error
     finally:
         call: Call | None = getattr(request.state, "call", None)
         if call is not None and call.slot is not None:

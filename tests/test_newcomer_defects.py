@@ -1,0 +1,67 @@
+"""What a new user tripped on (issue 27): headers on errors, settings, the block's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import Drop, ErrorReply, ScriptedUpstream
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"model": "m", "messages": MESSAGES}),
+    ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, "stream": True}),
+    ("/v1/responses", {"model": "m", "input": "hello"}),
+])
+def test_a_502_carries_the_session_id(
+    client: httpx.Client, upstream: ScriptedUpstream, path: str, body: dict[str, object]
+) -> None:
+    upstream.enqueue(Drop(), Drop())
+    headers = {"x-memory-session-id": "s-502", "authorization": "Bearer sk-test-key"}
+    response = client.post(path, json=body, headers=headers)
+    assert response.status_code == 502, response.text
+    assert response.headers["x-memory-session-id"] == "s-502"
+
+
+def test_a_502_on_the_anthropic_upstream_carries_the_session_id(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(anthropic_base_url=upstream.base_url)
+    upstream.enqueue(Drop(), Drop())
+    response = httpx.post(f"{proxy.url}/v1/messages", headers={"x-memory-session-id": "s-a"},
+                          json={"model": "claude-x", "max_tokens": 10, "messages": MESSAGES})
+    assert response.status_code == 502, response.text
+    assert response.headers["x-memory-session-id"] == "s-a"
+
+
+def test_an_upstream_error_status_carries_the_session_id(
+    client: httpx.Client, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(ErrorReply(503, "busy"))
+    response = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 503
+    assert response.headers["x-memory-session-id"]
+
+
+def test_a_400_before_identity_has_no_session_header(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", content=b"{nope")
+    assert response.status_code == 400
+    assert "x-memory-session-id" not in response.headers
+
+
+def test_short_keys_are_documented() -> None:
+    from pathlib import Path
+
+    from config.settings import setting_fields
+
+    help_text = next(f for f in setting_fields() if f.name == "api_keys").metadata["help"]
+    assert "8 characters" in help_text
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "at least 8 characters" in readme
+
+
