@@ -65,3 +65,27 @@ def test_short_keys_are_documented() -> None:
     assert "at least 8 characters" in readme
 
 
+
+
+def test_the_block_without_facts_keeps_the_documented_turns_heading() -> None:
+    from memory import count_tokens
+    from memory.recall.block import TURNS_HEADING, pack_block
+    from memory.recall.learned_recall import Learned
+    from memory.recall.render import CLOSE, OPEN, Entry
+
+    def count(text: str) -> int:
+        return count_tokens(text, "gpt-4o")
+
+    day = 1_700_000_000.0
+    entries = [Entry("user", day, "I adopted a greyhound.", "s1", 1),
+               Entry("assistant", day + 5, "Lovely dog.", "s1", 2)]
+    packed = pack_block(Learned(), entries, 1000, count)
+    lines = packed.block.splitlines()
+    assert lines[0] == OPEN and lines[-1] == CLOSE
+    assert lines[2:] == [TURNS_HEADING, "[2023-11-14]", "user: I adopted a greyhound.",
+                         "assistant: Lovely dog.", CLOSE]
+    assert packed.tokens == count(packed.block)
+    for budget in range(0, packed.tokens + 3):
+        small = pack_block(Learned(), entries, budget, count)
+        assert small.tokens == count(small.block) <= budget
+        assert not small.block or TURNS_HEADING in small.block
