@@ -346,6 +346,15 @@ class Settings:
         "(kept in memory only while the process runs, never stored).",
         secret=True,
     )
+    learning_api_key: str | None = _setting(
+        None,
+        "Key the learning jobs send on a route that forwards the client's own key "
+        "(bring-your-own-key, e.g. behind MEMPROXY_ANTHROPIC_BASE_URL), used when the route "
+        "has no configured key. Unset: learning borrows the key of the user's latest request "
+        "(in process memory only; after a restart a user's jobs wait for their next request). "
+        "Needed when proxy keys are on and the route has no key of its own.",
+        secret=True,
+    )
     extract_min_confidence: float = _setting(
         0.7, "Extracted facts below this confidence (0-1) are not kept.", min=0.0, max=1.0
     )

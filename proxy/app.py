@@ -75,10 +75,13 @@ def create_app(
                     _stop_jobs_at_shutdown(state.shutdown, state.memory)
                 )
             app.state.ready = True
+            learning = state.llm.readiness() if state.llm is not None else "off"
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
-                "memory": state.memory is not None,
+                "memory": state.memory is not None, "learning": learning,
             })
+            if learning not in ("ok", "off"):
+                log.warning(f"learning cannot reach a model: {learning}")
             # Lifespan state: every request's scope carries the shutdown (proxy/relay.py).
             yield {SHUTDOWN_STATE: state.shutdown}
         finally:
@@ -151,5 +154,8 @@ async def readyz(request: Request) -> Response:
     if state.memory is not None:
         parts.update(await state.memory.health())
     ok = all(value == "ok" for value in parts.values())
+    if state.llm is not None:
+        # Said, not counted: a replica whose learning fails still serves every chat.
+        parts["learning"] = state.llm.readiness()
     return JSONResponse({"status": "ok" if ok else "degraded", "parts": parts},
                         status_code=200 if ok else 503)

@@ -29,6 +29,7 @@ from proxy.compaction import compact
 from proxy.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.identity import Identity, authenticate, resolve_org, resolve_session, resolve_user
 from proxy.limits import StreamSlot, limit_key
+from proxy.llm_client import learning_route
 from proxy.logs import get_logger
 from proxy.memory_step import MemoryStep
 from proxy.memory_tool import MemoryTool
@@ -214,6 +215,7 @@ def _memory_step(
         state, call.identity, flags, call.request_id, model=call.body["model"],
         messages=call.parsed.conversation, context=context, after=after, stable=stable,
         first_placement=call.fmt.first_placement(call.body, flags.placement),
+        route=learning_route(call.target),
     )
 
 
