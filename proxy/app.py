@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from config import Settings
+from config.settings import describe_storage
 from memory import Embedder, MemoryEngine
 from proxy.chat import chat_completions
 from proxy.errors import (
@@ -79,6 +80,7 @@ def create_app(
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
                 "memory": state.memory is not None, "learning": learning,
+                **(describe_storage(settings) if state.memory is not None else {}),
             })
             if learning not in ("ok", "off"):
                 log.warning(f"learning cannot reach a model: {learning}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -89,3 +90,106 @@ def test_the_block_without_facts_keeps_the_documented_turns_heading() -> None:
         small = pack_block(Learned(), entries, budget, count)
         assert small.tokens == count(small.block) <= budget
         assert not small.block or TURNS_HEADING in small.block
+
+
+# -- item 5: configuration -------------------------------------------------------------------
+
+
+def test_a_misspelt_variable_is_named_with_the_nearest_known_one() -> None:
+    from config.settings import unknown_env_warnings
+
+    warnings = unknown_env_warnings({
+        "MEMPROXY_UPSTREAM_BASEURL": "http://x", "MEMPROXY_PORT": "1",
+        "MEMPROXY_CONFIG": "a.toml", "MEMPROXY_URL": "http://y", "MEMPROXY_KEY": "k",
+        "MEMPROXY_XYZZY": "1", "OTHER_PORT": "2",
+    })
+    assert len(warnings) == 2, warnings
+    assert "MEMPROXY_UPSTREAM_BASEURL" in warnings[0]
+    assert "MEMPROXY_UPSTREAM_BASE_URL" in warnings[0]
+    assert "MEMPROXY_XYZZY" in warnings[1] and "did you mean" not in warnings[1]
+
+
+def _serve(tmp_path: Path, env: dict[str, str], *args: str, wait: float = 60.0) -> tuple[int | None, str]:
+    """Run `memproxy serve` until it is ready (then stop it) or exits; (exit code, output)."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+    from tests.support.servers import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "proxy", "serve", *args],
+                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + wait
+    code: int | None = None
+    try:
+        while time.monotonic() < deadline:
+            code = popen.poll()
+            if code is not None:
+                break
+            if "memproxy ready" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.1)
+    finally:
+        if popen.poll() is None:
+            popen.terminate()
+            popen.wait(30)
+    del port
+    return code, log.read_text(errors="replace")
+
+
+@pytest.fixture
+def serve_env(tmp_path: Path, upstream: ScriptedUpstream) -> dict[str, str]:
+    from tests.support.processes import memproxy_env
+
+    return {**memproxy_env(upstream.base_url), "MEMPROXY_DATA_DIR": str(tmp_path / "data")}
+
+
+def test_serve_warns_of_a_misspelt_variable_and_says_what_it_uses(
+    tmp_path: Path, serve_env: dict[str, str]
+) -> None:
+    from tests.support.servers import free_port
+
+    env = {**serve_env, "MEMPROXY_UPSTREAM_TIMEOUTS": "5"}
+    code, output = _serve(tmp_path, env, "--port", str(free_port()))
+    assert code is None, output
+    assert "MEMPROXY_UPSTREAM_TIMEOUTS" in output and "MEMPROXY_UPSTREAM_TIMEOUT" in output
+    ready = next(line for line in output.splitlines() if "memproxy ready" in line)
+    assert str(tmp_path / "data" / "memproxy.db") in ready
+    assert str(tmp_path / "data" / "vectors") in ready
+
+
+def test_a_port_flag_wins_over_a_bad_port_variable(
+    tmp_path: Path, serve_env: dict[str, str]
+) -> None:
+    from tests.support.servers import free_port
+
+    code, output = _serve(tmp_path, {**serve_env, "MEMPROXY_PORT": "0"},
+                          "--port", str(free_port()))
+    assert code is None, output
+    assert "memproxy ready" in output
+
+
+def test_a_missing_config_file_names_the_flag(tmp_path: Path, serve_env: dict[str, str]) -> None:
+    code, output = _serve(tmp_path, serve_env, "--config", str(tmp_path / "missing.toml"))
+    assert code == 2, output
+    assert "--config" in output and "MEMPROXY_CONFIG" not in output
+    code, output = _serve(tmp_path, {**serve_env, "MEMPROXY_CONFIG": str(tmp_path / "gone.toml")})
+    assert code == 2 and "MEMPROXY_CONFIG" in output
+
+
+def test_the_ready_line_names_postgres_without_its_password() -> None:
+    from config import load_settings
+    from config.settings import describe_storage
+
+    settings = load_settings(env={
+        "MEMPROXY_DATABASE_URL": "postgresql://mem:s3cret-pw@db.internal:5433/memproxy",
+        "MEMPROXY_CHROMA_URL": "http://user:chroma-pw@chroma:8000",
+    })
+    described = describe_storage(settings)
+    assert described["database"] == "postgresql://mem@db.internal:5433/memproxy"
+    assert described["vectors"] == "chroma server http://user@chroma:8000"
+    assert "s3cret" not in str(described) and "chroma-pw" not in str(described)

@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.render import (
     MAX_SKIPPED,
-    TURNS_HEADING,
     Entry,
     ExcerptCost,
     excerpts,
@@ -32,6 +31,7 @@ from memory.recall.render import (
     render_line,
     wrap,
 )
+from memory.recall.render import TURNS_HEADING as TURNS_HEADING  # its home since both use it
 
 FACTS_SHARE = 0.4
 PROFILE_SHARE = 0.15
