@@ -9,6 +9,7 @@ defaults below, an optional TOML file (`--config FILE` or `MEMPROXY_CONFIG`), an
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -16,11 +17,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from config.choices import INJECTIONS, MODES, PLACEMENTS, SCOPES
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
 
 ENV_PREFIX = "MEMPROXY_"
+# MEMPROXY_* variables read elsewhere than Settings: the settings file, the CLI client
+# (proxy/cli/memory.py), and compose.yaml's model folder.
+OTHER_ENV = frozenset({
+    "MEMPROXY_CONFIG", "MEMPROXY_URL", "MEMPROXY_KEY", "MEMPROXY_API_KEY", "MEMPROXY_USER",
+    "MEMPROXY_MODEL_DIR",
+})
 
 
 class SettingsError(ValueError):
@@ -120,8 +128,8 @@ class Settings:
         tuple,
         "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
         "it in an organisation and `:org-writer` lets it change that organisation's shared "
-        "memory (`key[:user][:org=ORG][:org-writer]`). When set, a request without a valid "
-        "key gets 401.",
+        "memory (`key[:user][:org=ORG][:org-writer]`). Each key must be at least 8 characters "
+        "(a shorter one stops start-up). When set, a request without a valid key gets 401.",
         secret=True,
     )
     admin_key: str | None = _setting(
@@ -380,6 +388,15 @@ class Settings:
         "(kept in memory only while the process runs, never stored).",
         secret=True,
     )
+    learning_api_key: str | None = _setting(
+        None,
+        "Key the learning jobs send on a route that forwards the client's own key "
+        "(bring-your-own-key, e.g. behind MEMPROXY_ANTHROPIC_BASE_URL), used when the route "
+        "has no configured key. Unset: learning borrows the key of the user's latest request "
+        "(in process memory only; after a restart a user's jobs wait for their next request). "
+        "Needed when proxy keys are on and the route has no key of its own.",
+        secret=True,
+    )
     extract_min_confidence: float = _setting(
         0.7, "Extracted facts below this confidence (0-1) are not kept.", min=0.0, max=1.0
     )
@@ -504,18 +521,24 @@ def env_name(name: str) -> str:
 
 
 def load_settings(
-    env: Mapping[str, str] | None = None, config_file: Path | str | None = None
+    env: Mapping[str, str] | None = None, config_file: Path | str | None = None, *,
+    flags: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Read settings from a TOML file and `MEMPROXY_*` variables; raise SettingsError."""
+    """Read settings from a TOML file, `MEMPROXY_*` variables and command-line `flags`
+    (highest priority: a flag's value replaces the variable's before it is checked);
+    raise SettingsError. `config_file` is the `--config` flag's file."""
     env = os.environ if env is None else env
+    flags = {name: value for name, value in (flags or {}).items() if value is not None}
+    source = "--config" if config_file else ENV_PREFIX + "CONFIG"
     config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
     raw: dict[str, Any] = {}
     errors: list[str] = []
     if config_file is not None:
-        raw.update(_read_toml(Path(config_file), errors))
+        raw.update(_read_toml(Path(config_file), errors, source))
     for f in setting_fields():
         if f.metadata.get("env", True) and env_name(f.name) in env:
             raw[f.name] = env[env_name(f.name)]
+    raw.update(flags)
     known = {f.name for f in setting_fields()}
     errors += [f"{key}: unknown setting" for key in raw if key not in known]
     values: dict[str, Any] = {}
@@ -524,7 +547,8 @@ def load_settings(
             try:
                 values[f.name] = _convert(f, raw[f.name])
             except (TypeError, ValueError) as exc:
-                errors.append(f"{_source(f.name, env)}: {exc}")
+                where = f"--{f.name}" if f.name in flags else _source(f.name, env)
+                errors.append(f"{where}: {exc}")
     if errors:
         raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
     return Settings(**values)
@@ -534,11 +558,50 @@ def _source(name: str, env: Mapping[str, str]) -> str:
     return env_name(name) if env_name(name) in env else name
 
 
-def _read_toml(path: Path, errors: list[str]) -> dict[str, Any]:
+def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
+    """A warning for each MEMPROXY_* variable nothing reads (a typo is otherwise silently
+    ignored, while the same typo in TOML is an error), naming the nearest known one."""
+    known = {env_name(f.name) for f in setting_fields() if f.metadata.get("env", True)}
+    known |= OTHER_ENV
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        # Compared without the prefix, which every name shares.
+        stems = {k.removeprefix(ENV_PREFIX): k for k in known}
+        nearest = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), stems, n=1, cutoff=0.7)
+        hint = f" (did you mean {stems[nearest[0]]}?)" if nearest else ""
+        warnings.append(f"{name} is not a memproxy setting{hint}; it is ignored")
+    return warnings
+
+
+def describe_storage(settings: Settings) -> dict[str, str]:
+    """Which database and vector store are in use, fit for a log line (no passwords)."""
+    database = _without_password(settings.database_url) if settings.database_url else (
+        f"sqlite:{settings.db_path}"
+    )
+    vectors = (f"chroma server {_without_password(settings.chroma_url)}" if settings.chroma_url
+               else f"embedded chroma {settings.vectors_path}")
+    return {"database": database, "vectors": vectors}
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _read_toml(path: Path, errors: list[str], source: str) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        errors.append(f"MEMPROXY_CONFIG: cannot read {path}: {exc}")
+        errors.append(f"{source}: cannot read {path}: {exc}")
         return {}
     # Settings may sit at the top level or under a [memproxy] table.
     section = data.pop("memproxy", {})

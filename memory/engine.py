@@ -27,7 +27,7 @@ from memory.jobs.maintenance import Maintenance
 from memory.jobs.queue import JobQueue
 from memory.jobs.worker import JobWorker
 from memory.learning.facts import SYNC_JOB, FactStore
-from memory.learning.learner import EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
+from memory.learning.learner import DEFAULT_ROUTE, EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, turn_text
@@ -242,7 +242,8 @@ class MemoryEngine:
         return {at[i]: kept[turn_id] for i, turn_id in enumerate(ids) if turn_id in kept}
 
     async def session_summary(
-        self, user_id: str, session_id: str, *, through: int | None, model: str
+        self, user_id: str, session_id: str, *, through: int | None, model: str,
+        route: str = DEFAULT_ROUTE,
     ) -> str | None:
         """The session's current summary; with none, one is made now of the conversation
         ending at turn `through` (one call to the learning model). None when there is none."""
@@ -250,7 +251,7 @@ class MemoryEngine:
         if latest is None and through is not None:
             await self.learner.summarize({
                 "user_id": user_id, "session_id": session_id, "turn_id": through,
-                "model": self.settings.extract_model or model,
+                "model": self.settings.extract_model or model, "route": route,
             })
             latest = await self.summaries.latest(user_id, session_id)
         return latest.text if latest is not None else None
@@ -265,15 +266,16 @@ class MemoryEngine:
 
     async def remember_reply(
         self, user_id: str, session_id: str, after: int | None, text: str, *,
-        model: str, request_id: str, incomplete: bool,
+        model: str, request_id: str, incomplete: bool, route: str = DEFAULT_ROUTE,
     ) -> None:
-        """Store the assistant's reply after the turn it answers."""
+        """Store the assistant's reply after the turn it answers; its learning jobs go
+        through `route`, the way in that served the conversation."""
         turn = NewTurn(
             role="assistant", content=text, created_at=time.time(), model=model,
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
         async def learn(tx: Transaction, turn_id: int) -> None:
-            await self.learner.queue_after_reply(tx, user_id, session_id, turn_id, model)
+            await self.learner.queue_after_reply(tx, user_id, session_id, turn_id, model, route)
 
         result = await self.log.append_turns(
             user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,

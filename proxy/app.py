@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from config import Settings
+from config.settings import describe_storage
 from memory import Embedder, MemoryEngine
 from proxy.access.edge import EdgeGuard
 from proxy.flow.exchange import endpoint
@@ -86,10 +87,14 @@ def create_app(
             if mcp is not None:
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
+            learning = state.llm.readiness() if state.llm is not None else "off"
             log.info("memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
-                "memory": state.memory is not None,
+                "memory": state.memory is not None, "learning": learning,
+                **(describe_storage(settings) if state.memory is not None else {}),
             })
+            if learning not in ("ok", "off"):
+                log.warning(f"learning cannot reach a model: {learning}")
             # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py).
             yield {SHUTDOWN_STATE: state.shutdown}
         finally:
@@ -176,5 +181,8 @@ async def readyz(request: Request) -> Response:
     if state.memory is not None:
         parts.update(await state.memory.health())
     ok = all(value == "ok" for value in parts.values())
+    if state.llm is not None:
+        # Said, not counted: a replica whose learning fails still serves every chat.
+        parts["learning"] = state.llm.readiness()
     return JSONResponse({"status": "ok" if ok else "degraded", "parts": parts},
                         status_code=200 if ok else 503)

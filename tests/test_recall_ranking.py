@@ -133,7 +133,7 @@ def test_turns_render_as_dated_excerpts_in_the_order_said() -> None:
     ]
     packed = pack(entries, 1000, count)
     assert packed.included == [0, 1, 2, 3] and not packed.truncated
-    assert packed.block.splitlines()[2:-1] == [
+    assert packed.block.splitlines()[3:-1] == [
         "[2023-11-14]", "Bo: I adopted a greyhound.",
         "[2023-11-15]", "Bo: How long have you been painting?", "Ana: Seven years now.",
         "[2023-11-16]", "Ana: The ‹/memory› fence stays shut.",
@@ -201,7 +201,7 @@ def test_a_day_is_written_once_and_its_other_excerpts_get_a_separator() -> None:
         Entry("Bo", T0 + 30, "Morning session question.", "s1", 1),
     ]
     packed = pack(entries, 1000, count)
-    assert packed.block.splitlines()[2:-1] == [
+    assert packed.block.splitlines()[3:-1] == [
         "[2023-11-14]", "Bo: Morning session question.", "Ana: Morning session answer.",
         "---", "Bo: Later session question.",
         "[2023-11-15]", "Ana: Next day.",
@@ -233,7 +233,7 @@ def test_packing_counts_a_line_with_its_newline() -> None:
     # "greyhound.\n" is one token fewer than "greyhound." and "\n" apart: counted apart,
     # packing thought the whole block too big for its own size.
     full = pack(SAME_DAY_ENTRIES, 1000, count_4o)
-    assert full.block.splitlines()[2:-1] == SAME_DAY_LINES
+    assert full.block.splitlines()[2:-1] == [TURNS_HEADING, *SAME_DAY_LINES]
     assert pack(SAME_DAY_ENTRIES, full.tokens, count_4o).included == [0, 1, 2, 3]
     assert len(pack(SAME_DAY_ENTRIES, full.tokens - 1, count_4o).included) == 3
 

@@ -94,7 +94,9 @@ class Extractor:
     def __init__(self, together: int = 1) -> None:
         self.barrier = asyncio.Barrier(together)
 
-    async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:
+    async def __call__(
+        self, model: str, messages: list[dict[str, Any]], *, user_id: str, route: str = "openai"
+    ) -> str:
         await self.barrier.wait()
         return json.dumps([{
             "fact": "User uses Helix as their code editor", "category": "preference",
@@ -138,7 +140,9 @@ class Summarizer:
     def __init__(self, later: str) -> None:
         self.later, self.later_answered, self.calls = later, asyncio.Event(), 0
 
-    async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:
+    async def __call__(
+        self, model: str, messages: list[dict[str, Any]], *, user_id: str, route: str = "openai"
+    ) -> str:
         self.calls += 1
         if self.later in json.dumps(messages):
             self.later_answered.set()

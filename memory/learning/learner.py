@@ -4,10 +4,13 @@ With a new assistant reply, in the transaction that stores it, `Learner.queue_af
 queues an `extract_facts` job every `extract_every` user turns of the session and a
 `summarize` job every `summary_every`: a crash cannot keep the reply and lose its learning. The
 jobs call a language model given by the caller (`LLM`: the proxy posts a chat completion to
-the routed upstream). An answer that is not valid JSON of the right shape gets one repair
+the routed upstream). Each job names the route that served its conversation (`route`: an
+opaque name the caller gave, such as "anthropic"), so the model is asked in that route's
+format, at its host, under its key policy. An answer that is not valid JSON of the right
+shape gets one repair
 request quoting the error; if that answer is unusable too the job is buried at once with
 both raw answers (never silently "no facts"). The payload holds ids and the model name
-only: credentials stay with the caller.
+and route name only: credentials stay with the caller.
 """
 
 from __future__ import annotations
@@ -48,15 +51,17 @@ KNOWN_FACTS = 20  # nearest known facts shown, so the model can name the one it 
 NEIGHBOURS = 8
 MAX_SUMMARY_TURNS = 80
 COUNT_MODEL = "gpt-4"
+DEFAULT_ROUTE = "openai"  # jobs queued before routes were recorded went this way
 log = logging.getLogger("memproxy.learning")
 T = TypeVar("T")
 
 
 class LLM(Protocol):
-    """A chat model: messages in, the reply's text out; raises when the call fails."""
+    """A chat model: messages in, the reply's text out; raises when the call fails.
+    `route` names the way in that served the conversation (DEFAULT_ROUTE when unknown)."""
 
     async def __call__(
-        self, model: str, messages: list[dict[str, Any]], *, user_id: str
+        self, model: str, messages: list[dict[str, Any]], *, user_id: str, route: str
     ) -> str: ...
 
 
@@ -79,7 +84,8 @@ class Learner:
         self.llm: LLM | None = None
 
     async def queue_after_reply(
-        self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str
+        self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str,
+        route: str = DEFAULT_ROUTE,
     ) -> None:
         """Queue, in the transaction storing the reply `turn_id`, the learning jobs it is
         due for (the caller wakes the worker once it commits)."""
@@ -88,7 +94,8 @@ class Learner:
             return
         user_turns = await turn_rows.count(tx, user_id, session_id=session_id, role="user")
         payload = {"user_id": user_id, "session_id": session_id, "turn_id": turn_id,
-                   "model": self.settings.extract_model or model, "user_turns": user_turns}
+                   "model": self.settings.extract_model or model, "user_turns": user_turns,
+                   "route": route}
         for kind, every in ((EXTRACT_JOB, every_fact), (SUMMARY_JOB, every_summary)):
             if every and user_turns and user_turns % every == 0:
                 await jobs.enqueue(tx, kind, payload, max_attempts=self.settings.job_max_attempts,
@@ -118,7 +125,7 @@ class Learner:
         messages = extraction_messages(
             turns, new_from, [{"id": n.id, "fact": n.text, "category": n.category} for n in known]
         )
-        items = await self._ask(str(payload["model"]), messages, user_id, validate_facts)
+        items = await self._ask(payload, messages, user_id, validate_facts)
         async with facts_lock(self.facts.db, user_id):
             for item in items:
                 if (item.confidence < self.settings.extract_min_confidence
@@ -205,7 +212,7 @@ class Learner:
             return
         cap = self.settings.summary_max_tokens
         messages = summary_messages(turns, previous.text if previous else None, int(cap * 0.7))
-        draft = await self._ask(str(payload["model"]), messages, user_id, validate_summary)
+        draft = await self._ask(payload, messages, user_id, validate_summary)
         text, tokens = _cap_tokens(draft.text, cap)
         covered = {*(previous.source_turn_ids if previous else ()), *(t.id for t in turns)}
         await self.summaries.put(
@@ -216,18 +223,22 @@ class Learner:
     # -- shared
 
     async def _ask(
-        self, model: str, messages: list[dict[str, Any]], user_id: str,
+        self, payload: dict[str, Any], messages: list[dict[str, Any]], user_id: str,
         validate: Callable[[Any], T],
     ) -> T:
-        """Ask the model; one repair request on unusable output, then give up for good."""
+        """Ask the job's model on its route; one repair request on unusable output, then
+        give up for good."""
         if self.llm is None:
             raise RuntimeError("no language model is configured for learning jobs")
-        raw = await self.llm(model, messages, user_id=user_id)
+        model, route = str(payload["model"]), str(payload.get("route") or DEFAULT_ROUTE)
+        raw = await self.llm(model, messages, user_id=user_id, route=route)
         try:
             return validate(parse_json(raw))
         except MalformedOutput as exc:
             error = str(exc)
-        again = await self.llm(model, repair_messages(messages, raw, error), user_id=user_id)
+        again = await self.llm(
+            model, repair_messages(messages, raw, error), user_id=user_id, route=route
+        )
         try:
             return validate(parse_json(again))
         except MalformedOutput as exc:

@@ -10,7 +10,8 @@ facts (the user's, then the organisation's) that did not fit their share take an
 remainder. The whole block is counted again at the end; while it is over the budget, the
 lowest-priority line is dropped (turns, the organisation's facts, the summary, the profile,
 then facts), so the count is always exact. With nothing learned the block is exactly
-`memory.recall.render.pack`'s.
+`memory.recall.render.pack`'s (the
+turns under the same heading).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from memory.recall.render import (
     render_line,
     wrap,
 )
+from memory.recall.render import TURNS_HEADING as TURNS_HEADING  # its home since both use it
 
 FACTS_SHARE = 0.4
 PROFILE_SHARE = 0.15
@@ -37,7 +39,6 @@ SUMMARY_SHARE = 0.3
 FACTS_HEADING = "What you know about this user:"
 PROFILE_HEADING = "The user's own profile:"
 SUMMARY_HEADING = "Summary of an earlier conversation ({day}):"
-TURNS_HEADING = "Relevant past turns:"
 SHARED_HEADING = "Shared by the user's organisation:"
 CATEGORY_ORDER = ("identity", "relationship", "preference", "project", "decision", "todo",
                   "context")

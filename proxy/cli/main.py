@@ -5,6 +5,7 @@ running server (proxy/cli/memory.py)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from config import SettingsError, load_settings
+from config.settings import unknown_env_warnings
 from proxy.cli import memory as cli_memory
 
 
@@ -142,13 +144,13 @@ def serve(args: argparse.Namespace) -> int:
             await super().shutdown(sockets)
 
     try:
-        settings = load_settings(config_file=args.config)
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-        if overrides:
-            settings = settings.replace(**overrides)
+        settings = load_settings(config_file=args.config,
+                                 flags={"host": args.host, "port": args.port})
     except SettingsError as exc:
         print(f"memproxy: {exc}", file=sys.stderr)
         return 2
+    for warning in unknown_env_warnings(os.environ):
+        print(f"memproxy: warning: {warning}", file=sys.stderr)
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -73,7 +73,7 @@ async def compact(
     try:
         summary = await memory.session_summary(
             call.identity.user_id, call.identity.session_id, through=await step.stored_turn(),
-            model=model,
+            model=model, route=step.route,
         )
     except Exception as exc:  # memory never breaks the chat: it goes through uncompacted
         step.failed("compact", exc)

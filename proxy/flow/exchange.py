@@ -47,6 +47,7 @@ from proxy.upstream.client import (
 from proxy.upstream.client import (
     read_body as read_upstream_body,
 )
+from proxy.upstream.llm_client import learning_route
 
 # How much of a continued conversation recall reads (it is already in the model's context).
 CHAIN_TURNS = 40
@@ -76,7 +77,12 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         status = exc.status
         if exc.status >= 500:
             state.metrics.upstream_errors.labels(exc.code or "error").inc()
-        return fmt.error_response(exc)
+        error = fmt.error_response(exc)
+        # Once identity is resolved, errors carry the session id like every chat response.
+        known: Call | None = getattr(request.state, "call", None)
+        if known is not None:
+            error.headers.update(known.headers)
+        return error
     finally:
         call: Call | None = getattr(request.state, "call", None)
         if call is not None and call.slot is not None:
@@ -213,6 +219,7 @@ def _memory_step(
         state, call.identity, flags, call.request_id, model=call.body["model"],
         messages=call.parsed.conversation, context=context, after=after, stable=stable,
         first_placement=call.fmt.first_placement(call.body, flags.placement),
+        route=learning_route(call.target),
     )
 
 

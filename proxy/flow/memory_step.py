@@ -18,6 +18,7 @@ from proxy.access.identity import Identity, presented_key
 from proxy.http.logs import get_logger
 from proxy.state import AppState
 from proxy.upstream.client import Target
+from proxy.upstream.llm_client import OPENAI_ROUTE
 
 log = get_logger("memory")
 # How long a reply waits, at most, for its request's turns to be committed before it starts.
@@ -32,6 +33,9 @@ class MemoryStep:
     stored conversation before them as `context` (recall reads it; it is not stored again)
     and the stored reply's turn id as `after` (the new turns go on from it).
 
+    `route`: how this conversation reaches its model (`proxy.upstream.llm_client.learning_route`),
+    recorded with its learning jobs so they ask the model the same way.
+
     `stable` (stable injection, docs/memory.md): the blocks earlier requests of the session
     injected go back at their places (`placed`), and this request's block holds only the
     items they do not show; it is kept with the request's last user turn. The first block
@@ -42,7 +46,7 @@ class MemoryStep:
         self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
         model: str, messages: Sequence[Mapping[str, Any]],
         context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
-        stable: bool = False, first_placement: str = "system",
+        stable: bool = False, first_placement: str = "system", route: str = OPENAI_ROUTE,
     ) -> None:
         self.state = state
         self.identity = identity
@@ -56,6 +60,7 @@ class MemoryStep:
         self.recalled: Recalled | None = None
         self.stable = stable
         self.first_placement = first_placement
+        self.route = route  # the way in its learning jobs take (proxy.upstream.llm_client)
         self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         # Stable injection: every block of the request at its place (None: fresh injection).
         self.placed: list[Placed] | None = None
@@ -130,7 +135,8 @@ class MemoryStep:
         """Bring-your-own-key: this user's learning jobs may use the key the client sent to
         `target` (in memory only, and only for that upstream)."""
         llm = self.state.llm
-        if llm is None or not self.writing or self.state.settings.api_keys or target.api_key:
+        # A route's configured key wins over a lent one, so lending to it is harmless.
+        if llm is None or not self.writing or self.state.settings.api_keys:
             return
         key = presented_key(headers)
         if key:
@@ -195,6 +201,7 @@ class MemoryStep:
                 await memory.remember_reply(
                     self.identity.user_id, self.identity.session_id, after, text,
                     model=self.model, request_id=reply_id, incomplete=incomplete,
+                    route=self.route,
                 )
         except Exception as exc:
             self.failed("remember", exc)

@@ -37,7 +37,7 @@ from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
 from proxy.http.sse import ServerSentEvent, SSEDecoder
 from proxy.state import AppState
-from proxy.upstream.client import Target, Upstream, UpstreamReply
+from proxy.upstream.client import Target, Upstream, UpstreamReply, anthropic_target
 
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -167,12 +167,6 @@ async def count_message_tokens(request: Request) -> Response | RelayResponse:
         return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
     except ProxyError as exc:
         return MESSAGES.error_response(exc)
-
-
-def anthropic_target(base_url: str, api_key: str | None) -> Target:
-    """An Anthropic-compatible upstream: its base URL (with or without /v1) and key."""
-    base = base_url.rstrip("/").removesuffix("/v1")
-    return Target(f"{base}/v1", api_key, key_header="x-api-key", name="anthropic_base_url")
 
 
 def envelope(status: int, message: str) -> dict[str, Any]:

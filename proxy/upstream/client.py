@@ -372,6 +372,12 @@ def map_transport_error(exc: Exception) -> ProxyError:
     return UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}")
 
 
+def anthropic_target(base_url: str, api_key: str | None) -> Target:
+    """An Anthropic-compatible upstream: its base URL (with or without /v1) and key."""
+    base = base_url.rstrip("/").removesuffix("/v1")
+    return Target(f"{base}/v1", api_key, key_header="x-api-key", name="anthropic_base_url")
+
+
 def _target(route: Route, default: Target) -> Target:
     if route.provider is not None:
         # litellm knows each provider's own endpoint; only an explicit base_url overrides it.

@@ -1,25 +1,39 @@
-"""The language model that memory's learning jobs call: one non-streaming chat completion.
+"""The language model that memory's learning jobs call: one non-streaming completion.
 
-The call goes where the routing table sends the extraction model (or to
-`extract_base_url` when set). Credentials, in order: `extract_api_key` (with
-`extract_base_url`), the route's own key, else the key the user's client sent to that same
-upstream (bring-your-own-key). Client keys live only in this object's memory while the
-process runs: never in a job payload, the database or a log line; and a client key is only
-ever sent to the base URL it was originally sent to.
+A job names the route that served its conversation (`learning_route`), and the call goes
+the same way: "anthropic" conversations (served by `anthropic_base_url`) are asked as
+Anthropic Messages at that host, everything else as chat completions where the routing
+table sends the extraction model. `extract_base_url`, when set, takes every call as chat
+completions.
+
+Credentials, in order: the route's own key (`extract_api_key` with `extract_base_url`,
+`anthropic_api_key`, a route's or the default upstream's), then `learning_api_key`, else
+the key the user's client sent to that same upstream (bring-your-own-key). Client keys
+live only in this object's memory while the process runs: never in a job payload, the
+database or a log line; a client key is only ever sent to the base URL it was originally
+sent to. After a restart a user's jobs have no borrowed key until that user's next
+request (the jobs retry with backoff meanwhile).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from config import Settings
-from proxy.http.errors import ProxyError
-from proxy.upstream.client import Target, Upstream, read_body, url_for
+from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamUnreachable
+from proxy.upstream.client import Target, Upstream, anthropic_target, read_body, url_for
 
 MAX_ANSWER_BYTES = 4 << 20
+OPENAI_ROUTE = "openai"  # chat completions to the model's route
+ANTHROPIC_ROUTE = "anthropic"  # Messages to anthropic_base_url
+ANTHROPIC_VERSION = "2023-06-01"
+# Messages requires max_tokens; an extraction answer or a summary fits well within it.
+LEARNING_MAX_TOKENS = 4096
 # Provider key shapes (sk-..., sk-ant-..., masked sk-abc***xyz), as echoed in error bodies.
 _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_*.\-]{4,}")
 
@@ -28,42 +42,87 @@ class LearningCallFailed(RuntimeError):
     """The upstream did not answer the learning call usefully (the job retries later)."""
 
 
+def learning_route(target: Target) -> str:
+    """The route a conversation served by `target` records for its learning jobs."""
+    if target.key_header == "x-api-key" and not target.via_litellm:
+        return ANTHROPIC_ROUTE
+    return OPENAI_ROUTE
+
+
 class LLMClient:
-    """Posts chat completions for memory's learning jobs."""
+    """Posts the learning jobs' completions, each through its conversation's route."""
 
     def __init__(self, settings: Settings, upstream: Upstream) -> None:
         self.settings = settings
         self.upstream = upstream
-        self._client_keys: dict[str, tuple[str, str]] = {}  # user -> (base_url, key)
+        self._client_keys: dict[tuple[str, str], str] = {}  # (user, base_url) -> key
+        self._failing: dict[str, str] = {}  # route -> why its last call failed
 
     def lend_key(self, user_id: str, target: Target, key: str) -> None:
         """Let this user's learning calls to `target` use the client's own key."""
-        self._client_keys[user_id] = (target.base_url, key)
+        self._client_keys[(user_id, target.base_url)] = key
 
-    def target(self, model: str) -> Target:
-        """Where a learning call for `model` goes."""
-        if self.settings.extract_base_url:
-            base = self.settings.extract_base_url.rstrip("/")
-            return Target(base, self.settings.extract_api_key, name="extract_base_url")
+    def target(self, model: str, route: str = OPENAI_ROUTE) -> Target:
+        """Where a learning call for `model` on `route` goes."""
+        settings = self.settings
+        if settings.extract_base_url:
+            return Target(settings.extract_base_url.rstrip("/"), settings.extract_api_key,
+                          name="extract_base_url")
+        if route == ANTHROPIC_ROUTE and settings.anthropic_base_url:
+            return anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
         return self.upstream.target_for(model)
 
-    async def __call__(self, model: str, messages: list[dict[str, Any]], *, user_id: str) -> str:
+    async def __call__(
+        self, model: str, messages: list[dict[str, Any]], *, user_id: str,
+        route: str = OPENAI_ROUTE,
+    ) -> str:
         """The text of the model's reply to `messages`."""
-        target = self.target(model)
-        key = target.api_key
+        target = self.target(model, route)
+        key = target.api_key or self.settings.learning_api_key
         if key is None:
-            lent = self._client_keys.get(user_id)
-            key = lent[1] if lent is not None and lent[0] == target.base_url else None
+            key = self._client_keys.get((user_id, target.base_url))
         try:
             if target.via_litellm:
                 from proxy.upstream.litellm_transport import complete_text
 
-                return await complete_text(
+                text = await complete_text(
                     target, model, messages, key, timeout=self.settings.upstream_timeout
                 )
-            return await self._post(target, model, messages, key)
+            elif target.key_header == "x-api-key":
+                text = await self._post_messages(target, model, messages, key)
+            else:
+                text = await self._post(target, model, messages, key)
         except ProxyError as exc:
-            raise LearningCallFailed(scrub(f"learning call failed: {exc}", key)) from None
+            failure = scrub(f"learning call failed: {exc}", key)
+            if isinstance(exc, UpstreamUnreachable) or (
+                isinstance(exc, UpstreamStatus) and exc.status in (401, 403)
+            ):
+                self._failing[route] = failure[:200]
+            raise LearningCallFailed(failure) from None
+        except LearningCallFailed as exc:
+            if str(exc).startswith(("learning call got HTTP 401", "learning call got HTTP 403")):
+                self._failing[route] = str(exc)[:200]
+            raise
+        self._failing.pop(route, None)
+        return text
+
+    def readiness(self) -> str:
+        """"ok", "off", or what keeps learning from reaching a model (no model is called:
+        the configuration, and the last call of each route when it failed for good)."""
+        settings = self.settings
+        if not (settings.extract_every or settings.summary_every):
+            return "off"
+        routes = [OPENAI_ROUTE] + ([ANTHROPIC_ROUTE] if settings.anthropic_base_url else [])
+        for route in routes:
+            target = self.target(settings.extract_model or "", route)
+            has_key = target.api_key or settings.learning_api_key or target.via_litellm
+            # Without proxy keys, learning borrows the client's key; a local server needs none.
+            if not has_key and settings.api_keys and not _is_local(target.base_url):
+                return (f"no key for learning on route {route}: set MEMPROXY_LEARNING_API_KEY"
+                        f" (or {_key_setting(settings, route)})")
+        for route, failure in self._failing.items():
+            return f"failing on route {route}: {failure}"
+        return "ok"
 
     async def _post(
         self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None
@@ -72,9 +131,30 @@ class LLMClient:
         if key:
             headers.append(("authorization", f"Bearer {key}"))
         body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
-        response = await self.upstream.open(
-            "POST", url_for(target, "/v1/chat/completions"), headers, body
-        )
+        content = await self._send(target, "/v1/chat/completions", headers, body, key)
+        return _reply_text(content)
+
+    async def _post_messages(
+        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None
+    ) -> str:
+        """The same question as Anthropic Messages: system prompts go to `system`."""
+        headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
+                   ("anthropic-version", ANTHROPIC_VERSION)]
+        if key:
+            headers.append(("x-api-key", key))
+        system = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+        turns = [{"role": m["role"], "content": str(m["content"])}
+                 for m in messages if m["role"] != "system"]
+        body = orjson.dumps({"model": model, "max_tokens": LEARNING_MAX_TOKENS,
+                             "temperature": 0, "system": system, "messages": turns})
+        content = await self._send(target, "/v1/messages", headers, body, key)
+        return _message_text(content)
+
+    async def _send(
+        self, target: Target, path: str, headers: list[tuple[str, str]], body: bytes,
+        key: str | None,
+    ) -> bytes:
+        response = await self.upstream.open("POST", url_for(target, path), headers, body)
         try:
             content = await read_body(response, limit=MAX_ANSWER_BYTES)
         finally:
@@ -84,7 +164,7 @@ class LLMClient:
             raise LearningCallFailed(
                 scrub(f"learning call got HTTP {response.status_code}: {text}", key)
             )
-        return _reply_text(content)
+        return content
 
 
 def scrub(text: str, key: str | None) -> str:
@@ -92,6 +172,27 @@ def scrub(text: str, key: str | None) -> str:
     if key:
         text = text.replace(key, "[key]")
     return _KEY_LIKE.sub("[key]", text)
+
+
+def _key_setting(settings: Settings, route: str) -> str:
+    if settings.extract_base_url:
+        return "MEMPROXY_EXTRACT_API_KEY"
+    if route == ANTHROPIC_ROUTE:
+        return "MEMPROXY_ANTHROPIC_API_KEY"
+    return "MEMPROXY_UPSTREAM_API_KEY, or a route's api_key"
+
+
+def _is_local(base_url: str) -> bool:
+    """Whether an upstream is on this machine or a private network (a local model server,
+    which usually takes no key)."""
+    host = urlsplit(base_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private
 
 
 def _reply_text(content: bytes) -> str:
@@ -105,3 +206,15 @@ def _reply_text(content: bytes) -> str:
     if not isinstance(text, str):
         raise LearningCallFailed("learning call: the reply has no text content")
     return text
+
+
+def _message_text(content: bytes) -> str:
+    try:
+        message = orjson.loads(content)
+        blocks = message["content"]
+        parts = [b["text"] for b in blocks if b.get("type") == "text"]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise LearningCallFailed("learning call: the upstream's answer is not a message") from None
+    if not parts or not all(isinstance(p, str) for p in parts):
+        raise LearningCallFailed("learning call: the reply has no text content")
+    return "".join(parts)

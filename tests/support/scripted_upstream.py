@@ -15,6 +15,8 @@ model ("echo: <last user message>"), which is also the benchmark mode::
         assert up.history[0].json["model"] == "gpt-4o-mini"
 
 Standalone: ``python -m scripts.scripted_upstream --port 8001 --first-token-delay 0.1:0.3``.
+With ``--demo`` it plays a model that memory can learn from (tests/support/demo_model.py).
+``GET /control/captured`` shows the last CAPTURED_MAX requests it received, keys masked.
 
 There is no Starlette router: one ASGI callable dispatches on the path, which keeps the
 default replies lean and gives it the raw ``send`` it needs to cut a connection abruptly.
@@ -47,6 +49,10 @@ from starlette.types import Receive, Scope, Send
 from tests.support import formats
 
 FINGERPRINT = "fp_scripted"
+CAPTURED_MAX = 50  # requests /control/captured keeps
+CAPTURED_BODY_CHARS = 8000  # of each body
+CONTROL_CAPTURED = "/control/captured"
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 
 
 # -- replies -----------------------------------------------------------------------------
@@ -542,6 +548,16 @@ async def _chunked(ex: _Exchange, reply: RawReply) -> None:
     await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _shown(received: Received) -> dict[str, Any]:
+    """One captured request: keys masked, the body cut to CAPTURED_BODY_CHARS."""
+    headers = {name: (value[:6] + "..." if name in SECRET_HEADERS else value)
+               for name, value in received.headers.items()}
+    text = received.body.decode("utf-8", "replace")
+    body: Any = received.json if len(text) <= CAPTURED_BODY_CHARS and received.json is not None \
+        else text[:CAPTURED_BODY_CHARS]
+    return {"method": received.method, "path": received.path, "headers": headers, "body": body}
+
+
 # -- the server ------------------------------------------------------------------------------
 
 
@@ -567,6 +583,7 @@ class ScriptedUpstream:
         self._cond = threading.Condition()
         self._queues: dict[str | None, deque[_Queued]] = {}
         self._history: list[Received] = []
+        self._captured: deque[Received] = deque(maxlen=CAPTURED_MAX)
         self._responder: Callable[[Received], Reply | None] | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -613,6 +630,12 @@ class ScriptedUpstream:
         with self._cond:
             return sum(len(queue) for queue in self._queues.values())
 
+    def captured(self) -> dict[str, Any]:
+        """The last requests received, oldest first, as /control/captured shows them."""
+        with self._cond:
+            recent = list(self._captured)
+        return {"object": "list", "data": [_shown(r) for r in recent], "kept": CAPTURED_MAX}
+
     def clear(self) -> None:
         with self._cond:
             self._queues.clear()
@@ -627,7 +650,10 @@ class ScriptedUpstream:
 
     def _take(self, received: Received) -> _Queued | None:
         """Record a request and pop its reply: the path's queue first, then the any-path one."""
+        if received.path == CONTROL_CAPTURED and received.method == "GET":
+            return JSONReply(self.captured())
         with self._cond:
+            self._captured.append(received)
             if self.keep_history:
                 self._history.append(received)
                 self._cond.notify_all()
@@ -741,11 +767,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chunks", type=_span, default=(3, 3), metavar="N[:N]")
     parser.add_argument("--chunk-delay", type=_span, default=(0.0, 0.0), metavar="S[:S]")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--demo", action="store_true",
+                        help="play a model memory can learn from: facts from 'my name is X',"
+                             " 'I like X', 'I work on X', 'I live in X'")
     args = parser.parse_args(argv)
     chunks = (int(args.chunks[0]), int(args.chunks[1]))
     upstream = ScriptedUpstream(host=args.host, port=args.port, first_token_delay=args.first_token_delay,
                                 chunks=chunks, chunk_delay=args.chunk_delay, keep_history=False,
                                 seed=args.seed)
+    if args.demo:
+        from tests.support.demo_model import DemoModel  # it builds on this module's replies
+
+        upstream.respond_with(DemoModel())
     upstream.serve_forever()
 
 

@@ -1,0 +1,195 @@
+"""What a new user tripped on (issue 27): headers on errors, settings, the block's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import RunningProxy
+from tests.support.scripted_upstream import Drop, ErrorReply, ScriptedUpstream
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"model": "m", "messages": MESSAGES}),
+    ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, "stream": True}),
+    ("/v1/responses", {"model": "m", "input": "hello"}),
+])
+def test_a_502_carries_the_session_id(
+    client: httpx.Client, upstream: ScriptedUpstream, path: str, body: dict[str, object]
+) -> None:
+    upstream.enqueue(Drop(), Drop())
+    headers = {"x-memory-session-id": "s-502", "authorization": "Bearer sk-test-key"}
+    response = client.post(path, json=body, headers=headers)
+    assert response.status_code == 502, response.text
+    assert response.headers["x-memory-session-id"] == "s-502"
+
+
+def test_a_502_on_the_anthropic_upstream_carries_the_session_id(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(anthropic_base_url=upstream.base_url)
+    upstream.enqueue(Drop(), Drop())
+    response = httpx.post(f"{proxy.url}/v1/messages", headers={"x-memory-session-id": "s-a"},
+                          json={"model": "claude-x", "max_tokens": 10, "messages": MESSAGES})
+    assert response.status_code == 502, response.text
+    assert response.headers["x-memory-session-id"] == "s-a"
+
+
+def test_an_upstream_error_status_carries_the_session_id(
+    client: httpx.Client, upstream: ScriptedUpstream
+) -> None:
+    upstream.enqueue(ErrorReply(503, "busy"))
+    response = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 503
+    assert response.headers["x-memory-session-id"]
+
+
+def test_a_400_before_identity_has_no_session_header(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", content=b"{nope")
+    assert response.status_code == 400
+    assert "x-memory-session-id" not in response.headers
+
+
+def test_short_keys_are_documented() -> None:
+    from pathlib import Path
+
+    from config.settings import setting_fields
+
+    help_text = next(f for f in setting_fields() if f.name == "api_keys").metadata["help"]
+    assert "8 characters" in help_text
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "at least 8 characters" in readme
+
+
+
+
+def test_the_block_without_facts_keeps_the_documented_turns_heading() -> None:
+    from memory import count_tokens
+    from memory.recall.block import TURNS_HEADING, pack_block
+    from memory.recall.learned_recall import Learned
+    from memory.recall.render import CLOSE, OPEN, Entry
+
+    def count(text: str) -> int:
+        return count_tokens(text, "gpt-4o")
+
+    day = 1_700_000_000.0
+    entries = [Entry("user", day, "I adopted a greyhound.", "s1", 1),
+               Entry("assistant", day + 5, "Lovely dog.", "s1", 2)]
+    packed = pack_block(Learned(), entries, 1000, count)
+    lines = packed.block.splitlines()
+    assert lines[0] == OPEN and lines[-1] == CLOSE
+    assert lines[2:] == [TURNS_HEADING, "[2023-11-14]", "user: I adopted a greyhound.",
+                         "assistant: Lovely dog.", CLOSE]
+    assert packed.tokens == count(packed.block)
+    for budget in range(0, packed.tokens + 3):
+        small = pack_block(Learned(), entries, budget, count)
+        assert small.tokens == count(small.block) <= budget
+        assert not small.block or TURNS_HEADING in small.block
+
+
+# -- item 5: configuration -------------------------------------------------------------------
+
+
+def test_a_misspelt_variable_is_named_with_the_nearest_known_one() -> None:
+    from config.settings import unknown_env_warnings
+
+    warnings = unknown_env_warnings({
+        "MEMPROXY_UPSTREAM_BASEURL": "http://x", "MEMPROXY_PORT": "1",
+        "MEMPROXY_CONFIG": "a.toml", "MEMPROXY_URL": "http://y", "MEMPROXY_KEY": "k",
+        "MEMPROXY_XYZZY": "1", "OTHER_PORT": "2",
+    })
+    assert len(warnings) == 2, warnings
+    assert "MEMPROXY_UPSTREAM_BASEURL" in warnings[0]
+    assert "MEMPROXY_UPSTREAM_BASE_URL" in warnings[0]
+    assert "MEMPROXY_XYZZY" in warnings[1] and "did you mean" not in warnings[1]
+
+
+def _serve(tmp_path: Path, env: dict[str, str], *args: str, wait: float = 60.0) -> tuple[int | None, str]:
+    """Run `memproxy serve` until it is ready (then stop it) or exits; (exit code, output)."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+    from tests.support.servers import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "proxy", "serve", *args],
+                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + wait
+    code: int | None = None
+    try:
+        while time.monotonic() < deadline:
+            code = popen.poll()
+            if code is not None:
+                break
+            if "memproxy ready" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.1)
+    finally:
+        if popen.poll() is None:
+            popen.terminate()
+            popen.wait(30)
+    del port
+    return code, log.read_text(errors="replace")
+
+
+@pytest.fixture
+def serve_env(tmp_path: Path, upstream: ScriptedUpstream) -> dict[str, str]:
+    from tests.support.processes import memproxy_env
+
+    return {**memproxy_env(upstream.base_url), "MEMPROXY_DATA_DIR": str(tmp_path / "data")}
+
+
+def test_serve_warns_of_a_misspelt_variable_and_says_what_it_uses(
+    tmp_path: Path, serve_env: dict[str, str]
+) -> None:
+    from tests.support.servers import free_port
+
+    env = {**serve_env, "MEMPROXY_UPSTREAM_TIMEOUTS": "5"}
+    code, output = _serve(tmp_path, env, "--port", str(free_port()))
+    assert code is None, output
+    assert "MEMPROXY_UPSTREAM_TIMEOUTS" in output and "MEMPROXY_UPSTREAM_TIMEOUT" in output
+    ready = next(line for line in output.splitlines() if "memproxy ready" in line)
+    assert str(tmp_path / "data" / "memproxy.db") in ready
+    assert str(tmp_path / "data" / "vectors") in ready
+
+
+def test_a_port_flag_wins_over_a_bad_port_variable(
+    tmp_path: Path, serve_env: dict[str, str]
+) -> None:
+    from tests.support.servers import free_port
+
+    code, output = _serve(tmp_path, {**serve_env, "MEMPROXY_PORT": "0"},
+                          "--port", str(free_port()))
+    assert code is None, output
+    assert "memproxy ready" in output
+
+
+def test_a_missing_config_file_names_the_flag(tmp_path: Path, serve_env: dict[str, str]) -> None:
+    code, output = _serve(tmp_path, serve_env, "--config", str(tmp_path / "missing.toml"))
+    assert code == 2, output
+    assert "--config" in output and "MEMPROXY_CONFIG" not in output
+    code, output = _serve(tmp_path, {**serve_env, "MEMPROXY_CONFIG": str(tmp_path / "gone.toml")})
+    assert code == 2 and "MEMPROXY_CONFIG" in output
+
+
+def test_the_ready_line_names_postgres_without_its_password() -> None:
+    from config import load_settings
+    from config.settings import describe_storage
+
+    settings = load_settings(env={
+        "MEMPROXY_DATABASE_URL": "postgresql://mem:s3cret-pw@db.internal:5433/memproxy",
+        "MEMPROXY_CHROMA_URL": "http://user:chroma-pw@chroma:8000",
+    })
+    described = describe_storage(settings)
+    assert described["database"] == "postgresql://mem@db.internal:5433/memproxy"
+    assert described["vectors"] == "chroma server http://user@chroma:8000"
+    assert "s3cret" not in str(described) and "chroma-pw" not in str(described)
