@@ -296,6 +296,8 @@ def test_the_readme_python_example_runs(
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     example = readme.split("**Anthropic Messages**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-readme")
-    exec(example.replace("http://127.0.0.1:8080", direct.url), {})
+    namespace: dict[str, Any] = {}
+    exec(example.replace("http://127.0.0.1:8080", direct.url), namespace)
+    namespace["client"].close()  # its pooled connection, not left to the garbage collector
     assert capsys.readouterr().out == "echo: Where do I live?\n"
     assert upstream.history[-1].path == "/v1/messages"
