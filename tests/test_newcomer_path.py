@@ -12,13 +12,13 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import MODEL_DIR, ROOT
+from tests.conftest import MODEL_DIR, ROOT, RunningProxy
 from tests.support.servers import free_port
 
 SECTION = re.compile(r"<!-- docs:try-without-a-model -->(.*?)<!-- /docs:try-without-a-model -->", re.S)
@@ -154,3 +154,24 @@ def test_the_demo_model_answers_learning_prompts_and_captured_is_bounded() -> No
         assert len(captured) == CAPTURED_MAX and captured[-1]["path"] == "/v1/messages"
         assert captured[0]["headers"]["authorization"] == "Bearer..."
         assert "sk-secret-key" not in str(captured)
+
+
+def test_the_memory_api_body_examples_run(
+    start_proxy: Callable[..., RunningProxy], tmp_path: Path
+) -> None:
+    section = re.search(r"<!-- docs:memory-api-bodies -->.*?```sh\n(.*?)```",
+                        (ROOT / "docs" / "memory-api.md").read_text(), re.S)
+    assert section is not None
+    setup, *calls = [line for line in section[1].splitlines() if line.strip()]
+    proxy = start_proxy(memory=True)
+    setup = setup.replace("http://127.0.0.1:8080", proxy.url)
+    (tmp_path / "memory.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "I like tea."}]}\n')
+    token = ""
+    for call in calls:
+        ran = subprocess.run(["bash", "-c", f"{setup}\n{call.replace('...', token)}"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        answer = json.loads(ran.stdout)
+        assert "error" not in answer, (call, answer)
+        token = answer.get("undo_token", token)
+    assert token, "the clear answered no undo token"

@@ -1,0 +1,78 @@
+"""Learning through the conversation's route never moves a client's key elsewhere (issue 27).
+
+Actor: a client using bring-your-own-key on one route; asset: its provider key. The key may
+go only to the host it was sent to, never into a job payload, and a proxy key never reaches
+an upstream as a learning credential.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import RunningProxy
+from tests.support.demo_model import DemoModel
+from tests.support.jobs import wait_for_jobs
+from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.sql import query
+
+pytestmark = pytest.mark.both_backends
+SAID = [{"role": "user", "content": "My name is Ada and I like green tea."}]
+
+
+@pytest.fixture
+def anthropic_side() -> Iterator[ScriptedUpstream]:
+    with ScriptedUpstream() as up:
+        up.respond_with(DemoModel())
+        yield up
+
+
+def secrets_seen(up: ScriptedUpstream) -> str:
+    return json.dumps([r.headers for r in up.history])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_messages_key_stays_with_the_anthropic_host(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+    anthropic_side: ScriptedUpstream, stream: bool,
+) -> None:
+    upstream.respond_with(DemoModel())  # the OpenAI side could answer, but must not be asked
+    proxy = start_proxy(memory=True, extract_every=1, summary_every=1,
+                        anthropic_base_url=anthropic_side.base_url)
+    key = "sk-ant-byok-secret-0001"
+    with anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0,
+                             default_headers={"X-Memory-User-Id": "ada"}) as claude:
+        if stream:
+            with claude.messages.stream(model="claude-x", max_tokens=50, messages=SAID) as s:  # type: ignore[arg-type]
+                s.until_done()
+        else:
+            claude.messages.create(model="claude-x", max_tokens=50, messages=SAID)  # type: ignore[arg-type]
+    assert "dead" not in wait_for_jobs(proxy)
+    assert key not in secrets_seen(upstream) and upstream.history == []
+    learning = [r for r in anthropic_side.history if "You extract" in str(r.json)]
+    assert learning and all(r.headers["x-api-key"] == key for r in learning)
+    payloads = query(proxy.state.settings, "SELECT payload FROM jobs", ())
+    assert payloads and all(key not in str(p[0]) for p in payloads)
+    assert all(json.loads(p[0]).get("route") in (None, "anthropic") for p in payloads)
+
+
+def test_a_proxy_key_is_never_a_learning_credential(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+    anthropic_side: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, extract_every=1, api_keys="pk-proxy-secret-01:ada",
+                        anthropic_base_url=anthropic_side.base_url)
+    for headers in ({"x-api-key": "pk-proxy-secret-01"},
+                    {"authorization": "Bearer pk-proxy-secret-01"}):
+        response = httpx.post(f"{proxy.url}/v1/messages", headers=headers, timeout=30, json={
+            "model": "claude-x", "max_tokens": 50, "messages": SAID})
+        assert response.status_code == 200, response.text
+    wait_for_jobs(proxy, timeout=30)
+    assert "pk-proxy-secret-01" not in secrets_seen(anthropic_side)
+    assert "pk-proxy-secret-01" not in secrets_seen(upstream)
+    ready = httpx.get(f"{proxy.url}/readyz").json()["parts"]["learning"]
+    assert ready == "ok"  # a loopback upstream may take no key
