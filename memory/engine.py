@@ -116,6 +116,7 @@ class MemoryEngine:
             },
             batch_handlers={INDEX_JOB: self.indexer.index_jobs}, batch_size=settings.index_batch_jobs,
             concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
+            outage_backoff_max=settings.job_outage_backoff_max_seconds,
         )
 
     def _notify(self) -> None:

@@ -16,16 +16,27 @@ from typing import Any
 import orjson
 
 from config import Settings
-from proxy.errors import ProxyError
+from memory import Unavailable
+from proxy.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream import Target, Upstream, read_body, url_for
 
 MAX_ANSWER_BYTES = 4 << 20
 # Provider key shapes (sk-..., sk-ant-..., masked sk-abc***xyz), as echoed in error bodies.
 _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_*.\-]{4,}")
+# A gateway's "the upstream is down" statuses: an outage, like a refused connection.
+_OUTAGE_STATUSES = frozenset({502, 503, 504})
 
 
 class LearningCallFailed(RuntimeError):
     """The upstream did not answer the learning call usefully (the job retries later)."""
+
+
+class LearningUpstreamUnavailable(LearningCallFailed, Unavailable):
+    """The learning call's upstream could not be reached (or its gateway said it is down):
+    an outage the job worker waits out without spending the job's attempts."""
+
+    def __init__(self, detail: str) -> None:
+        Unavailable.__init__(self, "the learning model's upstream", detail)
 
 
 class LLMClient:
@@ -63,6 +74,8 @@ class LLMClient:
                 )
             return await self._post(target, model, messages, key)
         except ProxyError as exc:
+            if _is_outage(exc):
+                raise LearningUpstreamUnavailable(scrub(str(exc), key)) from None
             raise LearningCallFailed(scrub(f"learning call failed: {exc}", key)) from None
 
     async def _post(
@@ -81,10 +94,21 @@ class LLMClient:
             await response.aclose()
         if response.status_code >= 400:
             text = content[:300].decode("utf-8", "replace")
+            if response.status_code in _OUTAGE_STATUSES:
+                raise LearningUpstreamUnavailable(
+                    scrub(f"HTTP {response.status_code}: {text}", key)
+                )
             raise LearningCallFailed(
                 scrub(f"learning call got HTTP {response.status_code}: {text}", key)
             )
         return _reply_text(content)
+
+
+def _is_outage(exc: ProxyError) -> bool:
+    """A connection that failed or timed out, or a gateway saying the upstream is down."""
+    if isinstance(exc, UpstreamStatus):
+        return exc.status in _OUTAGE_STATUSES
+    return isinstance(exc, (UpstreamUnreachable, UpstreamTimeout))
 
 
 def scrub(text: str, key: str | None) -> str:
