@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
+    from memory.log.spooling import Spooled
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
     from memory.outages import Unavailable, is_outage
     from memory.recall.inject import Placed, inject, place, placing_order
@@ -60,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
+    "Spooled": ("memory.log.spooling", "Spooled"),
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
     "organization_memory": ("memory.scopes", "organization_memory"),
@@ -147,6 +149,7 @@ __all__ = [
     "ReplyChain",
     "RequestMetrics",
     "SQLiteDatabase",
+    "Spooled",
     "TurnLog",
     "Unavailable",
     "VectorIndex",
