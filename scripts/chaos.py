@@ -186,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 victim.popen.kill()
                 victim.popen.wait(10)
                 time.sleep(args.down)
-                replicas[0] = launch(env, victim.data_dir, victim.log)
-                load.replicas[0] = replicas[0]
-                wait_ready(replicas[0])
-                load.killed.discard(replicas[0].url)
+                again = launch(env, victim.data_dir, victim.log)  # on a new port
+                wait_ready(again)
+                replicas[0] = load.replicas[0] = again  # the balancer sends to it once ready
+                load.killed.discard(victim.url)
 
             rows = [phase(name, fault, replicas=replicas, database=database,
                           clients=args.clients, seconds=args.phase_seconds)
