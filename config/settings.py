@@ -458,10 +458,23 @@ class Settings:
     # -- background jobs and retention
     job_concurrency: int = _setting(2, "Background jobs run at once.", min=1, max=64)
     job_max_attempts: int = _setting(
-        5, "Attempts before a failing job goes to the dead letters.", min=1
+        5, "Attempts before a failing job goes to the dead letters. An attempt that failed "
+        "because PostgreSQL, Chroma or the upstream did not answer does not count: the job "
+        "waits the outage out.", min=1
     )
     job_backoff_seconds: float = _setting(
         1.0, "First retry delay of a failed job; doubles each attempt.", min=0.0
+    )
+    job_outage_backoff_max_seconds: float = _setting(
+        15.0, "Longest wait between retries of a job (or of settling one) while a backing "
+        "service is unreachable: how long after the service answers again the job runs at "
+        "most.", min=0.0
+    )
+    spool_max_turns: int = _setting(
+        10000, "Most turns the local spool (data_dir/spool.sqlite3) holds while the database "
+        "is unreachable; with it full, a request that would store turns is refused with 503 "
+        "before it is forwarded, rather than answered and then lost (0: no spool; turns the "
+        "database cannot take are reported in X-Memory-Error and lost).", min=0
     )
     job_lease_seconds: float = _setting(
         60.0, "PostgreSQL: how long a claimed job is held unless its worker renews it (at a "
@@ -479,6 +492,11 @@ class Settings:
     def db_path(self) -> Path:
         """The SQLite database file."""
         return self.data_dir / "memproxy.db"
+
+    @property
+    def spool_path(self) -> Path:
+        """The local spool of turns the database could not take yet."""
+        return self.data_dir / "spool.sqlite3"
 
     @property
     def vectors_path(self) -> Path:

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
+    from memory.log.spooling import Spooled
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
+    from memory.outages import Unavailable, is_outage
     from memory.recall.inject import Placed, inject, place, placing_order
     from memory.recall.lexical import ChunkSearch
     from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
@@ -59,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
+    "Spooled": ("memory.log.spooling", "Spooled"),
     "collection_name": ("memory.engine", "collection_name"),
     "inject": ("memory.recall.inject", "inject"),
     "organization_memory": ("memory.scopes", "organization_memory"),
@@ -72,6 +75,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
     "VectorIndex": ("memory.index.vectors", "VectorIndex"),
     "count_tokens": ("memory.tokens", "count_tokens"),
+    # outages of backing services (waited out, not counted as failures)
+    "Unavailable": ("memory.outages", "Unavailable"),
+    "is_outage": ("memory.outages", "is_outage"),
     "encoding_for_model": ("memory.tokens", "encoding_for_model"),
     # the management API's records, limits and errors
     "Fact": ("memory.storage.facts", "Fact"),
@@ -145,7 +151,9 @@ __all__ = [
     "ReplyChain",
     "RequestMetrics",
     "SQLiteDatabase",
+    "Spooled",
     "TurnLog",
+    "Unavailable",
     "VectorIndex",
     "backup",
     "build_query",
@@ -156,6 +164,7 @@ __all__ = [
     "find_model_dir",
     "for_embedding",
     "inject",
+    "is_outage",
     "message_text",
     "migrate",
     "open_database",

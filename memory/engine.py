@@ -31,7 +31,9 @@ from memory.learning.learner import DEFAULT_ROUTE, EXTRACT_JOB, LLM, SUMMARY_JOB
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.messages import TURN_ROLES, turn_text
+from memory.log.spooling import Spooled, Spooling
 from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
+from memory.outages import is_outage
 from memory.recall.learned_recall import LearnedRecall
 from memory.recall.outcome import Recalled, RecallRequest
 from memory.recall.pipeline import RecallPipeline
@@ -41,6 +43,7 @@ from memory.storage import injections, metrics
 from memory.storage.database import Database, Transaction, open_database
 from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
+from memory.storage.spool import SpoolFile
 from memory.storage.turns import NewTurn
 from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
 
@@ -116,10 +119,35 @@ class MemoryEngine:
             },
             batch_handlers={INDEX_JOB: self.indexer.index_jobs}, batch_size=settings.index_batch_jobs,
             concurrency=settings.job_concurrency, backoff_base=settings.job_backoff_seconds,
+            outage_backoff_max=settings.job_outage_backoff_max_seconds,
         )
+
+        # Turns the database cannot take wait here (memory.log.spooling); set by open().
+        self.spooling: Spooling | None = None
 
     def _notify(self) -> None:
         self.worker.notify()
+
+    async def open_spool(self) -> None:
+        """Open the local spool (MEMPROXY_SPOOL_MAX_TURNS > 0) and replay what it holds."""
+        if self.settings.spool_max_turns <= 0:
+            return
+        self.spooling = Spooling(
+            await SpoolFile.open(self.settings.spool_path), max_turns=self.settings.spool_max_turns,
+            replay=self._replay_spooled, backoff_max=self.settings.job_outage_backoff_max_seconds,
+            redact=self.redact,
+        )
+        self.spooling.start()
+
+    def spool_full(self) -> bool:
+        """Whether the spool holds its bound: a request that would store turns is refused."""
+        return self.spooling is not None and self.spooling.full()
+
+    def spool_status(self) -> tuple[int, float | None]:
+        """(turns waiting in the spool, seconds the oldest has waited or None)."""
+        if self.spooling is None:
+            return 0, None
+        return self.spooling.depth, self.spooling.oldest_age()
 
     @classmethod
     async def open(
@@ -157,6 +185,7 @@ class MemoryEngine:
         engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
         await engine.rebuild.fill_if_new(vectors)
+        await engine.open_spool()
         await engine.worker.start()
         engine._maintenance = asyncio.get_running_loop().create_task(engine.maintenance.run())
         return engine
@@ -173,13 +202,15 @@ class MemoryEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.worker.stop(timeout)
+        if self.spooling is not None:
+            await self.spooling.close()
         await self.rebuild.close()
         await asyncio.to_thread(self.vectors.close)
         await self.db.close()
 
     async def health(self) -> dict[str, str]:
         """Each dependency's state: "ok" or the error it raised."""
-        probes = {
+        probes: dict[str, Any] = {
             "database": self.db.check(),
             "vectors": asyncio.to_thread(self.vectors.count),
             "embeddings": self.embedder.embed(["ready?"]),
@@ -193,6 +224,11 @@ class MemoryEngine:
                 parts[name] = f"error: {type(exc).__name__}: {exc}"[:200]
         if parts["vectors"] == "ok" and (rebuilding := await self.rebuild.progress()):
             parts["vectors"] = rebuilding
+        depth = self.spool_status()[0]
+        if depth and parts["database"] != "ok":
+            parts["database"] = f"database unreachable, spooling {depth} turns"
+        elif depth:
+            parts["database"] = f"replaying {depth} spooled turns"
         return parts
 
     async def prune(self, now: float | None = None) -> dict[str, int]:
@@ -205,8 +241,9 @@ class MemoryEngine:
         self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
         model: str, request_id: str, after: int | None = None,
         injected: tuple[int, Injection] | None = None,
-    ) -> int | None:
-        """Store the request's turns (each once, however often resent); return the last id.
+    ) -> int | Spooled | None:
+        """Store the request's turns (each once, however often resent); return the last id,
+        or where they were spooled when the database is unreachable (memory.log.spooling).
 
         `after`: the stored turn these messages continue (a request that sends only its
         new messages, like a Responses API call with `previous_response_id`).
@@ -217,10 +254,21 @@ class MemoryEngine:
         turns, at = _new_turns(messages, model=model, request_id=request_id, now=now)
         if not turns:
             return after
-        result = await self.log.append_turns(
-            user_id, session_id, turns, after=after, job_kind=INDEX_JOB,
-            max_attempts=self.settings.job_max_attempts,
-        )
+        spooling = self.spooling
+        if spooling is not None and spooling.active:  # behind what waits: in order
+            return await spooling.put(user_id, session_id, turns, after=after, reply=False,
+                                      model=model)
+        try:
+            result = await self.log.append_turns(
+                user_id, session_id, turns, after=after, job_kind=INDEX_JOB,
+                max_attempts=self.settings.job_max_attempts,
+            )
+        except Exception as exc:
+            if spooling is None or not is_outage(exc):
+                raise
+            # The block kept for stable injection is not spooled: a later request recalls anew.
+            return await spooling.put(user_id, session_id, turns, after=after, reply=False,
+                                      model=model)
         if result.new_ids:
             self.worker.notify()
         if injected is not None and injected[0] in at:
@@ -265,24 +313,55 @@ class MemoryEngine:
         return await self.log.reply_owner(reply_id)
 
     async def remember_reply(
-        self, user_id: str, session_id: str, after: int | None, text: str, *,
+        self, user_id: str, session_id: str, after: int | Spooled | None, text: str, *,
         model: str, request_id: str, incomplete: bool, route: str = DEFAULT_ROUTE,
     ) -> None:
-        """Store the assistant's reply after the turn it answers; its learning jobs go
-        through `route`, the way in that served the conversation."""
+        """Store the assistant's reply after the turn it answers (spooled after it when that
+        turn was spooled, or when the database is unreachable); its learning jobs go through
+        `route`, the way in that served the conversation."""
         turn = NewTurn(
             role="assistant", content=text, created_at=time.time(), model=model,
             tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
         )
+        spooling = self.spooling
+        if isinstance(after, Spooled) or (spooling is not None and spooling.active):
+            assert spooling is not None  # only a spool makes a Spooled
+            if isinstance(after, Spooled):  # the whole path: the request's turns, then this
+                await spooling.put(user_id, session_id, [*after.turns, turn], after=after.after,
+                                   reply=True, model=model, route=route)
+            else:
+                await spooling.put(user_id, session_id, [turn], after=after, reply=True,
+                                   model=model, route=route)
+            return
+        try:
+            await self._append_path(user_id, session_id, [turn], after, True, model, route)
+        except Exception as exc:
+            if spooling is None or not is_outage(exc):
+                raise
+            await spooling.put(user_id, session_id, [turn], after=after, reply=True, model=model,
+                               route=route)
+
+    async def _append_path(
+        self, user_id: str, session_id: str, turns: list[NewTurn], after: int | None,
+        reply: bool, model: str, route: str = DEFAULT_ROUTE,
+    ) -> None:
+        """Log a path of turns; when it ends in a reply, queue that reply's learning jobs
+        in the same transaction."""
         async def learn(tx: Transaction, turn_id: int) -> None:
             await self.learner.queue_after_reply(tx, user_id, session_id, turn_id, model, route)
 
         result = await self.log.append_turns(
-            user_id, session_id, [turn], after=after, job_kind=INDEX_JOB,
-            max_attempts=self.settings.job_max_attempts, then=learn,
+            user_id, session_id, turns, after=after, job_kind=INDEX_JOB,
+            max_attempts=self.settings.job_max_attempts, then=learn if reply else None,
         )
         if result.new_ids:
             self.worker.notify()
+
+    async def _replay_spooled(
+        self, user_id: str, session_id: str, turns: list[NewTurn], after: int | None,
+        reply: bool, model: str, route: str,
+    ) -> None:
+        await self._append_path(user_id, session_id, turns, after, reply, model, route)
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""

@@ -77,7 +77,8 @@ async def test_a_job_runs_once_and_is_done(
 async def test_a_failing_job_backs_off_then_is_buried_with_its_error(
     store: Storage, make_worker: Callable[..., JobWorker]
 ) -> None:
-    handler = Recorder(failures=99, error=ConnectionError("upstream refused"))
+    # A job error: an outage (a refused connection) would not count (tests/test_outages.py).
+    handler = Recorder(failures=99, error=ValueError("unusable model reply"))
     worker = make_worker({"extract": handler}, backoff_base=0.05)
     await worker.start()
 
@@ -90,7 +91,7 @@ async def test_a_failing_job_backs_off_then_is_buried_with_its_error(
     assert first_gap >= 0.05 and second_gap >= 0.1  # base * 2 ** (attempt - 1)
     (dead,) = await store.queue.dead_jobs(10)
     assert (dead.id, dead.kind, dead.attempts) == (job_id, "extract", 3)
-    assert dead.last_error == "ConnectionError: upstream refused"
+    assert dead.last_error == "ValueError: unusable model reply"
     assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 0, "dead": 1}
 
 

@@ -11,7 +11,9 @@ the database, so that replicas sharing a Chroma server drop the copies another o
 The index heals itself: when a call fails because the collection was deleted, or its
 directory is gone or damaged, the collection is created again (empty; a damaged directory is
 moved aside first), the call runs once more, and `on_lost` is told, so the owner can queue
-the jobs that rebuild the vectors from the database (index/rebuild.py).
+the jobs that rebuild the vectors from the database (index/rebuild.py). A Chroma server that
+does not answer is an outage, not a loss: its connection errors leave as
+`memory.outages.Unavailable`, which the job worker waits out.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import chromadb
+import httpx
 import numpy as np
 import numpy.typing as npt
 from chromadb.api.client import Client
@@ -36,6 +39,7 @@ from chromadb.errors import NotFoundError
 
 from memory.index.vector_cache import Row, VectorCache
 from memory.index.vector_copies import CopyFiles
+from memory.outages import Unavailable
 
 Metadata = Mapping[str, str | int | float | bool]
 PAGE = 5000  # vectors per read when loading a user's copy
@@ -255,8 +259,11 @@ class VectorIndex:
         if lost is None:
             try:
                 return call()
-            except Exception:
+            except Exception as exc:
                 lost = self._lost()
+                if lost is None and isinstance(exc, httpx.TransportError):
+                    # chromadb's HTTP client lets httpx's connection errors through.
+                    raise Unavailable("Chroma", f"{type(exc).__name__}: {exc}") from exc
                 if lost is None:
                     raise  # a failure of the call itself: the caller sees it
         self._recreate(lost)

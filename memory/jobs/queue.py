@@ -48,10 +48,13 @@ class JobQueue:
         async with self.db.autocommit() as tx:
             return await jobs.complete(tx, job)
 
-    async def retry_later(self, job: Job, error: str, run_after: float) -> None:
-        """Put a claimed job back in the queue, not before `run_after`."""
+    async def retry_later(
+        self, job: Job, error: str, run_after: float, *, counted: bool = True
+    ) -> None:
+        """Put a claimed job back in the queue, not before `run_after` (`counted=False`: the
+        attempt failed on an outage and is given back)."""
         async with self.db.autocommit() as tx:
-            await jobs.retry_later(tx, job, error, run_after)
+            await jobs.retry_later(tx, job, error, run_after, counted=counted)
 
     async def bury(self, job: Job, error: str) -> None:
         """Move a claimed job to the dead letters, keeping its error."""

@@ -11,6 +11,12 @@ A kind with a batch handler is claimed in groups: the ready jobs of that kind (u
 chat request) is done together (one embedding batch). When the call fails, each job of the
 group is retried alone (after its backoff; at once if that was its last attempt), so a bad job
 fails by itself and an outage costs no more calls than without batches.
+
+An outage is waited out, not counted (memory.outages): an attempt that failed because
+PostgreSQL, Chroma or the upstream did not answer goes back to the queue without spending an
+attempt, after a backoff capped at `outage_backoff_max` seconds, however long the outage
+lasts; only errors of the job itself lead to the dead letters. Settling a job (done, retry,
+dead) waits for the database the same way instead of giving up.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from memory.jobs.queue import JobQueue
+from memory.outages import is_outage
 from memory.storage.jobs import Job
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
@@ -39,6 +46,8 @@ log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_log
 _MAX_ERROR_CHARS = 4000
 _MAX_FAILED_CHARS = 32000
 _IDLE_CHECK_INTERVAL = 0.01
+_MIN_OUTAGE_WAIT = 0.1
+_T = TypeVar("_T")
 
 
 class JobWorker:
@@ -55,6 +64,7 @@ class JobWorker:
         poll_interval: float = 1.0,
         backoff_base: float = 1.0,
         backoff_max: float = 300.0,
+        outage_backoff_max: float = 15.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if concurrency < 1:
@@ -67,6 +77,7 @@ class JobWorker:
         self._poll_interval = poll_interval
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
+        self._outage_backoff_max = outage_backoff_max
         self._clock = clock
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -113,10 +124,17 @@ class JobWorker:
         for task in unfinished:
             for job in in_flight[task]:
                 # Guarded in the store: a job the handler settled anyway stays settled.
-                await self._store.retry_later(
-                    job, "interrupted: the worker stopped during this attempt",
-                    run_after=self._clock(),
-                )
+                try:
+                    await self._store.retry_later(
+                        job, "interrupted: the worker stopped during this attempt",
+                        run_after=self._clock(),
+                    )
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    # Still running in the database: the next start (SQLite) or the end of
+                    # its lease (PostgreSQL) queues it again.
+                    log.warning("job %d could not be requeued at stop: %s", job.id, exc)
         log.info("job worker stopped; %d unfinished job(s) requeued", len(unfinished))
 
     async def run_until_idle(self, timeout: float) -> None:
@@ -137,14 +155,23 @@ class JobWorker:
         delay = self._backoff_base * 2.0 ** min(attempts - 1, 60) * random.uniform(1.0, 1.1)
         return min(self._backoff_max, delay)
 
+    def outage_backoff(self, attempts: int) -> float:
+        """Seconds to wait after failure number `attempts` on an outage: the backoff, capped
+        at `outage_backoff_max`, and never below a tenth of a second (no busy loop)."""
+        return max(_MIN_OUTAGE_WAIT, min(self.backoff(attempts), self._outage_backoff_max))
+
     async def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
             try:
                 await self._renew_leases()
                 delay = await self._claim_ready()
-            except Exception:  # the worker must outlive a transient database error
-                log.exception("job worker: claiming jobs failed; retrying after a poll interval")
+            except Exception as exc:  # the worker must outlive a transient database error
+                if is_outage(exc):
+                    log.warning("job worker: the database is unreachable; claiming again after"
+                                " a poll interval: %s", exc)
+                else:
+                    log.exception("job worker: claiming jobs failed; retrying after a poll interval")
                 delay = self._poll_interval
             if delay > 0:
                 await self._sleep(delay)
@@ -205,6 +232,10 @@ class JobWorker:
         try:
             await self._batch_handlers[jobs[0].kind]([job.payload for job in jobs])
         except Exception as exc:  # which job caused it is unknown: each is retried alone
+            if is_outage(exc):  # none of them did: the batch is retried as it was
+                for job in jobs:
+                    await self._failed(job, exc)
+                return
             log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone", len(jobs),
                         jobs[0].kind, type(exc).__name__, str(exc)[:200])
             for job in jobs:
@@ -227,13 +258,15 @@ class JobWorker:
         handler = self._handlers.get(job.kind)
         if handler is None:
             log.error("job %d has kind %r, which has no handler; burying it", job.id, job.kind)
-            await self._store.bury(job, f"no handler is registered for job kind {job.kind!r}")
+            error = f"no handler is registered for job kind {job.kind!r}"
+            await self._settle(job, lambda: self._store.bury(job, error))
             return
         try:
             await handler(job.payload)
         except JobFailed as exc:
             log.error("job %d (%s) failed for good: %s", job.id, job.kind, str(exc)[:200])
-            await self._store.bury(job, str(exc)[:_MAX_FAILED_CHARS])
+            error = str(exc)[:_MAX_FAILED_CHARS]
+            await self._settle(job, lambda: self._store.bury(job, error))
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
         except asyncio.CancelledError as exc:
@@ -245,20 +278,45 @@ class JobWorker:
             await self._complete(job)
 
     async def _complete(self, job: Job) -> None:
-        if not await self._store.complete(job):
+        if not await self._settle(job, lambda: self._store.complete(job)):
             log.warning("job %d (%s) finished after losing its lease: its new claim settles it",
                         job.id, job.kind)
 
     async def _failed(self, job: Job, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        if is_outage(exc):
+            delay = self.outage_backoff(job.attempts)
+            log.warning("job %d (%s) met an outage, retrying in %.1fs (attempt not counted): %s",
+                        job.id, job.kind, delay, error)
+            await self._settle(job, lambda: self._store.retry_later(
+                job, error, run_after=self._clock() + delay, counted=False))
+            return
         what = f"job {job.id} ({job.kind}) failed attempt {job.attempts} of {job.max_attempts}"
         if job.attempts >= job.max_attempts:
             log.error("%s and is dead: %s", what, error, exc_info=exc)
-            await self._store.bury(job, error)
+            await self._settle(job, lambda: self._store.bury(job, error))
             return
         delay = self.backoff(job.attempts)
         log.warning("%s, retrying in %.1fs: %s", what, delay, error)
-        await self._store.retry_later(job, error, run_after=self._clock() + delay)
+        await self._settle(job, lambda: self._store.retry_later(
+            job, error, run_after=self._clock() + delay))
+
+    async def _settle(self, job: Job, settle: Callable[[], Awaitable[_T]]) -> _T:
+        """Record a job's outcome; while the database is unreachable, wait for it (capped
+        backoff) rather than leave the job running until a restart or its lease's end."""
+        waits = 0
+        while True:
+            try:
+                return await settle()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                waits += 1
+                delay = self.outage_backoff(waits)
+                if waits == 1:
+                    log.warning("job %d (%s) waits for the database to settle: %s",
+                                job.id, job.kind, exc)
+                await asyncio.sleep(delay)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)

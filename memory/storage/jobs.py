@@ -4,6 +4,10 @@
                          |--retry_later--> queued (run_after in the future)
                          '--bury---------> dead (kept with its error)
 
+A retry after an outage (memory.outages) does not count: it gives the job one more attempt
+(`max_attempts + 1`), so its remaining attempts stay as they were while `attempts` still
+only grows.
+
 On SQLite one process owns the queue, and its next start requeues what a crash left running.
 On PostgreSQL several replicas share it: a claim skips rows another replica is claiming
 (FOR UPDATE SKIP LOCKED) and holds a lease (`lease_until`) that its worker renews while the
@@ -150,13 +154,16 @@ async def complete(tx: Transaction, job: Job) -> bool:
     ) == 1
 
 
-async def retry_later(tx: Transaction, job: Job, error: str, run_after: float) -> None:
-    """Put a claimed job back in the queue, not before `run_after`."""
+async def retry_later(
+    tx: Transaction, job: Job, error: str, run_after: float, *, counted: bool = True
+) -> None:
+    """Put a claimed job back in the queue, not before `run_after`; `counted=False` (an
+    outage) gives the attempt back."""
     # Only this claim: a late call must not revive a job already done, dead or claimed again.
     await tx.change(
-        "UPDATE jobs SET status = 'queued', last_error = ?, run_after = ?, updated_at = ?"
-        " WHERE id = ?" + _HELD,
-        (error, run_after, time.time(), job.id, job.attempts),
+        "UPDATE jobs SET status = 'queued', last_error = ?, run_after = ?, updated_at = ?,"
+        " max_attempts = max_attempts + ? WHERE id = ?" + _HELD,
+        (error, run_after, time.time(), 0 if counted else 1, job.id, job.attempts),
     )
 
 

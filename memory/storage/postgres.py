@@ -10,18 +10,30 @@ logged, a fact to merge with) cannot change before it commits. Statements in `au
 (the job queue's claims and settlements, metrics rows) each commit on their own without it;
 claims skip locked rows instead (memory.storage.jobs). `hold(key)` is a transaction-level
 advisory lock on the key's hash, for work of one user that spans several writes.
+
+A server restart leaves the pool holding connections that are dead. A connection error is
+retried once, on a fresh connection, only where that is safe: a read; the start of a write
+transaction (its lock statement runs before any of the caller's statements); a statement of
+`autocommit()` (each is one statement that may run twice: claims come back when their lease
+ends, settlements match their claim, a metrics row is a count). The pool's other idle
+connections are dropped at the same time, so no later request meets one. What still fails
+leaves this module as `memory.outages.Unavailable`: the caller waits the outage out or
+spools (memory.log.spooling).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
+from asyncpg import exceptions as pg_errors
 
+from memory.outages import Unavailable
 from memory.storage import migrations, postgres_schema
 from memory.storage.interface import Dialect, Row
 
@@ -30,6 +42,50 @@ PostgresError = asyncpg.PostgresError  # what a statement the server refuses rai
 _WRITE_LOCK = 7_305_210_412
 # Any fixed int4: the namespace of hold()'s locks (two-key advisory locks, apart from the above).
 _KEY_LOCKS = 730_521
+_T = TypeVar("_T")
+# Long enough for a few turns of the event loop: they read what the server said on the
+# connections it closed. Spent only after a connection was found lost.
+_SETTLE_SECONDS = 0.02
+# The server is gone, restarting, shutting down or full, or dropped this connection: not the
+# statement's fault. (Not every OperatorInterventionError: 57014 is a cancelled statement.)
+_CONNECTION_ERRORS = (
+    OSError, asyncpg.PostgresConnectionError, pg_errors.AdminShutdownError,
+    pg_errors.CrashShutdownError, pg_errors.CannotConnectNowError,
+    pg_errors.TooManyConnectionsError,
+)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection to the server failed, not the statement."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        # A pooled connection the server closed; not "pool is closing" (our own shutdown).
+        return "connection is closed" in str(exc) or "connection was closed" in str(exc)
+    return isinstance(exc, _CONNECTION_ERRORS)
+
+
+async def _drop_stale(pool: asyncpg.Pool) -> None:
+    """After a lost connection: let the event loop read the other connections' news (the
+    server's goodbye, the socket's end), so the pool sees them closed and opens new ones,
+    and retire the rest of this generation as they come back."""
+    await pool.expire_connections()
+    await asyncio.sleep(_SETTLE_SECONDS)
+
+
+def _closed(conn: asyncpg.Connection) -> bool:
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # already handed back to the pool
+        return True
+
+
+@asynccontextmanager
+async def _unavailable_when_lost() -> AsyncIterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        if connection_lost(exc):
+            raise Unavailable("PostgreSQL", f"{type(exc).__name__}: {exc}") from exc
+        raise
 
 
 class PostgresTransaction:
@@ -37,21 +93,41 @@ class PostgresTransaction:
 
     dialect: Dialect = "postgres"
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, *, pool: asyncpg.Pool | None = None) -> None:
         self._conn = conn
+        # Given for autocommit(): a statement whose connection was lost runs again on another.
+        self._pool = pool
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one statement and return its rows (RETURNING rows, or none)."""
-        return list(await self._conn.fetch(numbered(sql), *params))
+        return list(await self._run(lambda conn: conn.fetch(numbered(sql), *params)))
 
     async def change(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one INSERT/UPDATE/DELETE and return how many rows it changed."""
-        status: str = await self._conn.execute(numbered(sql), *params)
+        status: str = await self._run(lambda conn: conn.execute(numbered(sql), *params))
         return int(status.rsplit(" ", 1)[-1])  # "UPDATE 3", "INSERT 0 3"
 
     async def change_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement once per parameter row."""
-        await self._conn.executemany(numbered(sql), list(rows))
+        listed = list(rows)
+        await self._run(lambda conn: conn.executemany(numbered(sql), listed))
+
+    async def _run(self, statement: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T:
+        try:
+            return await statement(self._conn)
+        except Exception as exc:
+            if self._pool is None or not connection_lost(exc):
+                raise
+        pool = self._pool
+        await pool.release(self._conn)
+        await _drop_stale(pool)
+        self._conn = await pool.acquire()
+        return await statement(self._conn)
+
+    async def release(self) -> None:
+        """Give the connection back to the pool (autocommit())."""
+        if self._pool is not None:
+            await self._pool.release(self._conn)
 
 
 class PostgresDatabase:
@@ -87,26 +163,67 @@ class PostgresDatabase:
 
     async def size_bytes(self) -> int:
         """The database's size on the server, in bytes."""
-        size: int = await self._pool.fetchval("SELECT pg_database_size(current_database())")
-        return size
+        rows = await self.fetch("SELECT pg_database_size(current_database())")
+        return int(rows[0][0])
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a pooled connection and return its rows."""
-        return list(await self._pool.fetch(numbered(sql), *params))
+        async with _unavailable_when_lost():
+            try:
+                return list(await self._pool.fetch(numbered(sql), *params))
+            except Exception as exc:
+                if not connection_lost(exc):
+                    raise
+            await _drop_stale(self._pool)  # a read runs again on a fresh connection
+            return list(await self._pool.fetch(numbered(sql), *params))
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[PostgresTransaction]:
         """One write transaction, serialized with every replica's: committed on exit,
         rolled back on error."""
-        async with self._write_lock, self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
-            yield PostgresTransaction(conn)
+        async with self._write_lock, _unavailable_when_lost():
+            conn, transaction = await self._begin()
+            try:
+                yield PostgresTransaction(conn)
+            except BaseException:
+                if not _closed(conn):
+                    with contextlib.suppress(Exception):  # the release resets it anyway
+                        await transaction.rollback()
+                raise
+            else:
+                await transaction.commit()
+            finally:
+                await self._pool.release(conn)
+
+    async def _begin(self) -> tuple[asyncpg.Connection, Any]:
+        """A pooled connection in a write transaction holding the write lock; a connection
+        found dead on the way is replaced once (none of the caller's statements ran yet)."""
+        for attempt in (1, 2):
+            conn = await self._pool.acquire()
+            transaction = conn.transaction()
+            try:
+                await transaction.start()
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
+                return conn, transaction
+            except BaseException as exc:
+                if not _closed(conn):
+                    with contextlib.suppress(Exception):
+                        await transaction.rollback()
+                await self._pool.release(conn)
+                if attempt == 2 or not connection_lost(exc):
+                    raise
+                await _drop_stale(self._pool)
+        raise AssertionError("unreachable")
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[PostgresTransaction]:
         """A pooled connection whose statements each commit on their own."""
-        async with self._pool.acquire() as conn:
-            yield PostgresTransaction(conn)
+        async with _unavailable_when_lost():
+            tx = PostgresTransaction(await self._pool.acquire(), pool=self._pool)
+            try:
+                yield tx
+            finally:
+                await tx.release()
 
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
@@ -114,13 +231,15 @@ class PostgresDatabase:
         its connection closes and the server releases the lock)."""
         # A connection of its own, not a pooled one: the holder's work reads and writes
         # through the pool, so holders filling the pool would wait on each other for good.
-        conn = await asyncpg.connect(self._url)
+        async with _unavailable_when_lost():
+            conn = await asyncpg.connect(self._url)
         try:
-            async with conn.transaction():
+            async with _unavailable_when_lost(), conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _KEY_LOCKS, key)
                 yield
         finally:
-            await conn.close()
+            if not _closed(conn):
+                await conn.close()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from config import Flags
-from memory import Injection, Placed, Recalled, RecallRequest, RequestMetrics
+from memory import Injection, Placed, Recalled, RecallRequest, RequestMetrics, Spooled
 from proxy.access.identity import Identity, presented_key
+from proxy.http.errors import MemoryUnavailable
 from proxy.http.logs import get_logger
 from proxy.state import AppState
 from proxy.upstream.client import Target
@@ -65,7 +66,7 @@ class MemoryStep:
         # Stable injection: every block of the request at its place (None: fresh injection).
         self.placed: list[Placed] | None = None
         self._injected: tuple[int, Injection] | None = None  # this request's new block
-        self._stored: asyncio.Task[int | None] | None = None
+        self._stored: asyncio.Task[int | Spooled | None] | None = None
         self._reply: asyncio.Task[None] | None = None
 
     @property
@@ -143,10 +144,21 @@ class MemoryStep:
             llm.lend_key(self.identity.user_id, target, key)
 
     def start_remembering(self) -> None:
-        """Store the request's turns in the background, alongside forwarding."""
+        """Store the request's turns in the background, alongside forwarding.
+
+        Refused (503, before anything is forwarded) while the database is unreachable and the
+        local spool holds its bound of turns: answered, the request's turns would be lost.
+        """
         memory = self.state.memory
         if memory is None or not self.writing:
             return
+        if memory.spool_full():
+            raise MemoryUnavailable(
+                "memory's database is unreachable and this replica's spool is full "
+                f"({memory.spool_status()[0]} turns waiting, MEMPROXY_SPOOL_MAX_TURNS): "
+                "the conversation cannot be remembered now; retry later, or send "
+                "X-Memory-Write: off to chat without remembering"
+            )
         self._stored = self.state.spawn(memory.remember_request(
             self.identity.user_id, self.identity.session_id, self.messages,
             model=self.model, request_id=self.request_id, after=self.after,
@@ -169,7 +181,8 @@ class MemoryStep:
         task = self._stored
         if task is None or not task.done() or task.cancelled() or task.exception() is not None:
             return None
-        return task.result()
+        stored = task.result()
+        return stored if isinstance(stored, int) else None  # spooled: no id yet
 
     def remember_reply(
         self, text: str | None, *, incomplete: bool, reply_id: str | None = None

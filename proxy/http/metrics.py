@@ -66,6 +66,14 @@ class Metrics:
             "memproxy_mcp_tool_calls", "MCP tool calls on /mcp, by tool and outcome: ok, error.",
             ["tool", "outcome"], registry=self.registry,
         )
+        self.spool_turns = Gauge(
+            "memproxy_spool_turns",
+            "Turns waiting in the local spool for the database to answer.", registry=self.registry,
+        )
+        self.spool_oldest_seconds = Gauge(
+            "memproxy_spool_oldest_seconds",
+            "How long the oldest spooled turn has waited (0: none waits).", registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,
@@ -85,5 +93,10 @@ class Metrics:
 
 async def metrics_endpoint(request: Request) -> Response:
     """GET /metrics in Prometheus' text format."""
-    metrics: Metrics = request.app.state.memproxy.metrics
+    state = request.app.state.memproxy
+    metrics: Metrics = state.metrics
+    if state.memory is not None:
+        depth, age = state.memory.spool_status()
+        metrics.spool_turns.set(depth)
+        metrics.spool_oldest_seconds.set(age or 0.0)
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 import orjson
 
 from config import Settings
-from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamUnreachable
+from memory import Unavailable
+from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.client import Target, Upstream, anthropic_target, read_body, url_for
 
 MAX_ANSWER_BYTES = 4 << 20
@@ -36,10 +37,20 @@ ANTHROPIC_VERSION = "2023-06-01"
 LEARNING_MAX_TOKENS = 4096
 # Provider key shapes (sk-..., sk-ant-..., masked sk-abc***xyz), as echoed in error bodies.
 _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_*.\-]{4,}")
+# A gateway's "the upstream is down" statuses: an outage, like a refused connection.
+_OUTAGE_STATUSES = frozenset({502, 503, 504})
 
 
 class LearningCallFailed(RuntimeError):
     """The upstream did not answer the learning call usefully (the job retries later)."""
+
+
+class LearningUpstreamUnavailable(LearningCallFailed, Unavailable):
+    """The learning call's upstream could not be reached (or its gateway said it is down):
+    an outage the job worker waits out without spending the job's attempts."""
+
+    def __init__(self, detail: str) -> None:
+        Unavailable.__init__(self, "the learning model's upstream", detail)
 
 
 def learning_route(target: Target) -> str:
@@ -98,6 +109,8 @@ class LLMClient:
                 isinstance(exc, UpstreamStatus) and exc.status in (401, 403)
             ):
                 self._failing[route] = failure[:200]
+            if _is_outage(exc):
+                raise LearningUpstreamUnavailable(scrub(str(exc), key)) from None
             raise LearningCallFailed(failure) from None
         except LearningCallFailed as exc:
             if str(exc).startswith(("learning call got HTTP 401", "learning call got HTTP 403")):
@@ -161,10 +174,21 @@ class LLMClient:
             await response.aclose()
         if response.status_code >= 400:
             text = content[:300].decode("utf-8", "replace")
+            if response.status_code in _OUTAGE_STATUSES:
+                raise LearningUpstreamUnavailable(
+                    scrub(f"HTTP {response.status_code}: {text}", key)
+                )
             raise LearningCallFailed(
                 scrub(f"learning call got HTTP {response.status_code}: {text}", key)
             )
         return content
+
+
+def _is_outage(exc: ProxyError) -> bool:
+    """A connection that failed or timed out, or a gateway saying the upstream is down."""
+    if isinstance(exc, UpstreamStatus):
+        return exc.status in _OUTAGE_STATUSES
+    return isinstance(exc, (UpstreamUnreachable, UpstreamTimeout))
 
 
 def scrub(text: str, key: str | None) -> str:

@@ -56,20 +56,32 @@ class ChromaServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ChromaServer:
-        log = open(Path(self._tmp.name) / "log", "wb")  # closed in __exit__
+        self._log = open(Path(self._tmp.name) / "log", "wb")  # closed in __exit__
+        self.start()
+        return self
+
+    def kill(self) -> None:
+        """Kill the server (-9), as a crash would; its data stays for `start`."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(10)
+
+    def start(self) -> None:
+        """Start the server (again, after `kill`) on its port and data; return once it
+        answers."""
+        log = self._log
         self._process = subprocess.Popen(
             [str(self.executable), "run", "--path", str(Path(self._tmp.name) / "data"),
              "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
         )
-        self._log = log
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"chroma run exited: {self._read_log()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/heartbeat", timeout=1):
-                    return self
+                    return
             except OSError:
                 time.sleep(0.1)
         self.__exit__(None, None, None)
@@ -143,11 +155,7 @@ class PostgresServer:
             self._run("initdb", "-D", str(self._data), "-U", "postgres", "-A", "trust",
                       "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
         try:
-            # fsync off: a test cluster never needs to survive a power cut.
-            self._run("pg_ctl", "-D", str(self._data), "-l", str(Path(self._tmp) / "log"),
-                      "-w", "-t", str(int(START_SECONDS)), "-o",
-                      f"-h 127.0.0.1 -p {self.port} -k {self._tmp} -F -c max_connections=200",
-                      "start")
+            self.start()
         except BaseException:
             if not self._keep:
                 shutil.rmtree(self._tmp, ignore_errors=True)
@@ -163,6 +171,26 @@ class PostgresServer:
         finally:
             if not self._keep:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def start(self) -> None:
+        """Start the server (again, after `stop`) on its port; return once it accepts
+        connections."""
+        # fsync off: a test cluster never needs to survive a power cut.
+        self._run("pg_ctl", "-D", str(self._data), "-l", str(Path(self._tmp) / "log"),
+                  "-w", "-t", str(int(START_SECONDS)), "-o",
+                  f"-h 127.0.0.1 -p {self.port} -k {self._tmp} -F -c max_connections=200",
+                  "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server as an operator would (`fast`: every connection is terminated,
+        open transactions roll back); its data stays for `start`."""
+        self._run("pg_ctl", "-D", str(self._data), "-m", mode, "-w", "stop")
+
+    def restart(self, down_seconds: float = 0.0, mode: str = "fast") -> None:
+        """Stop the server, keep it down `down_seconds`, start it again on the same port."""
+        self.stop(mode)
+        time.sleep(down_seconds)
+        self.start()
 
     def backend_pids(self) -> list[int]:
         """The server's processes: the postmaster and its children (backends, writers)."""

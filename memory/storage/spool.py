@@ -1,0 +1,136 @@
+"""Table `spooled`, in a file of its own (data_dir/spool.sqlite3): writes of turns the memory
+database could not take, kept until they are replayed into it (memory.log.spooling).
+
+The file is local to one process: it is what lets a replica answer through a database
+outage without losing what it answered. Each entry is committed with `synchronous=FULL`
+(fsynced) before `put` returns, the same durability a turn has once stored. Entries are
+replayed in the order they were put; one that the database refuses for a reason of its own
+is set aside (`failed_at`), kept in the file for an operator, and no longer counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS spooled (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    turns INTEGER NOT NULL,  -- how many of its turns no earlier entry holds
+    entry TEXT NOT NULL,
+    failed_at REAL,
+    error TEXT
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledEntry:
+    """One write waiting for the database: `entry` is what memory.log.spooling put."""
+
+    id: int
+    created_at: float
+    user_id: str
+    session_id: str
+    turns: int
+    entry: dict[str, Any]
+
+
+class SpoolFile:
+    """The spool's SQLite file; the depth (turns waiting) and the oldest entry's time are
+    kept in memory, so asking for them costs nothing."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+        self._lock = threading.Lock()  # one statement at a time on the one connection
+        self.depth, self.oldest = self._totals()
+
+    @classmethod
+    async def open(cls, path: Path) -> SpoolFile:
+        """Open (creating if needed) the spool file at `path`."""
+        return await asyncio.to_thread(cls._open, path)
+
+    @classmethod
+    def _open(cls, path: Path) -> SpoolFile:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")  # a commit is on the disk when put() returns
+        conn.execute(_SCHEMA)
+        return cls(conn, path)
+
+    def _totals(self) -> tuple[int, float | None]:
+        row = self._conn.execute(
+            "SELECT COALESCE(SUM(turns), 0), MIN(created_at) FROM spooled WHERE failed_at IS NULL"
+        ).fetchone()
+        return int(row[0]), row[1]
+
+    async def put(self, user_id: str, session_id: str, turns: int, entry: dict[str, Any]) -> int:
+        """Append an entry, committed and fsynced; return its id."""
+        now = time.time()
+        text = json.dumps(entry)
+
+        def insert() -> int:
+            with self._lock:
+                cursor = self._conn.execute(
+                    "INSERT INTO spooled (created_at, user_id, session_id, turns, entry)"
+                    " VALUES (?, ?, ?, ?, ?)", (now, user_id, session_id, turns, text),
+                )
+                self.depth += turns
+                self.oldest = now if self.oldest is None else self.oldest
+                return int(cursor.lastrowid or 0)
+
+        return await asyncio.to_thread(insert)
+
+    async def first(self) -> SpooledEntry | None:
+        """The oldest entry still waiting, if any."""
+        rows = await self._select(" ORDER BY id LIMIT 1", ())
+        return rows[0] if rows else None
+
+    async def of_session(self, user_id: str, session_id: str) -> list[SpooledEntry]:
+        """The entries of one session still waiting, oldest first."""
+        return await self._select(
+            " AND user_id = ? AND session_id = ? ORDER BY id", (user_id, session_id)
+        )
+
+    async def remove(self, entry: SpooledEntry) -> None:
+        """Drop an entry the database now holds."""
+        await asyncio.to_thread(self._settle, "DELETE FROM spooled WHERE id = ?", (entry.id,))
+
+    async def set_aside(self, entry: SpooledEntry, error: str) -> None:
+        """Keep an entry the database refused for a reason of its own, no longer waiting."""
+        await asyncio.to_thread(
+            self._settle, "UPDATE spooled SET failed_at = ?, error = ? WHERE id = ?",
+            (time.time(), error[:4000], entry.id),
+        )
+
+    def _settle(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.execute(sql, params)
+            self.depth, self.oldest = self._totals()
+
+    async def _select(self, where: str, params: tuple[Any, ...]) -> list[SpooledEntry]:
+        def select() -> list[SpooledEntry]:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT id, created_at, user_id, session_id, turns, entry FROM spooled"
+                    " WHERE failed_at IS NULL" + where, params,
+                ).fetchall()
+            return [SpooledEntry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+
+        return await asyncio.to_thread(select)
+
+    def close(self) -> None:
+        """Close the file."""
+        with self._lock:
+            self._conn.close()
