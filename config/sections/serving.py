@@ -1,0 +1,140 @@
+"""Settings of the HTTP edge: serving, the upstream, access."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from config.fields import setting, setting_factory
+from config.routing import ApiKey, Route
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Serving, the upstream and access."""
+
+    # -- serving
+    host: str = setting("127.0.0.1", "Address `memproxy serve` binds to.")
+    port: int = setting(8080, "Port `memproxy serve` listens on.", min=1, max=65535)
+    log_level: str = setting(
+        "info", "Log level: debug, info, warning or error.",
+        choices=("debug", "info", "warning", "error"),
+    )
+    max_body_bytes: int = setting(
+        32 * 1024 * 1024, "Largest request body accepted, in bytes; larger bodies get 413.", min=1
+    )
+    max_header_bytes: int = setting(
+        64 * 1024, "Largest request head (request line and headers), in bytes; a larger one "
+        "gets 431 and the connection closes.", min=1024,
+    )
+    header_timeout_seconds: float = setting(
+        10.0, "Seconds a client may take to send a request's headers (from the connection's "
+        "start, or the request's first byte); then 408 and the connection closes.", min=0.01,
+    )
+    body_timeout_seconds: float = setting(
+        30.0, "Seconds a request body may send nothing while memproxy waits for it; then 408 "
+        "(or the connection closes).", min=0.01,
+    )
+
+    # -- upstream
+    upstream_base_url: str = setting(
+        "https://api.openai.com/v1", "Base URL of the default OpenAI-compatible upstream."
+    )
+    upstream_api_key: str | None = setting(
+        None,
+        "API key sent to the default upstream. Unset: the client's own Authorization "
+        "header is forwarded (bring-your-own-key).",
+        secret=True,
+    )
+    upstream_timeout: float = setting(
+        600.0, "Seconds to wait for the upstream's response headers and between body bytes.",
+        min=0.001,
+    )
+    upstream_connect_timeout: float = setting(
+        10.0, "Seconds to wait for a TCP connection to the upstream.", min=0.001
+    )
+    upstream_max_connections: int = setting(
+        512, "Most simultaneous connections to upstreams.", min=1
+    )
+    upstream_retries: int = setting(
+        0,
+        "Retries of a chat completion, streamed or not, whose upstream connection failed or "
+        "that got 429/502/503/504, with exponential backoff honouring Retry-After up to 4 s; "
+        "only before any byte reached the client (0: off).",
+        min=0, max=10,
+    )
+    anthropic_base_url: str | None = setting(
+        None,
+        "Anthropic-compatible upstream for POST /v1/messages (e.g. https://api.anthropic.com): "
+        "requests and replies go through as bytes. Unset: /v1/messages goes to the model's "
+        "route through litellm's translation (to the default upstream when no route matches).",
+    )
+    anthropic_api_key: str | None = setting(
+        None,
+        "x-api-key sent to anthropic_base_url. Unset: the client's own x-api-key (or "
+        "Authorization) is forwarded.",
+        secret=True,
+    )
+    routes: tuple[Route, ...] = setting_factory(
+        tuple,
+        "Model routing table (TOML `[[routes]]` only): `match` a model name or a prefix "
+        "ending in `*`, then `base_url` (+ `api_key`) for an OpenAI-compatible upstream or "
+        "`provider` (+ `api_key`, `base_url`) for a litellm provider such as `anthropic`; "
+        "`context_window` (tokens) overrides litellm's figure for compaction.",
+        env=False,
+    )
+
+    # -- access
+    api_keys: tuple[ApiKey, ...] = setting_factory(
+        tuple,
+        "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
+        "it in an organisation and `:org-writer` lets it change that organisation's shared "
+        "memory (`key[:user][:org=ORG][:org-writer]`). Each key must be at least 8 characters "
+        "(a shorter one stops start-up). When set, a request without a valid key gets 401.",
+        secret=True,
+    )
+    admin_key: str | None = setting(
+        None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
+    )
+    allowed_hosts: str | None = setting(
+        None,
+        "Host names memproxy answers under, comma-separated (`*`: any), so a web page whose "
+        "name a DNS answer pointed at memproxy (DNS rebinding) gets 400. IP addresses and "
+        "localhost always pass. Unset: any name when proxy keys or an admin key are set, "
+        "else only localhost, addresses and the host it binds to.",
+    )
+    management_remote: bool = setting(
+        False,
+        "Without proxy keys, let clients other than loopback reach memory: the memory API "
+        "(/v1/memory), panel data, and recall and remembering in their chats (else their "
+        "chats go through with memory off). With keys set, keys decide.",
+    )
+    mcp: bool = setting(
+        True,
+        "Serve the Model Context Protocol at /mcp (Streamable HTTP, stateless): the memory "
+        "tools for MCP clients, under the same keys and access rules as the memory API.",
+    )
+    clear_undo_seconds: float = setting(
+        10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
+        min=1.0, max=86400.0,
+    )
+    rate_limit: int = setting(
+        0,
+        "Requests per minute each key may send to /v1 (token bucket; 0: off). The key is the "
+        "proxy key when keys are set, else the client's bearer key, else the user id, and "
+        "without proxy keys the client's address counts too (behind a reverse proxy every "
+        "client has its address); over it: 429 with a Retry-After of the seconds until the "
+        "next request is allowed.",
+        min=0,
+    )
+    rate_limit_burst: int = setting(
+        0,
+        "Requests a key may send at once before rate_limit paces it (the bucket's size; "
+        "0: one minute's worth, rate_limit).",
+        min=0,
+    )
+    max_streams_per_key: int = setting(
+        64,
+        "Streamed replies (chat completions, Responses, Messages) each key may have open at "
+        "once, counted like rate_limit (0: no limit); one more gets 429 with Retry-After: 1.",
+        min=0,
+    )
