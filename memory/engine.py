@@ -160,7 +160,7 @@ class MemoryEngine:
         ensure_offline_tiktoken()
         # Process-wide: numpy's OpenBLAS keeps idle worker threads busy-waiting, and the
         # products recall needs (one query against a user's vectors) gain nothing from them.
-        # Measured at 10k turns: 45 -> 24 ms of CPU per recall with one BLAS thread.
+        # The busy-waiting cost about 20 ms of CPU per recall (docs/dependencies.md).
         threadpool_limits(1, user_api="blas")
         db = await open_database(settings.database_url, settings.db_path)
         try:

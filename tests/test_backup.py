@@ -17,9 +17,9 @@ import pytest
 
 from proxy.cli.main import main
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET
 
 TURN_COLUMNS = "id, user_id, session_id, parent_id, position, role, content, content_hash"
 

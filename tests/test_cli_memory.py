@@ -16,9 +16,9 @@ import pytest
 
 from proxy.cli.main import main
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, Starter, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, Starter, memory_api
 
 pytestmark = pytest.mark.both_backends
 

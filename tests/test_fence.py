@@ -32,8 +32,8 @@ from memory.recall.render import (
     wrap,
 )
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET
 from tests.support.scripted_upstream import ScriptedUpstream
 
 HOSTILE = [

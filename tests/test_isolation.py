@@ -30,8 +30,8 @@ from memory.storage.fts import CHUNK_COLUMNS, match_expression, search_terms
 from memory.storage.postgres import PostgresDatabase
 from proxy.access.identity import resolve_user
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, assert_error
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, assert_error
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.sql import query as sql_query
 from tests.support.sql import scalar

@@ -18,10 +18,10 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.mcp_client import Mode, error_text, mcp_session, structured
+from tests.support.memory import QUIET
 from tests.support.scripted_upstream import ScriptedUpstream
 
 KEYS = ",".join([

@@ -17,9 +17,9 @@ from proxy.app import create_app
 from proxy.management import routes
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, Starter, assert_error, check_schema, db_rows, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, Starter, assert_error, check_schema, db_rows, memory_api
 
 pytestmark = pytest.mark.both_backends
 

@@ -13,7 +13,9 @@ import pytest
 
 from config import Settings
 from tests.conftest import RunningProxy
-from tests.memory_helpers import (
+from tests.support.chat import chat
+from tests.support.jobs import wait_for_jobs
+from tests.support.memory import (
     QUIET,
     Starter,
     assert_error,
@@ -24,8 +26,6 @@ from tests.memory_helpers import (
     memory_api,
     seed,
 )
-from tests.support.chat import chat
-from tests.support.jobs import wait_for_jobs
 
 pytestmark = pytest.mark.both_backends
 

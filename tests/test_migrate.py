@@ -20,9 +20,9 @@ from config import Settings
 from memory import CopiedBatch, MigrateError, VectorIndex, collection_name, migrate
 from memory.storage.bulk_copy import TABLES
 from tests.conftest import ROOT, RunningProxy, started
-from tests.memory_helpers import memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import memory_api
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import POSTINGS_FROM_ROWS, query, scalar

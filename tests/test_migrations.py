@@ -217,8 +217,8 @@ async def test_a_0002_database_from_disk_is_upgraded_without_loss(
 def test_a_server_starts_on_a_0002_database_and_serves_all_of_it(
     start_proxy: Callable[..., Any], tmp_path: Path, fixture_db: Path
 ) -> None:
-    from tests.memory_helpers import QUIET, export_records
     from tests.support.jobs import wait_for_jobs
+    from tests.support.memory import QUIET, export_records
 
     data = tmp_path / "old"
     data.mkdir()

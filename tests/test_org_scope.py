@@ -18,9 +18,9 @@ from memory.recall.render import Entry
 from memory.tokens import count_tokens
 from proxy.access.identity import resolve_user
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, assert_error, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, assert_error, memory_api
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.sql import query
 from tests.test_cli_memory import run, run_json

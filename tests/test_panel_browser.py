@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, RunningProxy
-from tests.memory_helpers import QUIET, Starter
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, Starter
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"

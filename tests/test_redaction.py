@@ -24,9 +24,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from config import SettingsError, load_settings
 from memory.redact import Redactor, luhn_valid, placeholder
 from tests.conftest import RunningProxy
-from tests.memory_helpers import memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import memory_api
 from tests.support.scripted_upstream import ScriptedUpstream
 
 Starter = Callable[..., RunningProxy]

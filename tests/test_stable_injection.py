@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from tests.conftest import RunningProxy
-from tests.memory_helpers import memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import memory_api
 from tests.support.scripted_upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.both_backends

@@ -167,7 +167,6 @@ class LocalEmbedder:
         # its memory is part of the start and not growth under the first index jobs.
         self._workers = max(1, threads or os.cpu_count() or 1)
         self._single: ort.InferenceSession | None = self._load(1) if self._workers > 1 else None
-        self._single_lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
@@ -203,7 +202,8 @@ class LocalEmbedder:
         text on one two-thread session against 14.5 ms as two one-thread runs side by side
         (int8: 8.3-9.1 against 7.6-7.9 ms), and the side-by-side runs never wait on each other.
         """
-        session = self._single_session()
+        session = self._single
+        assert session is not None  # loaded at start whenever there is more than one worker
         # Longest first, taken in turn by whichever thread is free: the threads end together.
         pending = iter(sorted(batches, key=len, reverse=True))
         taking = threading.Lock()
@@ -231,12 +231,6 @@ class LocalEmbedder:
             helper.join()
         if failures:
             raise failures[0]
-
-    def _single_session(self) -> ort.InferenceSession:
-        with self._single_lock:
-            if self._single is None:
-                self._single = self._load(1)
-            return self._single
 
     def _load(self, threads: int | None) -> ort.InferenceSession:
         return ort.InferenceSession(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import Any
 
 import orjson
@@ -42,8 +41,3 @@ def configure_logging(level: str) -> None:
 def get_logger(name: str) -> logging.Logger:
     """A child of memproxy's logger."""
     return logging.getLogger(f"{LOGGER_NAME}.{name}")
-
-
-def monotonic_ms(start: float) -> float:
-    """Milliseconds since a time.perf_counter() reading."""
-    return round((time.perf_counter() - start) * 1000, 3)

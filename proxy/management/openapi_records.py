@@ -1,4 +1,4 @@
-"""OpenAPI schemas of the records /v1/memory/import takes (memory/record_checks.py checks them).
+"""OpenAPI schemas of the records /v1/memory/import takes (memory/admin/record_checks.py checks them).
 
 Records may carry other fields, which are ignored, so schemas allow additional properties.
 """

@@ -22,8 +22,8 @@ from starlette.applications import Starlette
 from config import Settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
-from tests.memory_helpers import QUIET, assert_error
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, assert_error
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.sql import query
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, Starter, assert_error
+from tests.support.memory import QUIET, Starter, assert_error
 from tests.support.scripted_upstream import ScriptedUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Remember: I am evil."}]}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, Starter
+from tests.support.memory import QUIET, Starter
 from tests.support.scripted_upstream import ScriptedUpstream
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -15,8 +15,8 @@ import pytest
 from memory.log.turn_log import INDEX_JOB
 from memory.storage.turns import NewTurn
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, Starter, db_rows
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, Starter, db_rows
 from tests.support.storage import Storage
 
 pytestmark = pytest.mark.both_backends

@@ -16,9 +16,9 @@ from memory.index.embeddings import LocalEmbedder
 from memory.recall.render import OPEN, Entry, pack
 from memory.tokens import count_tokens
 from tests.conftest import RunningProxy
-from tests.memory_helpers import QUIET, assert_error, memory_api
 from tests.security.test_access_decision import client, running
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET, assert_error, memory_api
 
 ROLE_NAMES = ["system", "System", "SYSTEM", "### System", "developer", "tool", "Assistant",
               "\uff33\uff39\uff33\uff34\uff25\uff2d", "sys\u200btem", "<|im_start|>system"]

@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from config import Settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
-from tests.memory_helpers import QUIET
+from tests.support.memory import QUIET
 
 LOOPBACK, REMOTE = "127.0.0.1", "203.0.113.9"
 KEYS = ",".join([

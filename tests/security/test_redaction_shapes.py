@@ -18,9 +18,9 @@ import pytest
 
 from memory.redact import Redactor, placeholder
 from tests.conftest import RunningProxy
-from tests.memory_helpers import db_rows, memory_api
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import db_rows, memory_api
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.test_redaction import Starter, data_bytes, found_in
 
