@@ -111,8 +111,20 @@ async def test_an_added_memory_records_mcp_and_the_client_name(
     assert added["source"] == "mcp" and added["client"] == recorded
     [fact] = fact_records(served, ALICE)
     assert (fact["source"], fact["client"]) == ("mcp", recorded)
-    [record] = [r for r in exported(served, ALICE) if r["type"] == "fact"]
+    records = exported(served, ALICE)
+    [record] = [r for r in records if r["type"] == "fact"]
     assert (record["source"], record["client"]) == ("mcp", recorded)
+    imported(served, "key-carol-0001", records)  # import keeps it (into another user)
+    [copy] = fact_records(served, "key-carol-0001")
+    assert (copy["source"], copy["client"]) == ("mcp", recorded)
+
+
+def imported(served: RunningProxy, key: str, records: list[dict[str, Any]]) -> None:
+    """Import these records for the key's user."""
+    answer = httpx.post(f"{served.url}/v1/memory/import", timeout=30,
+                        headers={"Authorization": f"Bearer {key}"},
+                        content="\n".join(json.dumps(r) for r in records))
+    assert answer.status_code == 200, answer.text
 
 
 def exported(served: RunningProxy, key: str) -> list[dict[str, Any]]:
