@@ -31,8 +31,15 @@ if TYPE_CHECKING:
     from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
     from memory.index.vectors import VectorIndex
-    from memory.learning.fact_model import CATEGORIES, MAX_TEXT_CHARS, FactError, FactNotFound
+    from memory.learning.fact_model import (
+        CATEGORIES,
+        MAX_CLIENT_CHARS,
+        MAX_TEXT_CHARS,
+        FactError,
+        FactNotFound,
+    )
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
+    from memory.learning.fact_model import SOURCES as FACT_SOURCES
     from memory.learning.profiles import ConsentRequired
     from memory.log.messages import message_text, turn_text
     from memory.log.spooling import Spooled
@@ -83,6 +90,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Fact": ("memory.storage.facts", "Fact"),
     "CATEGORIES": ("memory.learning.fact_model", "CATEGORIES"),
     "MAX_TEXT_CHARS": ("memory.learning.fact_model", "MAX_TEXT_CHARS"),
+    "MAX_CLIENT_CHARS": ("memory.learning.fact_model", "MAX_CLIENT_CHARS"),
+    "FACT_SOURCES": ("memory.learning.fact_model", "SOURCES"),
     "MAX_FACTS_PAGE": ("memory.learning.fact_model", "MAX_PAGE"),
     "MAX_SESSIONS_PAGE": ("memory.admin.sessions", "MAX_PAGE"),
     "MAX_METRICS_ROWS": ("memory.admin.stats", "MAX_METRICS_ROWS"),
@@ -118,8 +127,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "CATEGORIES",
+    "FACT_SOURCES",
     "IGNORED",
     "INDEX_JOB",
+    "MAX_CLIENT_CHARS",
     "MAX_FACTS_PAGE",
     "MAX_METRICS_ROWS",
     "MAX_SESSIONS_PAGE",

@@ -16,6 +16,7 @@ import openai
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from mcp_types import Implementation
 
 from tests.conftest import ROOT, RunningProxy
 from tests.support.chat import chat
@@ -86,6 +87,51 @@ async def test_added_memory_is_stored_with_ttl_and_redaction(served: RunningProx
     assert "abcdefghijklmnop" not in added["text"]  # redacted like any stored fact
     assert added["expires_at"] is not None and added["session_id"] == "editor-setup"
     assert added["importance"] == 8 and added["category"] == "context"
+
+
+def fact_records(served: RunningProxy, key: str) -> list[dict[str, Any]]:
+    """The key's user's facts as the memory API shows them."""
+    listed = httpx.get(f"{served.url}/v1/memory/facts", timeout=30,
+                       headers={"Authorization": f"Bearer {key}"})
+    assert listed.status_code == 200, listed.text
+    data: list[dict[str, Any]] = listed.json()["data"]
+    return data
+
+
+@pytest.mark.parametrize(("mode", "recorded"), [
+    ("auto", "helix-editor"),  # the client info every 2026 request carries
+    ("legacy", "helix/25.1"),  # stateless: initialize's client info is gone by the call
+])
+async def test_an_added_memory_records_mcp_and_the_client_name(
+    served: RunningProxy, mode: Mode, recorded: str
+) -> None:
+    async with mcp_session(served, key=ALICE, mode=mode, name="helix-editor",
+                           headers={"User-Agent": "helix/25.1"}) as client:
+        added = structured(await client.call_tool("add_memory", {"text": NOTE}))
+    assert added["source"] == "mcp" and added["client"] == recorded
+    [fact] = fact_records(served, ALICE)
+    assert (fact["source"], fact["client"]) == ("mcp", recorded)
+    records = exported(served, ALICE)
+    [record] = [r for r in records if r["type"] == "fact"]
+    assert (record["source"], record["client"]) == ("mcp", recorded)
+    imported(served, "key-carol-0001", records)  # import keeps it (into another user)
+    [copy] = fact_records(served, "key-carol-0001")
+    assert (copy["source"], copy["client"]) == ("mcp", recorded)
+
+
+def imported(served: RunningProxy, key: str, records: list[dict[str, Any]]) -> None:
+    """Import these records for the key's user."""
+    answer = httpx.post(f"{served.url}/v1/memory/import", timeout=30,
+                        headers={"Authorization": f"Bearer {key}"},
+                        content="\n".join(json.dumps(r) for r in records))
+    assert answer.status_code == 200, answer.text
+
+
+def exported(served: RunningProxy, key: str) -> list[dict[str, Any]]:
+    """The key's user's memory as export records."""
+    answer = httpx.get(f"{served.url}/v1/memory/export", timeout=30,
+                       headers={"Authorization": f"Bearer {key}"})
+    return [json.loads(line) for line in answer.text.splitlines()]
 
 
 BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
@@ -252,11 +298,15 @@ async def test_memproxy_mcp_on_stdio_forwards_to_the_server(served: RunningProxy
         command=sys.executable, args=["-m", "proxy", "mcp", "--url", served.url], cwd=ROOT,
         env={**env, "MEMPROXY_API_KEY": ALICE},
     )
-    async with Client(params) as client:
+    editor = Implementation(name="stdio-editor", version="3")
+    async with Client(params, client_info=editor) as client:
         assert {tool.name for tool in (await client.list_tools()).tools} == TOOL_NAMES
         added = structured(await client.call_tool("add_memory", {"text": NOTE}))
         assert "1 to 1000" in error_text(await client.call_tool("add_memory", {"text": "x" * 1001}))
     assert facts_of(served, ALICE) == [added["text"]]
+    # Provenance names the local client, not the bridge between it and the server.
+    [fact] = fact_records(served, ALICE)
+    assert (fact["source"], fact["client"]) == ("mcp", "stdio-editor")
 
 
 def test_the_readme_example_runs(start_proxy: Callable[..., RunningProxy]) -> None:

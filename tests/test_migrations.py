@@ -155,6 +155,38 @@ def test_a_0001_database_is_upgraded_to_facts_and_keeps_its_turns(conn: sqlite3.
 
 
 
+FACT = ("INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
+        " source, first_seen, last_seen, valid_from, created_at, updated_at, owner)"
+        " VALUES (1, 'ada', ?, 'preference', 0.9, 7, ?, 1, 1, 1, 1, 1, 'u1')")
+
+
+def attached_to_facts(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    return conn.execute("SELECT type, name FROM sqlite_master WHERE tbl_name = 'facts'"
+                        " AND type IN ('index', 'trigger') ORDER BY name").fetchall()
+
+
+def test_0012_rebuilds_facts_for_mcp_provenance_keeping_rows_indexes_and_triggers(
+    conn: sqlite3.Connection,
+) -> None:
+    migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0012"])
+    conn.execute(FACT, ("Ada likes green tea", "manual"))
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute(FACT, ("Ada uses Helix", "mcp"))
+    attached = attached_to_facts(conn)
+    assert migrations.apply(conn) == ["0012_fact_provenance"]
+    assert attached_to_facts(conn) == attached
+    conn.execute(FACT, ("Ada uses Helix", "mcp"))
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute(FACT, ("Ada uses vim", "gossip"))
+    conn.execute("UPDATE facts SET client = 'helix-editor' WHERE source = 'mcp'")
+    assert conn.execute("SELECT text, source, client FROM facts ORDER BY id").fetchall() == [
+        ("Ada likes green tea", "manual", None), ("Ada uses Helix", "mcp", "helix-editor")]
+    hits = conn.execute("SELECT rowid FROM facts_fts WHERE facts_fts MATCH 'tea OR helix'")
+    assert sorted(hits.fetchall()) == [(1,), (2,)]
+    assert conn.execute("SELECT COUNT(*) FROM memory_versions").fetchone()[0] > 0
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
 @pytest.fixture(scope="module")
 def fixture_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database written by the previous schema (tests/fixtures/make_memproxy_0002_db.py)."""
@@ -164,7 +196,11 @@ def fixture_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 OLD_TABLES = {  # table: the columns it had at 0002
-    "sessions": "*", "turns": "*", "request_metrics": "*", "facts": "*",
+    "sessions": "*", "turns": "*", "request_metrics": "*",
+    "facts": "id, chain_id, user_id, text, category, confidence, importance, mentions, source,"
+             " source_session, source_turn_ids, pinned, first_seen, last_seen, expires_at,"
+             " version, previous_id, valid_from, valid_to, superseded_by, created_at,"
+             " updated_at, owner",
     "summaries": "*", "profiles": "*", "consent": "*",
     "jobs": "id, kind, payload, status, attempts, max_attempts, run_after, last_error,"
             " created_at, updated_at",

@@ -1,7 +1,8 @@
-"""openai-node's Responses API against memproxy: the JavaScript SDK as a real client.
+"""The JavaScript SDKs as real clients of memproxy: openai-node's Responses API, and the MCP
+TypeScript SDK's client on /mcp.
 
-`.ci/run` installs the SDK with `npm ci --prefix tests/node` (the lock file is committed).
-Without node or the SDK the test is skipped locally and fails under CI=1.
+`.ci/run` installs the SDKs with `npm ci --prefix tests/node` (the lock file is committed).
+Without node or an SDK the test is skipped locally and fails under CI=1.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ import pytest
 
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
+from tests.support.memory import QUIET
 from tests.support.scripted_upstream import ScriptedUpstream
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 
 
-def node() -> str:
-    """The node binary, once the SDK is installed; else skip (fail under CI)."""
+def node(package: str = "openai") -> str:
+    """The node binary, once the SDK `package` is installed; else skip (fail under CI)."""
     binary = shutil.which("node")
     if binary is None:
         missing = "node is not installed"
-    elif not (NODE_DIR / "node_modules" / "openai" / "package.json").is_file():
-        missing = "openai-node is not installed: npm ci --prefix tests/node"
+    elif not (NODE_DIR / "node_modules" / package / "package.json").is_file():
+        missing = f"{package} is not installed: npm ci --prefix tests/node"
     else:
         return binary
     if os.environ.get("CI"):
@@ -68,3 +70,36 @@ def test_openai_node_responses_create_and_stream_with_memory(
     # The continuation joins the first request's session; the helper's stream starts anew.
     assert chained == ["Which instrument do I play?", out["created"],
                        "Thanks! And which orchestra?", out["streamed"]]
+
+
+MCP_TOOLS = {"search_memory", "add_memory", "list_memories", "delete_memory", "read_profile"}
+
+
+def test_the_mcp_typescript_sdk_calls_every_tool_and_gets_the_errors(
+    start_proxy: Callable[..., RunningProxy],
+) -> None:
+    binary = node("@modelcontextprotocol/sdk")
+    proxy = start_proxy(memory=True, api_keys="key-node-00001:ada", upstream_api_key="sk-up",
+                        **QUIET)
+    result = subprocess.run(
+        [binary, str(NODE_DIR / "mcp.mjs"), proxy.url, "key-node-00001"],
+        capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    tools = {tool["name"]: tool for tool in out["tools"]}
+    assert set(tools) == MCP_TOOLS and all(t["hasOutputSchema"] for t in tools.values())
+    assert tools["search_memory"]["readOnly"] and tools["delete_memory"]["destructive"]
+    added = out["added"]  # the SDK checked every structured result against its output schema
+    assert added["id"].startswith("f") and added["source"] == "mcp" and added["client"]
+    assert added["id"] in [item["id"] for item in out["found"]["items"]]
+    assert "NixOS" in out["found"]["block"]
+    assert [item["id"] for item in out["listed"]["items"]] == [added["id"]]
+    assert out["deleted"] == {"id": added["id"], "deleted": True, "shared": False}
+    assert out["after"]["items"] == []
+    assert out["badArguments"]["isError"] and "text must be a string" in out["badArguments"]["text"]
+    assert out["unknownTool"]["code"] == -32602 and "unknown tool" in out["unknownTool"]["message"]
+    assert out["wrongKey"]["code"] == 401 and "invalid_api_key" in out["wrongKey"]["message"]
+    facts = httpx.get(f"{proxy.url}/v1/memory/facts", timeout=30,
+                      headers={"Authorization": "Bearer key-node-00001"}).json()["data"]
+    assert facts == []  # nothing the bad calls sent was stored

@@ -1,5 +1,5 @@
 """Scale-out storage: memproxy on a Chroma server instead of embedded Chroma, and replicas
-sharing PostgreSQL and a Chroma server."""
+sharing PostgreSQL and a Chroma server (through chats and through /mcp)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
+from tests.support.mcp_client import mcp_session, structured
+from tests.support.memory import QUIET
 from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
 from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import query
@@ -64,3 +66,31 @@ def test_two_replicas_on_postgres_log_a_resent_history_once_and_recall_each_othe
     for replica in replicas:
         chat(replica, "Which branch do deploys go out from?", user="ada", session="s2")
         assert "release-train branch" in system_text(upstream.history[-1])
+
+
+async def test_two_replicas_share_mcp_memory_add_on_one_search_and_delete_on_the_other(
+    start_proxy: Callable[..., RunningProxy], chroma_server: ChromaServer,
+    postgres_server: PostgresServer,
+) -> None:
+    shared = {"chroma_url": chroma_server.url, "database_url": postgres_server.create_database(),
+              "api_keys": "key-ada-000001:ada", "upstream_api_key": "sk-up", **QUIET}
+    # The second replica searches by vectors alone, straight on the Chroma server (no BM25,
+    # no local cache): only the shared stores can answer it.
+    first = start_proxy(memory=True, **shared)
+    second = start_proxy(memory=True, vector_cache_mb=0, weight_bm25=0.0, **shared)
+    note = "User's build cache lives on the NAS under /volume1/ccache."
+
+    async with mcp_session(first, key="key-ada-000001", name="editor-a") as client:
+        added = structured(await client.call_tool("add_memory", {"text": note}))
+    wait_for_jobs(first)  # the fact's vectors are written by its sync job
+    async with mcp_session(second, key="key-ada-000001", name="editor-b") as client:
+        found = structured(await client.call_tool(
+            "search_memory", {"query": "Where is the compiler cache stored?"}))
+        assert [item["id"] for item in found["items"] if item["kind"] == "fact"] == [added["id"]]
+        assert "/volume1/ccache" in found["block"]
+        structured(await client.call_tool("delete_memory", {"id": added["id"]}))
+    wait_for_jobs(second)
+    async with mcp_session(first, key="key-ada-000001") as client:
+        again = structured(await client.call_tool(
+            "search_memory", {"query": "Where is the compiler cache stored?"}))
+        assert again["items"] == [] and "ccache" not in again["block"]

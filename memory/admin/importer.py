@@ -251,7 +251,7 @@ async def _insert_fact_chain(
         inserted.append(await facts.insert(tx, NewFact(
             user_id, record["text"], record["category"], record["confidence"],
             record["importance"], record["source"], mentions=record["mentions"],
-            source_session=record["source_session"],
+            source_session=record["source_session"], client=record["client"],
             source_turn_ids=[turn_map[t] for t in record["source_turn_ids"] if t in turn_map],
             first_seen=first_seen, last_seen=record["last_seen"] or first_seen,
             expires_at=record["expires_at"], version=record["version"], previous_id=previous,

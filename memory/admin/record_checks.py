@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from memory.admin.records import FORMAT, VERSION
-from memory.learning.facts import CATEGORIES, MAX_TEXT_CHARS, SOURCES
+from memory.learning.facts import CATEGORIES, MAX_CLIENT_CHARS, MAX_TEXT_CHARS, SOURCES
 from memory.learning.profiles import MAX_PROFILE_CHARS
 from memory.learning.summaries import SUMMARY_KEYS
 from memory.log.messages import TURN_ROLES, turn_text
@@ -99,6 +99,7 @@ def _fact(raw: Mapping[str, Any]) -> dict[str, Any]:
         "mentions": _opt_int(raw, "mentions", minimum=1) or 1,
         "source": source,
         "source_session": _opt_str(raw, "source_session", MAX_ID_CHARS),
+        "client": _opt_str(raw, "client", MAX_CLIENT_CHARS),  # absent before provenance
         "source_turn_ids": _int_list(raw, "source_turn_ids"),
         "pinned": _bool(raw, "pinned", False),
         "first_seen": _time(raw.get("first_seen"), "first_seen", default=None),

@@ -12,7 +12,8 @@ from memory.storage import jobs
 from memory.storage.database import Transaction
 
 CATEGORIES = ("identity", "preference", "project", "relationship", "context", "todo", "decision")
-SOURCES = ("extracted", "manual", "import")
+SOURCES = ("extracted", "manual", "import", "mcp")
+MAX_CLIENT_CHARS = 100  # a client's name as provenance (proxy/mcp/caller.py cuts it to this)
 SYNC_JOB = "sync_vectors"
 MAX_TEXT_CHARS = 1000
 MAX_PAGE = 500

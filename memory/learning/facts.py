@@ -23,6 +23,7 @@ from typing import Any
 from memory.learning.fact_model import (
     CATEGORIES,
     DAY,
+    MAX_CLIENT_CHARS,
     MAX_PAGE,
     MAX_TEXT_CHARS,
     SOURCES,
@@ -42,7 +43,7 @@ from memory.storage.facts import Fact, NewFact
 from memory.storage.fts import search_terms
 
 __all__ = [
-    "CATEGORIES", "DAY", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",
+    "CATEGORIES", "DAY", "MAX_CLIENT_CHARS", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",
     "Fact", "FactError", "FactNotFound", "FactStore", "facts_by_id", "queue_sync",
 ]
 
@@ -78,12 +79,16 @@ class FactStore:
         source_turn_ids: Sequence[int] = (),
         pinned: bool = False,
         expires_at: float | None = None,
+        client: str | None = None,
     ) -> Fact:
-        """Store a new fact (version 1 of a new chain)."""
+        """Store a new fact (version 1 of a new chain); `client` names the MCP client that
+        added it (provenance, with source 'mcp')."""
         text = self.redact(check_text(text))
         check_fields(category, confidence, importance)
         if source not in SOURCES:
             raise FactError(f"source must be one of {', '.join(SOURCES)}", "source")
+        if client is not None and len(client) > MAX_CLIENT_CHARS:
+            raise FactError(f"client must be at most {MAX_CLIENT_CHARS} characters", "client")
         now = time.time()
         if expires_at is None and source == "extracted":
             expires_at = self.default_expiry(category, now)
@@ -94,7 +99,7 @@ class FactStore:
                 user_id, text, category, confidence, importance, source,
                 source_session=source_session, source_turn_ids=source_turn_ids, pinned=pinned,
                 first_seen=now, last_seen=now, expires_at=expires_at, valid_from=now,
-                created_at=now, updated_at=now,
+                created_at=now, updated_at=now, client=client,
             ))
             await queue_sync(tx, facts=[fact_id])
         self._notify()
@@ -204,6 +209,7 @@ class FactStore:
             new_id = await facts.insert(tx, NewFact(
                 user_id, text, category, confidence, importance, source or old.source,
                 source_session=source_session or old.source_session, source_turn_ids=turns,
+                client=old.client if source is None else None,
                 mentions=mentions, pinned=old.pinned, first_seen=first_seen, last_seen=now,
                 expires_at=expires_at, version=old.version + 1, previous_id=old.id,
                 valid_from=now, created_at=now, updated_at=now, chain_id=chain_id,

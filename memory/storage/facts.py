@@ -19,7 +19,7 @@ from memory.storage.fts import match_expression, owner_token, search_terms
 _COLUMNS = (
     "id, user_id, text, category, confidence, importance, mentions, source, source_session, "
     "source_turn_ids, pinned, first_seen, last_seen, expires_at, version, previous_id, "
-    "valid_from, valid_to, superseded_by, created_at, updated_at"
+    "valid_from, valid_to, superseded_by, created_at, updated_at, client"
 )
 # Active: the chain's current version, not expired (pinned facts never expire).
 _ACTIVE = "valid_to IS NULL AND (pinned = 1 OR expires_at IS NULL OR expires_at > ?)"
@@ -50,6 +50,7 @@ class Fact:
     superseded_by: int | None
     created_at: float
     updated_at: float
+    client: str | None = None  # the MCP client that added it (source 'mcp'), as it named itself
 
     @property
     def expired(self) -> bool:
@@ -93,6 +94,7 @@ class NewFact:
     previous_id: int | None = None
     valid_to: float | None = None
     chain_id: int | None = None
+    client: str | None = None
 
 
 async def insert(tx: Transaction, fact: NewFact) -> int:
@@ -101,13 +103,14 @@ async def insert(tx: Transaction, fact: NewFact) -> int:
         "INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
         " mentions, source, source_session, source_turn_ids, pinned, first_seen, last_seen,"
         " expires_at, version, previous_id, valid_from, valid_to, created_at, updated_at,"
-        " owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " owner, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " RETURNING id",
         (fact.chain_id or 0, fact.user_id, fact.text, fact.category, float(fact.confidence),
          int(fact.importance), fact.mentions, fact.source, fact.source_session,
          json.dumps(sorted(set(fact.source_turn_ids))), int(fact.pinned), fact.first_seen,
          fact.last_seen, fact.expires_at, fact.version, fact.previous_id, fact.valid_from,
-         fact.valid_to, fact.created_at, fact.updated_at, owner_token(fact.user_id)),
+         fact.valid_to, fact.created_at, fact.updated_at, owner_token(fact.user_id),
+         fact.client),
     )  # fmt: skip
     fact_id = int(only_row(rows, "insert returned no id")[0])
     if fact.chain_id is None:

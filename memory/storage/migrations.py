@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from memory.storage.rebuild import rebuild_table
+
 if TYPE_CHECKING:
     from memory.storage.interface import Connection
 
@@ -370,6 +372,20 @@ CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
 CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
 """
 
+_OLD_SOURCES = "CHECK (source IN ('extracted', 'manual', 'import'))"
+
+
+def _fact_provenance(conn: sqlite3.Connection) -> None:
+    """Facts may come from MCP (source 'mcp') and name the client that added them."""
+    def change(table: str) -> str:
+        if _OLD_SOURCES not in table:
+            raise ValueError("facts has an unexpected schema; not rebuilding it")
+        table = table.replace(_OLD_SOURCES, _OLD_SOURCES.replace("'import'", "'import', 'mcp'"))
+        return table[: table.rindex(")")] + ",\n    client TEXT NULL\n)"
+
+    rebuild_table(conn, "facts", change)
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -396,6 +412,9 @@ MIGRATIONS: list[Migration] = [
     # Fair claims between users (memory/storage/jobs.py): a job's owner and its place in
     # the fair order; jobs queued before keep the order they had (fair_at = run_after).
     ("0011_fair_jobs", _FAIR_JOBS),
+    # Provenance (docs/mcp.md): a fact added over MCP has source 'mcp' and the name the
+    # client gave itself.
+    ("0012_fact_provenance", _fact_provenance),
 ]
 
 

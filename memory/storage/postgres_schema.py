@@ -454,6 +454,12 @@ UPDATE jobs SET fair_at = run_after;
 CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
 CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
 """),
+    ("0012_fact_provenance", """
+ALTER TABLE facts DROP CONSTRAINT facts_source_check;
+ALTER TABLE facts ADD CONSTRAINT facts_source_check
+    CHECK (source IN ('extracted', 'manual', 'import', 'mcp'));
+ALTER TABLE facts ADD COLUMN client TEXT NULL;
+"""),
 ]
 
 

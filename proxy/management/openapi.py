@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config.choices import MAX_BUDGET
-from memory import CATEGORIES, IGNORED, MAX_FACTS_PAGE
+from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
@@ -118,8 +118,9 @@ SCHEMAS: dict[str, Any] = {
             "id": {"type": "integer"}, "user_id": {"type": "string"}, "text": {"type": "string"},
             "category": {"type": "string", "enum": list(CATEGORIES)},
             "confidence": {"type": "number"}, "importance": {"type": "integer"},
-            "mentions": {"type": "integer"}, "source": {"type": "string"},
-            "source_session": _nullable("string"),
+            "mentions": {"type": "integer"},
+            "source": {"type": "string", "enum": list(FACT_SOURCES)},
+            "source_session": _nullable("string"), "client": _nullable("string"),
             "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
             "pinned": {"type": "boolean"}, "first_seen": {"type": "number"},
             "last_seen": {"type": "number"}, "expires_at": _nullable("number"),

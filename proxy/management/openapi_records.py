@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory import CATEGORIES, MAX_TEXT_CHARS
+from memory import CATEGORIES, FACT_SOURCES, MAX_CLIENT_CHARS, MAX_TEXT_CHARS
 from proxy.access.identity import MAX_ID_LENGTH
 
 # At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
@@ -67,8 +67,9 @@ RECORD_SCHEMAS: dict[str, Any] = {
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
             "importance": {"type": "integer", "minimum": 1, "maximum": 10, "nullable": True},
             "mentions": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
-            "source": {"type": "string", "enum": ["extracted", "manual", "import"]},
+            "source": {"type": "string", "enum": list(FACT_SOURCES)},
             "source_session": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
+            "client": {"type": "string", "maxLength": MAX_CLIENT_CHARS, "nullable": True},
             "source_turn_ids": {"type": "array", "items": _INT},
             "pinned": {"type": "boolean"},
             "version": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},

@@ -18,7 +18,11 @@ from memory import MemoryEngine
 from proxy.access.decision import Principal
 
 CALLER = "memproxy.mcp.caller"  # the scope key the authorised caller rides under
-MAX_CLIENT_NAME = 100
+MAX_CLIENT_NAME = 100  # memory.learning.fact_model.MAX_CLIENT_CHARS
+# `memproxy mcp` (proxy/mcp/stdio.py) names the local client it forwards for under this
+# request _meta key, since its own client info names the bridge. Like the client info, it
+# is the client's own word: provenance, never identity.
+FORWARDED_CLIENT_META_KEY = "dev.memproxy/client"
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,10 @@ class McpCaller:
     memory: MemoryEngine
     settings: Settings
     limit_keys: tuple[str, ...] = ()  # the rate-limit buckets the request counts against
-    client: str | None = None  # the client's name from initialize or the request's _meta
+    # The client's name from its client info (initialize's, or the request's _meta), else
+    # the HTTP User-Agent: on the 2025 protocol a stateless server never sees initialize's
+    # client info with a later call.
+    client: str | None = None
 
     def with_client(self, name: str) -> McpCaller:
         """The same caller, naming its client."""
@@ -45,16 +52,26 @@ def caller_of(ctx: ServerRequestContext[Any]) -> McpCaller:
     who = request.scope.get(CALLER) if isinstance(request, Request) else None
     if not isinstance(who, McpCaller):
         raise MCPError(INVALID_PARAMS, "no authorised caller for this request")
-    name = _client_name(ctx)
+    name = _named_client(ctx)
     return who if name is None else who.with_client(name)
 
 
-def _client_name(ctx: ServerRequestContext[Any]) -> str | None:
-    params = ctx.session.client_params
-    name = params.client_info.name if params is not None else None
-    if name is None and ctx.meta is not None:
-        info = ctx.meta.get(CLIENT_INFO_META_KEY)
-        name = info.get("name") if isinstance(info, Mapping) else None
-    if not isinstance(name, str) or not name.isprintable():
+def client_name(name: object) -> str | None:
+    """A client's name fit to record: printable text, cut to MAX_CLIENT_NAME."""
+    if not isinstance(name, str) or not name or not name.isprintable():
         return None
     return name[:MAX_CLIENT_NAME]
+
+
+def _named_client(ctx: ServerRequestContext[Any]) -> str | None:
+    """The name a forwarding bridge passed on, else the client's own (initialize's client
+    info, or the request's on protocols without initialize)."""
+    meta = ctx.meta or {}
+    name = meta.get(FORWARDED_CLIENT_META_KEY)
+    if name is None:
+        params = ctx.session.client_params
+        name = params.client_info.name if params is not None else None
+    if name is None:
+        info = meta.get(CLIENT_INFO_META_KEY)
+        name = info.get("name") if isinstance(info, Mapping) else None
+    return client_name(name)

@@ -37,6 +37,9 @@ _FACT = {
         "importance": {"type": "integer"}, "created_at": {"type": "number"},
         "expires_at": {"type": ["number", "null"]}, "session_id": {"type": ["string", "null"]},
         "shared": {"type": "boolean"},
+        "source": {"type": "string", "description": "extracted, manual, import or mcp"},
+        "client": {"type": ["string", "null"],
+                   "description": "the MCP client that added it, as it named itself"},
     },
     "required": ["id", "kind", "text", "created_at"],
 }

@@ -39,7 +39,7 @@ from proxy.http.body import read_body
 from proxy.http.errors import MemoryUnavailable, ProxyError
 from proxy.http.logs import get_logger
 from proxy.mcp import resources
-from proxy.mcp.caller import CALLER, McpCaller, caller_of
+from proxy.mcp.caller import CALLER, McpCaller, caller_of, client_name
 from proxy.mcp.schemas import TOOLS
 from proxy.mcp.tools import HANDLERS, arguments
 from proxy.state import AppState
@@ -119,6 +119,7 @@ def authorise(request: Request, state: AppState) -> McpCaller:
     return McpCaller(
         principal, user_id, org_id, session_id, state.memory, settings,
         limit_keys=limit_keys(principal.key, request, user_id, settings),
+        client=client_name(headers.get("user-agent")),
     )
 
 

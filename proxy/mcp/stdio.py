@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -23,6 +23,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp_types import CLIENT_INFO_META_KEY
+
+from proxy.mcp.caller import FORWARDED_CLIENT_META_KEY
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CLIENT_NAME = "memproxy-mcp-stdio"
@@ -60,6 +63,17 @@ async def bridge(url: str, headers: Mapping[str, str]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
+def local_client(ctx: ServerRequestContext[Any]) -> str | None:
+    """The local client's name, which the server records as a memory's provenance (the
+    bridge's own client info names only the bridge)."""
+    params = ctx.session.client_params
+    if params is not None:
+        return params.client_info.name
+    info = (ctx.meta or {}).get(CLIENT_INFO_META_KEY)
+    name = info.get("name") if isinstance(info, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
 def forwarding_server(remote: Client) -> Server[Any]:
     """A server whose every tool and resource is the remote server's."""
 
@@ -71,7 +85,11 @@ def forwarding_server(remote: Client) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        return await remote.call_tool(params.name, params.arguments)
+        name = local_client(ctx)
+        meta: dict[str, Any] = {} if name is None else {FORWARDED_CLIENT_META_KEY: name}
+        return await remote.call_tool(
+            params.name, params.arguments, meta=cast(types.RequestParamsMeta, meta)
+        )
 
     async def list_resources(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

@@ -68,7 +68,8 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
 
 
 async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
-    """One fact, through the fact store as POST /v1/memory/facts (redacted, pinned, TTL)."""
+    """One fact, through the fact store as POST /v1/memory/facts (redacted, pinned, TTL),
+    with its provenance: source 'mcp' and the client's name."""
     fact_text = text(args, "text", required=True, max_chars=MAX_TEXT_CHARS) or ""
     category = choice(args, "category", CATEGORIES) or "context"
     importance = number(args, "importance", low=1, high=10, integer=True)
@@ -80,7 +81,7 @@ async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
         owner, fact_text, category, importance=5 if importance is None else importance,
         pinned=bool(flag(args, "pinned")),
         expires_at=None if ttl is None else time.time() + ttl * DAY,
-        source="manual", source_session=who.session_id,
+        source="mcp", source_session=who.session_id, client=who.client,
     )
     return fact_json(fact, shared)
 
@@ -165,6 +166,7 @@ def fact_json(fact: Fact, shared: bool) -> dict[str, Any]:
         "id": f"f{fact.id}", "kind": "fact", "text": fact.text, "category": fact.category,
         "pinned": fact.pinned, "importance": fact.importance, "created_at": fact.created_at,
         "expires_at": fact.expires_at, "session_id": fact.source_session, "shared": shared,
+        "source": fact.source, "client": fact.client,
     }
 
 
