@@ -160,3 +160,40 @@ def test_the_spool_survives_a_restart_of_memproxy(
     wait_for_jobs(again, later=True)
     assert query(settings, "SELECT role, content FROM turns ORDER BY id") == [
         ("user", "The VPN gateway is vpn2."), ("assistant", "echo: The VPN gateway is vpn2.")]
+
+
+def _sent_block(upstream: ScriptedUpstream) -> str:
+    """The memory block of the last request that reached the upstream ("" without one)."""
+    sent = upstream.history[-1].json["messages"]
+    return "\n".join(str(m.get("content")) for m in sent if "<memory>" in str(m.get("content")))
+
+
+def test_recall_reads_the_sessions_spooled_turns_while_the_database_is_down(
+    start_proxy: Callable[..., RunningProxy], postgres: PostgresServer, upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, database_url=postgres.create_database(), **FAST)
+    fact = "My locker code at the north gym is 4417."
+    question = "What is my locker code at the north gym?"
+    postgres.stop()
+    try:
+        assert chat(proxy, fact, session="s1", user="ada").status == 200
+        time.sleep(0.3)  # the reply is spooled just after the response
+        # A client that trims its history: turn 1 is not sent again.
+        asked = chat(proxy, question, session="s1", user="ada")
+        assert asked.status == 200 and asked.text == f"echo: {question}"
+        assert fact in _sent_block(upstream)
+        assert "recall" in asked.headers["x-memory-error"]  # the outage is still reported
+        streamed = chat(proxy, question, session="s1", user="ada", stream=True)
+        assert streamed.status == 200 and fact in _sent_block(upstream)
+        # Never another user's, nor another session's, even under the same session id.
+        for user, session in (("bo", "s1"), ("ada", "s2")):
+            other = chat(proxy, question, session=session, user=user)
+            assert other.status == 200 and "4417" not in _sent_block(upstream), (user, session)
+        # Text the request holds already is not repeated.
+        resent = chat(proxy, [{"role": "user", "content": fact},
+                              {"role": "assistant", "content": f"echo: {fact}"},
+                              {"role": "user", "content": question}], session="s1", user="ada")
+        assert resent.status == 200 and fact not in _sent_block(upstream)
+    finally:
+        postgres.start()
+    drained(proxy)
