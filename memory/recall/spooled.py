@@ -33,7 +33,7 @@ class SpoolRecall(Exception):
     block is injected; the outage is still reported (X-Memory-Error)."""
 
     def __init__(self, recalled: Recalled) -> None:
-        super().__init__("recalled from the local spool only: the database is unreachable")
+        super().__init__("recalled from the local spool only: a backing service is unreachable")
         self.recalled = recalled
 
 
