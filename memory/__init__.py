@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from memory.recall.lexical import ChunkSearch
     from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
     from memory.recall.query import build_query, for_embedding
+    from memory.recall.spooled import SpoolRecall
     from memory.scopes import organization_memory
     from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
@@ -65,6 +66,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Embedder": ("memory.engine", "Embedder"),
     "RecallRequest": ("memory.recall.outcome", "RecallRequest"),
     "Recalled": ("memory.recall.outcome", "Recalled"),
+    "SpoolRecall": ("memory.recall.spooled", "SpoolRecall"),
     "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
@@ -162,6 +164,7 @@ __all__ = [
     "ReplyChain",
     "RequestMetrics",
     "SQLiteDatabase",
+    "SpoolRecall",
     "Spooled",
     "TurnLog",
     "Unavailable",

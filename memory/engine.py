@@ -137,7 +137,15 @@ class MemoryEngine:
             replay=self._replay_spooled, backoff_max=self.settings.job_outage_backoff_max_seconds,
             redact=self.redact,
         )
+        self.recaller.spooled = self._spooled_turns
         self.spooling.start()
+
+    async def _spooled_turns(self, user_id: str, session_id: str) -> list[NewTurn]:
+        """The session's turns waiting in the spool; nothing is read while it is empty."""
+        spooling = self.spooling
+        if spooling is None or not spooling.active:
+            return []
+        return await spooling.session_turns(user_id, session_id)
 
     def spool_full(self) -> bool:
         """Whether the spool holds its bound: a request that would store turns is refused."""
@@ -285,7 +293,14 @@ class MemoryEngine:
         """{index into `messages`: the block kept with that stored turn} for the request's
         messages that earlier requests of the session injected a block at."""
         turns, at = _new_turns(messages, model="", request_id=None, now=0.0, count=False)
-        ids = await self.log.locate(user_id, session_id, turns, after=after)
+        try:
+            ids = await self.log.locate(user_id, session_id, turns, after=after)
+        except Exception as exc:
+            if self.spooling is None or not self.spooling.active or not is_outage(exc):
+                raise
+            # The database is unreachable: recall answers from the spool (SpoolRecall), and
+            # its block is placed as a session's first would be.
+            return {}
         kept = await injections.of_turns(self.db, user_id, ids) if ids else {}
         return {at[i]: kept[turn_id] for i, turn_id in enumerate(ids) if turn_id in kept}
 

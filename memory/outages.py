@@ -8,7 +8,8 @@ attempts (memory.jobs.worker), and a turn the database cannot take goes to the l
     Unavailable            raised where a library's own connection errors are mapped:
                            PostgreSQL (storage/postgres.py), a Chroma server
                            (index/vectors.py), the learning model's upstream (the proxy's
-                           LLM client)
+                           LLM client), the embeddings upstream (the proxy's embedder);
+                           for the upstreams, a 502/503/504 from their gateway too
     ConnectionError,       a socket refused, reset or aborted, or a call that timed out
     TimeoutError
     SQLite busy/locked,    the embedded database's file is held by another writer past the

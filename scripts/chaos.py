@@ -10,12 +10,20 @@ Requests go round robin; one that fails is resent to the other replica, as a bal
 would. Printed per phase: requests answered, failed at a live replica, failed at the killed
 replica (resent), answered with ``X-Memory-Error``; turns lost and stored twice (every turn a
 client saw answered, against the database); seconds from the end of the fault until both
-spools are replayed and the job queue is drained.
+spools are replayed and the job queue is drained; jobs that went to the dead letters, and
+stored turns without a vector in Chroma (not findable by meaning).
 
     .venv/bin/python -m scripts.chaos                  # about 2 minutes
     .venv/bin/python -m scripts.chaos --phase-seconds 20 --clients 6
+    .venv/bin/python -m scripts.chaos --chroma-down-seconds 90   # only phase 1, Chroma down 90 s
 
-Exit status 1 when a turn is lost or stored twice, or a live replica failed a request.
+``--chroma-down-seconds`` runs the Chroma phase alone with the outage that long, the jobs
+on their default settings: longer than a job's whole retry budget for errors of its own
+(5 attempts, 1 + 2 + 4 + 8 s apart), so every turn indexed afterwards shows that the
+outage was waited out.
+
+Exit status 1 when a turn is lost or stored twice, a live replica failed a request, a job
+went to the dead letters, or a stored turn has no vector.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from config import Settings
+from memory import VectorIndex, collection_name
 from tests.support.jobs import wait_for_jobs
 from tests.support.processes import Process, launch, memproxy_env, wait_ready
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -113,6 +122,8 @@ class Row:
     lost: int
     twice: int
     drain_seconds: float
+    dead: int  # jobs that went to the dead letters during the phase
+    unindexed: int  # chunks of the phase's turns without a vector (not found by meaning)
 
 
 def settle(database: Settings, replicas: list[Process], timeout: float = 300) -> float:
@@ -132,12 +143,28 @@ def settle(database: Settings, replicas: list[Process], timeout: float = 300) ->
     return time.monotonic() - started
 
 
+def dead_jobs(database: Settings) -> int:
+    return int(query(database, "SELECT COUNT(*) FROM jobs WHERE status = 'dead'")[0][0])
+
+
+def unindexed(database: Settings, chroma_url: str, user: str) -> int:
+    """How many of the user's stored chunks have no vector in the Chroma server."""
+    ids = [f"c{chunk_id}" for (chunk_id,) in query(
+        database, "SELECT id FROM chunks WHERE user_id = ?", (user,))]
+    vectors = VectorIndex.connect(chroma_url, collection_name(Settings()))
+    try:
+        return sum(len(vectors.missing(ids[i : i + 500])) for i in range(0, len(ids), 500))
+    finally:
+        vectors.close()
+
+
 def phase(
     name: str, fault: Callable[[Clients], None], *, replicas: list[Process], database: Settings,
-    clients: int, seconds: float,
+    clients: int, seconds: float, chroma_url: str,
 ) -> Row:
     """Chat for `seconds` with `fault` done a fifth of the way in; measure what was kept."""
     load = Clients(replicas, user=f"chaos-{name.split()[0].lower()}")
+    dead_before = dead_jobs(database)
     threads = [threading.Thread(target=load.run, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
         thread.start()
@@ -153,7 +180,8 @@ def phase(
     accepted = set(load.tally.accepted)
     lost = sum(1 for turn in accepted if stored[turn] == 0)
     twice = sum(1 for count in stored.values() if count > 1)
-    return Row(name, load.tally, lost, twice, drain)
+    return Row(name, load.tally, lost, twice, drain, dead_jobs(database) - dead_before,
+               unindexed(database, chroma_url, load.user))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--phase-seconds", type=float, default=15.0)
     parser.add_argument("--down", type=float, default=5.0, help="seconds a service stays down")
+    parser.add_argument("--chroma-down-seconds", type=float, default=None,
+                        help="run only the Chroma phase, with Chroma down this many seconds")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="memproxy-chaos-") as tmp, ScriptedUpstream() as upstream, \
             ChromaServer() as chroma, PostgresServer() as postgres:
@@ -172,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             for replica in replicas:
                 wait_ready(replica)
 
+            chroma_down = args.down if args.chroma_down_seconds is None else args.chroma_down_seconds
+
             def kill_chroma(load: Clients) -> None:
                 chroma.kill()
-                time.sleep(args.down)
+                time.sleep(chroma_down)
                 chroma.start()
 
             def restart_postgres(load: Clients) -> None:
@@ -191,26 +223,33 @@ def main(argv: list[str] | None = None) -> int:
                 replicas[0] = load.replicas[0] = again  # the balancer sends to it once ready
                 load.killed.discard(victim.url)
 
-            rows = [phase(name, fault, replicas=replicas, database=database,
-                          clients=args.clients, seconds=args.phase_seconds)
-                    for name, fault in (("Chroma kill -9", kill_chroma),
-                                        ("PostgreSQL restart", restart_postgres),
-                                        ("replica kill -9", kill_replica))]
+            faults = [("Chroma kill -9", kill_chroma), ("PostgreSQL restart", restart_postgres),
+                      ("replica kill -9", kill_replica)]
+            if args.chroma_down_seconds is not None:
+                faults = faults[:1]
+            rows = [phase(name, fault, replicas=replicas, database=database, clients=args.clients,
+                          seconds=args.phase_seconds, chroma_url=chroma.url)
+                    for name, fault in faults]
         finally:
             for replica in replicas:
                 if replica.popen.poll() is None:
                     replica.popen.kill()
                     replica.popen.wait(10)
-    print(f"\n{args.clients} clients, {args.phase_seconds:.0f} s per phase, services down"
-          f" {args.down:.0f} s; 2 replicas on PostgreSQL and a Chroma server\n")
+    down = (f"Chroma down {args.chroma_down_seconds:.0f} s" if args.chroma_down_seconds is not None
+            else f"services down {args.down:.0f} s")
+    print(f"\n{args.clients} clients, {args.phase_seconds:.0f} s per phase plus the outage, {down};"
+          " 2 replicas on PostgreSQL and a Chroma server\n")
     print("| phase | answered | failed (live replica) | failed (killed replica, resent) |"
-          " with X-Memory-Error | turns lost | turns stored twice | queue drained after |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          " with X-Memory-Error | turns lost | turns stored twice | queue drained after |"
+          " jobs dead | turns without a vector |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         t = row.tally
         print(f"| {row.phase} | {t.answered} | {t.failed_live} | {t.failed_killed} |"
-              f" {t.degraded} | {row.lost} | {row.twice} | {row.drain_seconds:.1f} s |")
-    bad = any(row.lost or row.twice or row.tally.failed_live for row in rows)
+              f" {t.degraded} | {row.lost} | {row.twice} | {row.drain_seconds:.1f} s |"
+              f" {row.dead} | {row.unindexed} |")
+    bad = any(row.lost or row.twice or row.tally.failed_live or row.dead or row.unindexed
+              for row in rows)
     return 1 if bad else 0
 
 

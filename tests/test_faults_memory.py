@@ -167,6 +167,8 @@ def test_embedding_model_missing_or_unloadable_starts_degraded(
 def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
     start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
 ) -> None:
+    # A 500 is the call's own failure, which spends attempts. (A 502/503/504 is an outage,
+    # waited out without spending any: the next test. This one used a 503 before issue 28.)
     failing = True
     calls: list[tuple[float, str]] = []  # (when, first input) of every embeddings call
 
@@ -174,7 +176,7 @@ def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
         if received.path == "/v1/embeddings":
             calls.append((time.monotonic(), received.json["input"][0]))
             if failing:
-                return ErrorReply(503, "embedding service overloaded")
+                return ErrorReply(500, "embedding service failed")
         return None
 
     upstream.respond_with(embeddings)
@@ -185,7 +187,7 @@ def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
     assert_degraded_but_answered(reply, "recall:")
     assert wait_for_jobs(proxy, later=True) == {"dead": 2}
     for attempts, error in rows(settings, "SELECT attempts, last_error FROM jobs"):
-        assert attempts == 3 and "503" in error, error
+        assert attempts == 3 and "500" in error, error
     status, parts = readiness(proxy)
     assert status == 503 and parts["embeddings"].startswith("error:")
     # The user turn's index job: one embeddings call per attempt, spaced by the doubling
@@ -199,6 +201,44 @@ def test_upstream_embeddings_failing_retry_with_backoff_then_dead_letter(
     assert reply.status == 200 and "x-memory-error" not in reply.headers
     assert wait_for_jobs(proxy, later=True) == {"dead": 2, "done": 2}
     assert readiness(proxy)[0] == 200
+
+
+def test_upstream_embeddings_503_is_an_outage_that_jobs_wait_out_without_spending_attempts(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    failing = True
+    calls: list[str] = []  # the first input of every embeddings call
+
+    def embeddings(received: Received) -> Reply | None:
+        if received.path == "/v1/embeddings":
+            calls.append(received.json["input"][0])
+            if failing:
+                return ErrorReply(503, "embedding service overloaded")
+        return None
+
+    upstream.respond_with(embeddings)
+    proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-op",
+                        job_outage_backoff_max_seconds=0.2, **FAST_JOBS)
+    settings: Settings = proxy.state.settings
+    reply = chat(proxy, "Which region hosts the analytics warehouse these days?", session="s1")
+    assert_degraded_but_answered(reply, "recall: EmbeddingsUpstreamUnavailable")
+    # Past the job's 3 attempts, and still waiting: nothing is dead.
+    deadline = time.monotonic() + 30
+    while sum(text.startswith("user: Which region") for text in calls) < 6:
+        assert time.monotonic() < deadline, calls
+        time.sleep(0.05)
+    assert {status for (status,) in rows(settings, "SELECT status FROM jobs")} <= {
+        "queued", "running"}
+    for error, in rows(settings, "SELECT last_error FROM jobs"):
+        assert error.startswith("EmbeddingsUpstreamUnavailable") and "503" in error, error
+        assert "sk-op" not in error
+
+    failing = False  # the service is back: every job ends done, having spent one attempt
+    assert wait_for_jobs(proxy, later=True) == {"done": 2}
+    for attempts, max_attempts in rows(settings, "SELECT attempts, max_attempts FROM jobs"):
+        assert attempts > 3 and attempts - (max_attempts - 3) == 1, (attempts, max_attempts)
+    reply = chat(proxy, "Which region hosts the analytics warehouse now?", session="s2")
+    assert reply.status == 200 and "x-memory-error" not in reply.headers
 
 
 def test_database_locked_longer_than_the_busy_timeout(

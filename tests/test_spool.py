@@ -6,6 +6,7 @@ test's own, stopped and started; the real app on a uvicorn socket; the official 
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -160,3 +161,84 @@ def test_the_spool_survives_a_restart_of_memproxy(
     wait_for_jobs(again, later=True)
     assert query(settings, "SELECT role, content FROM turns ORDER BY id") == [
         ("user", "The VPN gateway is vpn2."), ("assistant", "echo: The VPN gateway is vpn2.")]
+
+
+def _sent_block(upstream: ScriptedUpstream) -> str:
+    """The memory block of the last request that reached the upstream ("" without one)."""
+    sent = upstream.history[-1].json["messages"]
+    return "\n".join(str(m.get("content")) for m in sent if "<memory>" in str(m.get("content")))
+
+
+def test_recall_reads_the_sessions_spooled_turns_while_the_database_is_down(
+    start_proxy: Callable[..., RunningProxy], postgres: PostgresServer, upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, database_url=postgres.create_database(), **FAST)
+    fact = "My locker code at the north gym is 4417."
+    question = "What is my locker code at the north gym?"
+    postgres.stop()
+    try:
+        assert chat(proxy, fact, session="s1", user="ada").status == 200
+        time.sleep(0.3)  # the reply is spooled just after the response
+        # A client that trims its history: turn 1 is not sent again.
+        asked = chat(proxy, question, session="s1", user="ada")
+        assert asked.status == 200 and asked.text == f"echo: {question}"
+        assert fact in _sent_block(upstream)
+        assert "recall" in asked.headers["x-memory-error"]  # the outage is still reported
+        streamed = chat(proxy, question, session="s1", user="ada", stream=True)
+        assert streamed.status == 200 and fact in _sent_block(upstream)
+        # Never another user's, nor another session's, even under the same session id.
+        for user, session in (("bo", "s1"), ("ada", "s2")):
+            other = chat(proxy, question, session=session, user=user)
+            assert other.status == 200 and "4417" not in _sent_block(upstream), (user, session)
+        # Text the request holds already is not repeated.
+        resent = chat(proxy, [{"role": "user", "content": fact},
+                              {"role": "assistant", "content": f"echo: {fact}"},
+                              {"role": "user", "content": question}], session="s1", user="ada")
+        assert resent.status == 200 and fact not in _sent_block(upstream)
+    finally:
+        postgres.start()
+    drained(proxy)
+
+
+def test_recall_adds_the_sessions_spooled_turns_while_the_database_answers_but_lacks_them(
+    start_proxy: Callable[..., RunningProxy], postgres: PostgresServer, upstream: ScriptedUpstream,
+) -> None:
+    url = postgres.create_database()
+    # The replay retries an outage 0.2, 0.4, 0.8 ... 6.4 s apart (this cap is far off).
+    proxy = start_proxy(memory=True, database_url=url, job_backoff_seconds=0.05,
+                        job_outage_backoff_max_seconds=60)
+    settings: Settings = proxy.state.settings
+    stored = "The north site's staging cluster is called kestrel."
+    spooled = "The north site's gym locker code is 4417."
+    assert chat(proxy, stored, session="s1", user="ada").status == 200
+    wait_for_jobs(proxy)
+    postgres.stop()
+    try:
+        assert chat(proxy, spooled, session="s1", user="ada").status == 200
+        time.sleep(7.0)  # the replay is in its sleep from about 6.2 s to 12.6 s
+    finally:
+        postgres.start()
+    # Writes of turns wait behind this lock, reads go on: the database answers, and the
+    # spool is not replayed yet.
+    holder = subprocess.Popen(
+        [str(postgres.bin / "psql"), url, "-q", "-c",
+         "BEGIN; LOCK TABLE turns IN EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT;"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not query(settings, "SELECT 1 FROM pg_locks WHERE mode = 'ExclusiveLock'"
+                                  " AND granted AND relation = 'turns'::regclass"):
+            assert time.monotonic() < deadline, "the lock was not taken"
+            time.sleep(0.05)
+        assert proxy.state.memory.spool_status()[0] == 2, "replayed before the lock was taken"
+        asked = chat(proxy, "What are the north site's cluster name and gym locker code?",
+                     session="s1", user="ada")
+        assert asked.status == 200 and "x-memory-error" not in asked.headers, asked.headers
+        block = _sent_block(upstream)
+        assert stored in block and spooled in block, block
+        other = chat(proxy, "What is the north site's gym locker code?", session="s1", user="bo")
+        assert other.status == 200 and "4417" not in _sent_block(upstream)
+    finally:
+        holder.wait(30)
+    drained(proxy)

@@ -5,7 +5,8 @@ request's last user message, embedded once for turns and learned items alike, an
 parallel in the user's vectors and in the lexical index; the candidates are fused
 (`memory.recall.ranking`), turns around the best ones lifted, and the lot packed into the
 budget (`memory.recall.outcome`). Results are kept while the user's memory is unchanged
-(`memory.recall.cache`).
+(`memory.recall.cache`). While the local spool holds turns of the request's session, they
+are read too (`memory.recall.spooled`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from config import Settings
 from memory.index.shared_vectors import SharedVectors
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
+from memory.outages import is_outage
 from memory.recall.cache import RecallCache, cache_key
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
@@ -44,9 +46,13 @@ from memory.recall.ranking import (
     fuse,
 )
 from memory.recall.speakers import SpeakerQuery
+from memory.recall.spooled import SpoolRecall, spooled_candidates
 from memory.storage import versions
 from memory.storage.database import Database
-from memory.storage.turns import ChunkRow
+from memory.storage.turns import ChunkRow, NewTurn
+
+# (user, session) -> the session's turns still waiting in the local spool, oldest first.
+SpooledTurns = Callable[[str, str], Awaitable[list[NewTurn]]]
 
 
 class RecallPipeline:
@@ -70,12 +76,17 @@ class RecallPipeline:
             db, embed, weight=settings.query_name_weight, enabled=settings.query_split_names,
         )
         self.cache: RecallCache[Recalled] = RecallCache(settings.recall_cache_entries)
+        # Set by the engine when it runs a spool (memory.log.spooling); returns [] at once
+        # while the spool is empty.
+        self.spooled: SpooledTurns | None = None
 
     async def cached_recall(self, request: RecallRequest) -> Recalled:
         """`recall`, or the result of the same request kept while the user's memory is
         unchanged (memory.recall.cache)."""
-        if self.cache.size <= 0:
-            return await self.recall(request)
+        spooled = await self._spooled(request)
+        if self.cache.size <= 0 or spooled:
+            # Spooled turns change no stamp of the database (which may not answer at all).
+            return await self._recall(request, spooled)
         started = time.perf_counter()
         org = shared_memory(request)
         key = cache_key(
@@ -89,23 +100,63 @@ class RecallPipeline:
         kept = self.cache.get(key, stamp)
         if kept is not None:
             return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
-        recalled = await self.recall(request)
+        recalled = await self._recall(request, [])
         self.cache.put(key, stamp, recalled)
         return recalled
 
     async def recall(self, request: RecallRequest) -> Recalled:
-        """Find, rank and pack what this request should be reminded of."""
+        """Find, rank and pack what this request should be reminded of.
+
+        Raises SpoolRecall, holding a block made of the session's spooled turns, when the
+        database is unreachable and the spool holds turns of the request's session.
+        """
+        return await self._recall(request, await self._spooled(request))
+
+    async def _spooled(self, request: RecallRequest) -> list[NewTurn]:
+        if self.spooled is None:
+            return []
+        return await self.spooled(request.user_id, request.session_id)
+
+    async def _recall(self, request: RecallRequest, spooled: list[NewTurn]) -> Recalled:
         started = time.perf_counter()
         query = build_query(request.messages)
         if not query or is_trivial(last_user_text(request.messages)):
             return Recalled(skipped="trivial", recall_ms=_ms(started))
-        session = request.session_id if request.scope == "session" else None
-        k, words = self.settings.recall_candidates, self.settings.query_embed_words
         present = "\n".join(turn_text(m) for m in request.messages)
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.redact(present)) != present:
             present += "\n" + redacted
 
+        if not spooled:
+            return await self._search(request, query, present, spooled, started)
+        try:
+            return await self._search(request, query, present, spooled, started)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            raise SpoolRecall(self._from_spool(request, query, present, spooled, started)) from exc
+
+    def _from_spool(
+        self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
+        started: float,
+    ) -> Recalled:
+        """The block of the session's spooled turns alone (the database is unreachable)."""
+        candidates = spooled_candidates(spooled, query, present, request.session_id)
+        ranked = fuse(candidates, self.weights, session_id=request.session_id,
+                      query_identifiers=identifiers(query), now=time.time())
+        packed = pack_ranked(Learned(), ranked, request.budget, request.model,
+                             self.settings.org_budget_share)
+        return Recalled(
+            packed.block, [turn_item(ranked[i]) for i in packed.turns], packed.tokens,
+            packed.truncated, len(ranked), _ms(started),
+        )
+
+    async def _search(
+        self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
+        started: float,
+    ) -> Recalled:
+        session = request.session_id if request.scope == "session" else None
+        k, words = self.settings.recall_candidates, self.settings.query_embed_words
         org = shared_memory(request)
 
         async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
@@ -143,6 +194,14 @@ class RecallPipeline:
             by_meaning(), by_words()
         )
         candidates = await self._candidates(request.user_id, present, dense, lexical, rows)
+        if spooled:  # not in the database yet: matched by words, beside what it holds
+            scale = max((c.bm25 for c in candidates.values()), default=0.0) or 1.0
+            stored = {_same_text(c.text) for c in candidates.values()}
+            candidates |= {
+                key: c for key, c in spooled_candidates(
+                    spooled, query, present, request.session_id, scale=scale).items()
+                if _same_text(c.text) not in stored
+            }
         ranked = fuse(
             candidates, self.weights, session_id=request.session_id,
             query_identifiers=identifiers(query), now=time.time(),

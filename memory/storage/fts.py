@@ -42,6 +42,11 @@ def search_terms(query: str) -> list[str]:
     return list(terms)[:_MAX_QUERY_TERMS]
 
 
+def text_words(text: str) -> set[str]:
+    """Every distinct lower-cased word of `text` (what `search_terms` would look for)."""
+    return set(_WORD.findall(text.lower()))
+
+
 def match_expression(
     user_id: str, query: str, session_id: str | None = None, *, columns: Sequence[str] = ("text",)
 ) -> str | None:

@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from config import Flags
-from memory import Injection, Placed, Recalled, RecallRequest, RequestMetrics, Spooled
+from memory import (
+    Injection,
+    Placed,
+    Recalled,
+    RecallRequest,
+    RequestMetrics,
+    Spooled,
+    SpoolRecall,
+)
 from proxy.access.identity import Identity, presented_key
 from proxy.http.errors import MemoryUnavailable
 from proxy.http.logs import get_logger
@@ -92,6 +100,13 @@ class MemoryStep:
             ))
             if self.placed is not None:
                 self._place(placed, self.recalled)
+        except SpoolRecall as partial:
+            # The database is unreachable: the block holds the session's spooled turns
+            # (memory.recall.spooled), and the outage is still reported.
+            self.recalled = partial.recalled
+            if self.placed is not None:
+                self._place(placed, self.recalled)
+            self.failed("recall", partial.__cause__ or partial)
         except Exception as exc:
             self.failed("recall", exc)
             self.placed = None

@@ -50,6 +50,9 @@ MAX_ERROR_BODY = 1 << 20
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_BASE_DELAY = 0.25  # seconds before the first retry; doubles each time
 RETRY_MAX_DELAY = 4.0  # a longer Retry-After goes back to the client instead of waiting
+# A gateway's "the upstream is down" statuses: for memory's background calls (learning,
+# embeddings) an outage, like a refused connection (memory/outages.py).
+OUTAGE_STATUSES = frozenset({502, 503, 504})
 
 log = get_logger("upstream")
 
@@ -233,6 +236,13 @@ def _mapped(exc: Exception) -> ProxyError:
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream timed out: {_describe(exc)}")
     return UpstreamUnreachable(f"upstream unreachable: {_describe(exc)}")
+
+
+def is_upstream_outage(exc: ProxyError) -> bool:
+    """A connection that failed or timed out, or a gateway saying the upstream is down."""
+    if isinstance(exc, UpstreamStatus):
+        return exc.status in OUTAGE_STATUSES
+    return isinstance(exc, (UpstreamUnreachable, UpstreamTimeout))
 
 
 def retry_delay(exc: ProxyError, attempt: int) -> float | None:

@@ -1,4 +1,8 @@
-"""Embeddings from an OpenAI-compatible /embeddings endpoint instead of the local model."""
+"""Embeddings from an OpenAI-compatible /embeddings endpoint instead of the local model.
+
+An upstream that cannot be reached, times out, or whose gateway answers 502/503/504 is an
+outage (memory's Unavailable): an index job waits it out without spending its attempts
+(memory/jobs/worker.py). Any other error status is the call's own failure and counts."""
 
 from __future__ import annotations
 
@@ -7,7 +11,17 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from proxy.upstream.client import Upstream, raise_for_status, read_body, url_for
+from memory import Unavailable
+from proxy.http.errors import ProxyError, UpstreamStatus
+from proxy.upstream.client import Upstream, is_upstream_outage, raise_for_status, read_body, url_for
+from proxy.upstream.llm_client import scrub
+
+
+class EmbeddingsUpstreamUnavailable(Unavailable):
+    """The embeddings upstream could not be reached, or its gateway said it is down."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("the embeddings upstream", detail)
 
 
 class UpstreamEmbedder:
@@ -40,12 +54,22 @@ class UpstreamEmbedder:
         if target.api_key:
             headers.append(("authorization", f"Bearer {target.api_key}"))
         body = orjson.dumps({"model": self.model, "input": list(texts), "encoding_format": "float"})
-        response = await self.upstream.open("POST", url_for(target, "/v1/embeddings"), headers, body)
-        await raise_for_status(response)
         try:
-            payload = orjson.loads(await read_body(response))
-        finally:
-            await response.aclose()
+            response = await self.upstream.open(
+                "POST", url_for(target, "/v1/embeddings"), headers, body
+            )
+            await raise_for_status(response)
+            try:
+                payload = orjson.loads(await read_body(response))
+            finally:
+                await response.aclose()
+        except ProxyError as exc:
+            if not is_upstream_outage(exc):
+                raise
+            detail = str(exc)
+            if isinstance(exc, UpstreamStatus):
+                detail = f"HTTP {exc.status}: {exc.body[:300].decode('utf-8', 'replace')}"
+            raise EmbeddingsUpstreamUnavailable(scrub(detail, target.api_key)) from None
         rows = sorted(payload["data"], key=lambda row: row["index"])
         if len(rows) != len(texts):
             raise ValueError(f"upstream returned {len(rows)} embeddings for {len(texts)} inputs")

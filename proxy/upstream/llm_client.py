@@ -26,8 +26,16 @@ import orjson
 
 from config import Settings
 from memory import Unavailable
-from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
-from proxy.upstream.client import Target, Upstream, anthropic_target, read_body, url_for
+from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamUnreachable
+from proxy.upstream.client import (
+    OUTAGE_STATUSES,
+    Target,
+    Upstream,
+    anthropic_target,
+    is_upstream_outage,
+    read_body,
+    url_for,
+)
 
 MAX_ANSWER_BYTES = 4 << 20
 OPENAI_ROUTE = "openai"  # chat completions to the model's route
@@ -37,8 +45,6 @@ ANTHROPIC_VERSION = "2023-06-01"
 LEARNING_MAX_TOKENS = 4096
 # Provider key shapes (sk-..., sk-ant-..., masked sk-abc***xyz), as echoed in error bodies.
 _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_*.\-]{4,}")
-# A gateway's "the upstream is down" statuses: an outage, like a refused connection.
-_OUTAGE_STATUSES = frozenset({502, 503, 504})
 
 
 class LearningCallFailed(RuntimeError):
@@ -109,7 +115,7 @@ class LLMClient:
                 isinstance(exc, UpstreamStatus) and exc.status in (401, 403)
             ):
                 self._failing[route] = failure[:200]
-            if _is_outage(exc):
+            if is_upstream_outage(exc):
                 raise LearningUpstreamUnavailable(scrub(str(exc), key)) from None
             raise LearningCallFailed(failure) from None
         except LearningCallFailed as exc:
@@ -174,7 +180,7 @@ class LLMClient:
             await response.aclose()
         if response.status_code >= 400:
             text = content[:300].decode("utf-8", "replace")
-            if response.status_code in _OUTAGE_STATUSES:
+            if response.status_code in OUTAGE_STATUSES:
                 raise LearningUpstreamUnavailable(
                     scrub(f"HTTP {response.status_code}: {text}", key)
                 )
@@ -182,13 +188,6 @@ class LLMClient:
                 scrub(f"learning call got HTTP {response.status_code}: {text}", key)
             )
         return content
-
-
-def _is_outage(exc: ProxyError) -> bool:
-    """A connection that failed or timed out, or a gateway saying the upstream is down."""
-    if isinstance(exc, UpstreamStatus):
-        return exc.status in _OUTAGE_STATUSES
-    return isinstance(exc, (UpstreamUnreachable, UpstreamTimeout))
 
 
 def scrub(text: str, key: str | None) -> str:
