@@ -16,7 +16,7 @@ claims it again (or buries it when that was its last attempt, as a restart would
 
 Claims are fair between users: each job carries its `owner` (the user it works for; '' for
 the system's own) and a `fair_at` time, its run_after or, when its owner already has jobs
-waiting, FAIR_STEP seconds after the owner's last one. Claims go by fair_at, so a user who
+waiting that are ready by then, FAIR_STEP seconds after the last of those. Claims go by fair_at, so a user who
 queues 200 jobs at once has them spread 200 s into the future, and another user's job
 queued a moment later goes ahead of all but the first (start-time fair queuing, with the
 clock as virtual time); a job never waits behind more than one of each other owner's jobs
@@ -87,9 +87,12 @@ async def enqueue(
     `tx`; return its id."""
     now = time.time()
     ready = now if run_after is None else run_after
+    # Only the owner's jobs ready by then: a job delayed into the future (a retry's backoff)
+    # must not push the owner's jobs that are ready now behind it.
     last = await tx.fetch(
-        "SELECT MAX(fair_at) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')",
-        (owner,),
+        "SELECT MAX(fair_at) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')"
+        " AND run_after <= ?",
+        (owner, ready),
     )
     fair_at = ready if last[0][0] is None else max(ready, float(last[0][0]) + FAIR_STEP)
     inserted = await tx.fetch(
