@@ -41,6 +41,7 @@ from memory.recall.ranking import Weights
 from memory.redact import Redactor
 from memory.storage import injections, metrics
 from memory.storage.database import Database, Transaction, open_database
+from memory.storage.facts import Fact
 from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.spool import SpoolFile
@@ -303,6 +304,22 @@ class MemoryEngine:
             return {}
         kept = await injections.of_turns(self.db, user_id, ids) if ids else {}
         return {at[i]: kept[turn_id] for i, turn_id in enumerate(ids) if turn_id in kept}
+
+    async def remember_fact(
+        self, user_id: str, text: str, category: str, *, importance: int, source: str,
+        source_session: str | None, ttl_seconds: float | None, pinned: bool = False,
+        client: str | None = None,
+    ) -> Fact:
+        """Keep a fact a client states (MCP) as learned facts are kept: redacted, merged
+        into a duplicate or superseding the same subject's old value, expiring after its
+        category's lifetime unless `ttl_seconds` says otherwise."""
+        now = time.time()
+        expires = (now + ttl_seconds if ttl_seconds is not None
+                   else self.facts.default_expiry(category, now))
+        return await self.learner.remember(
+            user_id, text, category, confidence=1.0, importance=importance, source=source,
+            source_session=source_session, expires_at=expires, pinned=pinned, client=client,
+        )
 
     async def session_summary(
         self, user_id: str, session_id: str, *, through: int | None, model: str,

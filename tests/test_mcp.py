@@ -89,6 +89,25 @@ async def test_added_memory_is_stored_with_ttl_and_redaction(served: RunningProx
     assert added["importance"] == 8 and added["category"] == "context"
 
 
+async def test_added_memories_merge_and_supersede_as_learned_facts_do(served: RunningProxy) -> None:
+    berlin = {"text": "User lives in Berlin.", "category": "identity"}
+    async with mcp_session(served, key=ALICE) as client:
+        first = structured(await client.call_tool("add_memory", berlin))
+        again = structured(await client.call_tool("add_memory", berlin))
+        # A duplicate counts one more mention of the same fact (memory/learning/fact_rules.py).
+        assert again["id"] == first["id"]
+        assert [(f["text"], f["mentions"]) for f in fact_records(served, ALICE)] == [
+            ("User lives in Berlin.", 2)
+        ]
+        moved = structured(await client.call_tool(
+            "add_memory", {"text": "User lives in Lisbon.", "category": "identity"}))
+    # A new value of the same subject supersedes the old one: only it stays active.
+    assert moved["id"] != first["id"] and moved["source"] == "mcp"
+    assert [f["text"] for f in fact_records(served, ALICE)] == ["User lives in Lisbon."]
+    # Without ttl_days a memory expires after its category's lifetime, as learned facts do.
+    assert moved["expires_at"] is not None
+
+
 def fact_records(served: RunningProxy, key: str) -> list[dict[str, Any]]:
     """The key's user's facts as the memory API shows them."""
     listed = httpx.get(f"{served.url}/v1/memory/facts", timeout=30,

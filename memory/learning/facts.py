@@ -186,6 +186,7 @@ class FactStore:
         source_session: str | None = None,
         source_turn_ids: Sequence[int] = (),
         restart: bool = False,
+        client: str | None = None,
     ) -> Fact:
         """Replace the current version `fact_id` with a new one in the same chain.
 
@@ -209,7 +210,7 @@ class FactStore:
             new_id = await facts.insert(tx, NewFact(
                 user_id, text, category, confidence, importance, source or old.source,
                 source_session=source_session or old.source_session, source_turn_ids=turns,
-                client=old.client if source is None else None,
+                client=old.client if source is None else client,
                 mentions=mentions, pinned=old.pinned, first_seen=first_seen, last_seen=now,
                 expires_at=expires_at, version=old.version + 1, previous_id=old.id,
                 valid_from=now, created_at=now, updated_at=now, chain_id=chain_id,

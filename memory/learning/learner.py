@@ -144,39 +144,56 @@ class Learner:
     async def _apply(
         self, user_id: str, session_id: str, item: ExtractedFact, turn_ids: list[int]
     ) -> Fact:
-        vector = (await self.embed([item.fact]))[0]
+        now = time.time()
+        return await self.remember(
+            user_id, item.fact, item.category, confidence=item.confidence,
+            importance=item.importance, source="extracted", source_session=session_id,
+            source_turn_ids=turn_ids, updates_previous=item.updates_previous,
+            expires_at=item.expires or self.facts.default_expiry(item.category, now),
+        )
+
+    async def remember(
+        self, user_id: str, text: str, category: str, *, confidence: float, importance: int,
+        source: str, source_session: str | None, expires_at: float | None,
+        source_turn_ids: Sequence[int] = (), updates_previous: int | bool | None = None,
+        pinned: bool = False, client: str | None = None,
+    ) -> Fact:
+        """Keep a fact as learning keeps what it extracts: a duplicate of an active fact
+        merges into it, a new value of the same subject supersedes it (fact_rules.decide),
+        anything else is added; its vector is written now."""
+        vector = (await self.embed([text]))[0]
         neighbours = await self._neighbours(user_id, vector, NEIGHBOURS)
-        previous = item.updates_previous
+        previous = updates_previous
         if isinstance(previous, int) and not isinstance(previous, bool) and all(
             n.id != previous for n in neighbours
         ):
             named = await self.facts.get(user_id, previous)
             if named is not None and named.active:
                 neighbours.append(Neighbour(named.id, named.text, named.category, 0.0))
-        decision = decide(
-            item.fact, item.category, previous, neighbours, self.settings.fact_merge_similarity
-        )
-        now = time.time()
-        expires = item.expires or self.facts.default_expiry(item.category, now)
+        decision = decide(text, category, previous, neighbours, self.settings.fact_merge_similarity)
+        turn_ids = list(source_turn_ids)
         if decision.action == "merge" and decision.target is not None:
             fact = await self.facts.merge(
                 user_id, decision.target, confidence_step=MERGE_CONFIDENCE_STEP,
-                source_turn_ids=turn_ids, expires_at=expires,
+                source_turn_ids=turn_ids, expires_at=expires_at,
             )
-            return fact  # its vector is unchanged
+            # Its vector is unchanged; a pin asked for now holds for the merged fact.
+            return await self.facts.set_pinned(user_id, fact.id, True) if pinned else fact
         if decision.action == "supersede" and decision.target is not None:
             fact = await self.facts.supersede(
-                user_id, decision.target, text=item.fact, category=item.category,
-                confidence=item.confidence, importance=item.importance, expires_at=expires,
-                source="extracted", source_session=session_id, source_turn_ids=turn_ids,
-                restart=True,
+                user_id, decision.target, text=text, category=category,
+                confidence=confidence, importance=importance, expires_at=expires_at,
+                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                restart=True, client=client,
             )
             await self.vectors.delete(ids=[f"f{decision.target}"])
+            if pinned and not fact.pinned:
+                fact = await self.facts.set_pinned(user_id, fact.id, True)
         else:
             fact = await self.facts.add(
-                user_id, item.fact, item.category, confidence=item.confidence,
-                importance=item.importance, source="extracted", source_session=session_id,
-                source_turn_ids=turn_ids, expires_at=expires,
+                user_id, text, category, confidence=confidence, importance=importance,
+                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                expires_at=expires_at, pinned=pinned, client=client,
             )
         # Now, not only by the queued sync job: the next item of this answer must see it.
         await self.vectors.add([f"f{fact.id}"], vector.reshape(1, -1), [fact_metadata(fact)])

@@ -94,8 +94,10 @@ TOOLS: dict[str, types.Tool] = {tool.name: tool for tool in (
         description=(
             "Save one fact or note about the user for every later conversation (a preference, "
             "a decision, a project detail), written as a short third-person statement, e.g. "
-            "\"User prefers tabs over spaces\". Secrets are redacted before storing. Use "
-            "`pinned` for what must always be remembered and `ttl_days` for what expires."
+            "\"User prefers tabs over spaces\". Secrets are redacted before storing; saving "
+            "what is already known counts one more mention, and a new value of the same thing "
+            "(\"User lives in Lisbon\" after \"User lives in Berlin\") replaces the old one. "
+            "Use `pinned` for what must always be remembered and `ttl_days` for what expires."
         ),
         input_schema=_schema({
             "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS},

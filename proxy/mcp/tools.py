@@ -11,7 +11,6 @@ the server turns into a tool result marked as an error: nothing is stored.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -68,8 +67,9 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
 
 
 async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
-    """One fact, through the fact store as POST /v1/memory/facts (redacted, pinned, TTL),
-    with its provenance: source 'mcp' and the client's name."""
+    """One fact, kept as learned facts are (redacted, merged into a duplicate, superseding
+    the same subject's old value, its category's lifetime or `ttl_days`, pinned on
+    request), with its provenance: source 'mcp' and the client's name."""
     fact_text = text(args, "text", required=True, max_chars=MAX_TEXT_CHARS) or ""
     category = choice(args, "category", CATEGORIES) or "context"
     importance = number(args, "importance", low=1, high=10, integer=True)
@@ -77,10 +77,9 @@ async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
     if ttl is not None and ttl <= 0:
         raise InvalidRequest("ttl_days must be more than 0", param="ttl_days")
     owner, shared = _target(who, args, "write")
-    fact = await who.memory.facts.add(
+    fact = await who.memory.remember_fact(
         owner, fact_text, category, importance=5 if importance is None else importance,
-        pinned=bool(flag(args, "pinned")),
-        expires_at=None if ttl is None else time.time() + ttl * DAY,
+        pinned=bool(flag(args, "pinned")), ttl_seconds=None if ttl is None else ttl * DAY,
         source="mcp", source_session=who.session_id, client=who.client,
     )
     return fact_json(fact, shared)
