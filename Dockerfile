@@ -9,6 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MEMPROXY_HOST=0.0.0.0 \
     MEMPROXY_PORT=8080 \
     MEMPROXY_DATA_DIR=/data
+# Two malloc arenas: the embedding threads' own arenas are what grows (proxy/http/serving.py).
+ENV MALLOC_ARENA_MAX=2
 
 WORKDIR /app
 COPY pyproject.toml README.md ./

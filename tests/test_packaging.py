@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from proxy.cli.main import build_parser, main
+from proxy.http.serving import cap_malloc_arenas
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,3 +47,10 @@ def test_bad_settings_stop_start_up_naming_the_setting() -> None:
                             env={"MEMPROXY_MEMORY_BUDGET": "lots", "PATH": ""})
     assert result.returncode == 2
     assert "MEMPROXY_MEMORY_BUDGET" in result.stderr
+
+
+def test_serve_caps_malloc_arenas_unless_the_operator_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert cap_malloc_arenas() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # glibc read it at start: left alone
+    assert cap_malloc_arenas() is False

@@ -126,7 +126,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import begin_shutdown, create_app
-    from proxy.http.serving import uvicorn_config
+    from proxy.http.serving import cap_malloc_arenas, uvicorn_config
     from proxy.http.shutdown import Shutdown
 
     class Server(uvicorn.Server):
@@ -154,6 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    cap_malloc_arenas()  # before any thread: the embedding threads' arenas stay small
     app = create_app(settings)
     config = uvicorn_config(
         app, settings,
