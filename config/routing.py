@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +48,21 @@ class ApiKey:
     user_id: str | None = None
     org_id: str | None = None
     org_writer: bool = False
+    # Usage, quotas and the admin API name a key by `key_id`, never by its secret: an
+    # environment key's id is `env-` and a slow, truncated digest of the secret (an 8-char
+    # key must not be guessable from its id); a stored key's, its row id.
+    key_id: str = ""
+    token_quota: int | None = None  # tokens per calendar month (UTC); None: no quota
+    rate_limit: float | None = None  # requests per minute; None: MEMPROXY_RATE_LIMIT
+    expires_at: float | None = None  # unix seconds; None: never
+
+    def __post_init__(self) -> None:
+        if not self.key_id:
+            digest = hashlib.pbkdf2_hmac("sha256", self.key.encode(), b"memproxy key id", 20_000)
+            object.__setattr__(self, "key_id", "env-" + digest.hex()[:12])
 
     def __repr__(self) -> str:  # never print keys
-        return f"ApiKey(user_id={self.user_id!r}, org_id={self.org_id!r})"
+        return f"ApiKey(key_id={self.key_id!r}, user_id={self.user_id!r}, org_id={self.org_id!r})"
 
 
 def parse_routes(value: Any) -> tuple[Route, ...]:
