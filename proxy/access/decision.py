@@ -67,6 +67,23 @@ def identify(request: Request, settings: Settings, *, admin_allowed: bool) -> Pr
     return Principal(authenticate(request.headers, settings.api_keys), loopback=loopback)
 
 
+def require_admin(request: Request, settings: Settings) -> Principal:
+    """The admin API (`/v1/admin/`): the admin key only. 403 when none is configured (no
+    other caller, loopback included, manages keys or reads usage), 401 for a missing or
+    wrong key, 403 for a valid key that is not the admin key."""
+    if not settings.admin_key:
+        raise PermissionDenied("the admin API needs MEMPROXY_ADMIN_KEY to be set")
+    presented = presented_key(request.headers)
+    if not presented:
+        raise AuthenticationFailed("missing API key: send the admin key as a Bearer token")
+    principal = identify(request, settings, admin_allowed=True)
+    if principal.key is None and not principal.admin:
+        raise AuthenticationFailed("incorrect API key provided")
+    if not principal.admin:
+        raise PermissionDenied("the admin API answers the admin key only")
+    return principal
+
+
 def decide(
     principal: Principal, settings: Settings, *, user_id: str | None, org_id: str | None,
     action: Action,
