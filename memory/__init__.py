@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memory.admin.backup import BackupError, BackupResult, backup
-    from memory.admin.clearing import ClearExpired, ClearNotFound
+    from memory.admin.clearing import ClearExpired, ClearNotFound, ClearReceipt
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
     from memory.admin.record_checks import IGNORED, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
@@ -105,6 +105,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "IGNORED": ("memory.admin.record_checks", "IGNORED"),
     "ClearExpired": ("memory.admin.clearing", "ClearExpired"),
     "ClearNotFound": ("memory.admin.clearing", "ClearNotFound"),
+    "ClearReceipt": ("memory.admin.clearing", "ClearReceipt"),
     "check_record": ("memory.admin.record_checks", "check_record"),
     "turn_dict": ("memory.admin.sessions", "turn_dict"),
     "summarize": ("memory.admin.stats", "summarize"),
@@ -142,6 +143,7 @@ __all__ = [
     "ChunkSearch",
     "ClearExpired",
     "ClearNotFound",
+    "ClearReceipt",
     "ConsentRequired",
     "CopiedBatch",
     "CursorError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pty
 import shlex
 import subprocess
@@ -86,10 +87,15 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     assert status == 0 and out.startswith("Nothing would be injected")
 
     status, out, _ = run(capsys, memproxy, "memories", "forget", str(edited["id"]))
-    assert status == 0 and out.strip() == f"Forgot fact {edited['id']} and its history."
+    forgot, _, undo = out.strip().partition("\nUndo within the window: ")
+    assert status == 0 and forgot == f"Forgot fact {edited['id']} and its history."
+    assert undo.startswith("memproxy memories undo --token=")
     assert run_json(capsys, memproxy, "memories", "forget", str(added["id"]))["deleted"] is True
     status, out, _ = run(capsys, memproxy, "memories", "list")
     assert out.strip() == "No facts."
+    status, out, _ = run(capsys, memproxy, *shlex.split(undo)[1:])
+    assert status == 0 and out.strip() == f"Restored {edited['version']} facts."  # the history
+    assert [f["text"] for f in run_json(capsys, memproxy, "memories", "list")] == [edited["text"]]
 
     status, _, err = run(capsys, memproxy, "memories", "forget", "999")
     assert status == 1 and err.startswith("memproxy: no fact 999 (404 not_found)")
@@ -290,4 +296,6 @@ def test_the_docs_cli_example_runs_as_shown(
         status = main([*argv, "--url", memproxy.url])
         out, err = capsys.readouterr()
         assert status == 0, err
-        assert (out + err).splitlines() == expected, argv
+        # An undo token is new each time: the page shows it as `...`.
+        shown = [re.sub(r"--token=\S+", "--token=...", line) for line in (out + err).splitlines()]
+        assert shown == expected, argv

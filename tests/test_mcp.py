@@ -32,7 +32,9 @@ KEYS = ",".join([
     "key-carol-0001:carol",
 ])
 ALICE = "key-alice-0001"
-TOOL_NAMES = {"search_memory", "add_memory", "list_memories", "delete_memory", "read_profile"}
+TOOL_NAMES = {
+    "search_memory", "add_memory", "list_memories", "delete_memory", "undo_delete", "read_profile",
+}
 NOTE = "User's favourite editor is Helix, configured with the gruvbox theme."
 pytestmark = pytest.mark.both_backends
 
@@ -71,9 +73,19 @@ async def test_each_tool_round_trip(served: RunningProxy, mode: Mode) -> None:
         profile = structured(await client.call_tool("read_profile", {}))
         assert profile == {"consent": False, "profile": None}
         deleted = structured(await client.call_tool("delete_memory", {"id": added["id"]}))
-        assert deleted == {"id": added["id"], "deleted": True, "shared": False}
+        assert {k: deleted[k] for k in ("id", "deleted", "shared")} == {
+            "id": added["id"], "deleted": True, "shared": False}
+        assert deleted["undo_token"] and deleted["expires_at"] > added["created_at"]
         again = await client.call_tool("delete_memory", {"id": added["id"]})
         assert "no memory" in error_text(again)
+        assert structured(await client.call_tool("list_memories", {}))["items"] == []
+        undone = structured(await client.call_tool(
+            "undo_delete", {"undo_token": deleted["undo_token"]}))
+        assert undone == {"restored": True, "added": {"facts": 1}}
+        back = structured(await client.call_tool("list_memories", {}))["items"]
+        assert [(item["text"], item["pinned"]) for item in back] == [(NOTE, True)]
+        assert "no deletion" in error_text(await client.call_tool(
+            "undo_delete", {"undo_token": "not-a-token"}))
         resource = await client.read_resource("memproxy://profile")
         assert json.loads(resource.contents[0].text) == profile  # type: ignore[union-attr]
 
@@ -308,7 +320,18 @@ async def test_org_members_read_shared_memory_only_writers_change_it(served: Run
         assert "organisation" in error_text(await carol.call_tool("list_memories", {"shared": True}))
         assert "no memory" in error_text(await carol.call_tool("delete_memory", {"id": fact["id"]}))
     async with mcp_session(served, key="key-writer-0001", headers={"X-Memory-User-Id": "bob"}) as writer:
-        assert structured(await writer.call_tool("delete_memory", {"id": fact["id"]}))["shared"]
+        deleted = structured(await writer.call_tool("delete_memory", {"id": fact["id"]}))
+        assert deleted["shared"]
+    undo = {"undo_token": deleted["undo_token"]}
+    async with mcp_session(served, key="key-bob-00001") as bob:  # a member, not a writer
+        assert "may read but not change" in error_text(await bob.call_tool("undo_delete", undo))
+        assert structured(await bob.call_tool("list_memories", {"shared": True}))["items"] == []
+    async with mcp_session(served, key="key-carol-0001") as carol:
+        assert "no deletion" in error_text(await carol.call_tool("undo_delete", undo))
+    async with mcp_session(served, key="key-writer-0001", headers={"X-Memory-User-Id": "bob"}) as writer:
+        assert structured(await writer.call_tool("undo_delete", undo))["restored"]
+        listed = structured(await writer.call_tool("list_memories", {"shared": True}))["items"]
+        assert [item["text"] for item in listed] == [shared["text"]]
 
 
 async def test_memproxy_mcp_on_stdio_forwards_to_the_server(served: RunningProxy) -> None:

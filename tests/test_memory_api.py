@@ -64,10 +64,21 @@ def test_facts_add_get_edit_history_pin_delete(api: httpx.Client) -> None:
     assert pinned["pinned"] is True
     assert api.post(f"/facts/{new['id']}/unpin").json()["pinned"] is False
 
-    deleted = api.delete(f"/facts/{new['id']}")
-    assert deleted.json() == {"object": "memory.fact.deleted", "id": new["id"], "deleted": True}
+    deleted = api.delete(f"/facts/{new['id']}").json()
+    check_schema("Deleted", deleted)
+    assert {k: deleted[k] for k in ("object", "id", "deleted")} == {
+        "object": "memory.fact.deleted", "id": new["id"], "deleted": True}
     assert_error(api.get(f"/facts/{fact['id']}"), 404, "fact_id")  # the whole chain went
     assert api.get("/facts", params={"include_inactive": "true"}).json()["data"] == []
+    assert_error(api.delete(f"/facts/{new['id']}"), 404, "fact_id")
+
+    # The undo token brings the chain back, history and pin state included, under new ids.
+    undone = api.post("/clear/undo", json={"undo_token": deleted["undo_token"]})
+    assert undone.status_code == 200 and undone.json()["added"]["facts"] == 2
+    back = api.get("/facts", params={"include_inactive": "true"}).json()["data"]
+    assert sorted((f["text"], f["active"], f["version"]) for f in back) == [
+        ("Prefers Rust", True, 2), ("Prefers TypeScript", False, 1)]
+    assert_error(api.post("/clear/undo", json={"undo_token": "x" * 32}), 404, "undo_token")
 
 
 def test_fact_errors(api: httpx.Client) -> None:

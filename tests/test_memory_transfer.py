@@ -282,6 +282,26 @@ def test_clear_and_session_delete_take_the_user_s_request_metrics(start_proxy: S
     assert metrics_rows(proxy, "bob") == bob  # another user's rows are never touched
 
 
+def test_a_deleted_fact_is_restorable_until_its_window_ends(start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, clear_undo_seconds=1.5, **QUIET)
+    with memory_api(proxy, **ADA) as api:
+        kept = api.post("/facts", json={"text": "Ada's badge is 7731.", "category": "context"}).json()
+        gone = api.post("/facts", json={"text": "Ada's desk is 4B.", "category": "context"}).json()
+        first = api.delete(f"/facts/{kept['id']}").json()
+        second = api.delete(f"/facts/{gone['id']}").json()
+        assert api.get("/facts").json()["data"] == []
+        assert api.post("/clear/undo", json={"undo_token": first["undo_token"]}).status_code == 200
+        time.sleep(1.7)
+        error = assert_error(
+            api.post("/clear/undo", json={"undo_token": second["undo_token"]}), 409, "undo_token")
+        assert error["code"] == "undo_expired"
+        wait_for_jobs(proxy)
+        assert [f["text"] for f in api.get("/facts").json()["data"]] == ["Ada's badge is 7731."]
+        assert db_rows(proxy, "SELECT status FROM clears ORDER BY created_at") == [
+            ("restored",), ("purged",)]
+        assert db_rows(proxy, "SELECT count(*) FROM clear_records") == [(0,)]
+
+
 def test_after_the_window_the_memory_is_gone_for_good(start_proxy: Starter) -> None:
     proxy = start_proxy(memory=True, clear_undo_seconds=1, **QUIET)
     chat(proxy, "The wifi password is hunter2.", session="w")

@@ -72,7 +72,9 @@ def test_openai_node_responses_create_and_stream_with_memory(
                        "Thanks! And which orchestra?", out["streamed"]]
 
 
-MCP_TOOLS = {"search_memory", "add_memory", "list_memories", "delete_memory", "read_profile"}
+MCP_TOOLS = {
+    "search_memory", "add_memory", "list_memories", "delete_memory", "undo_delete", "read_profile",
+}
 
 
 def test_the_mcp_typescript_sdk_calls_every_tool_and_gets_the_errors(
@@ -95,11 +97,16 @@ def test_the_mcp_typescript_sdk_calls_every_tool_and_gets_the_errors(
     assert added["id"] in [item["id"] for item in out["found"]["items"]]
     assert "NixOS" in out["found"]["block"]
     assert [item["id"] for item in out["listed"]["items"]] == [added["id"]]
-    assert out["deleted"] == {"id": added["id"], "deleted": True, "shared": False}
+    deleted = out["deleted"]
+    assert {k: deleted[k] for k in ("id", "deleted", "shared")} == {
+        "id": added["id"], "deleted": True, "shared": False}
     assert out["after"]["items"] == []
+    assert out["undone"] == {"restored": True, "added": {"facts": 1}}
+    assert [item["text"] for item in out["restored"]["items"]] == [added["text"]]
     assert out["badArguments"]["isError"] and "text must be a string" in out["badArguments"]["text"]
     assert out["unknownTool"]["code"] == -32602 and "unknown tool" in out["unknownTool"]["message"]
     assert out["wrongKey"]["code"] == 401 and "invalid_api_key" in out["wrongKey"]["message"]
     facts = httpx.get(f"{proxy.url}/v1/memory/facts", timeout=30,
                       headers={"Authorization": "Bearer key-node-00001"}).json()["data"]
-    assert facts == []  # nothing the bad calls sent was stored
+    # Nothing the bad calls sent was stored: the one fact is the restored one.
+    assert [fact["text"] for fact in facts] == [added["text"]]

@@ -1,10 +1,12 @@
-"""Clear all of a user's memory, with an undo window that survives restarts.
+"""Clear all of a user's memory, or delete one fact or summary, with an undo window that
+survives restarts.
 
 `clear` runs one transaction: it copies the user's memory as records (admin/records.py),
 with its request metrics rows, into `clear_records` (storage/clears.py), deletes them
 everywhere (admin/forget.py), records the clear with its expiry, and queues a durable
 `settle_clear` job for the moment the window ends. The undo token is returned once; only its
-hash is stored.
+hash is stored. Deleting one fact (its whole version chain) or one summary is a clear of
+just that item: the same table, window, token, undo and job.
 
     pending --undo before expiry--> undone --records imported again--> restored
     pending --window ends---------> purged (the kept records are deleted for good)
@@ -28,10 +30,10 @@ from typing import Any
 from memory.admin.forget import forget_user
 from memory.admin.importer import Importer, ImportReport
 from memory.admin.record_checks import check_record
-from memory.admin.records import RecordSource
-from memory.learning.facts import FactStore
-from memory.storage import clears, jobs, metrics
-from memory.storage.database import Database
+from memory.admin.records import RecordSource, fact_record, summary_record
+from memory.learning.facts import FactStore, queue_sync
+from memory.storage import clears, facts, jobs, metrics, summaries, turns
+from memory.storage.database import Database, Transaction
 
 SETTLE_JOB = "settle_clear"
 METRICS_RECORD = "request_metrics"  # kept with the records; never exported or imported
@@ -79,10 +81,6 @@ class Clears:
 
     async def clear(self, user_id: str) -> ClearReceipt:
         """Remove all of the user's memory, keeping it restorable until the window ends."""
-        token = secrets.token_urlsafe(24)
-        clear_id = _hash(token)
-        now = time.time()
-        expires = now + self.window
         async with self.db.write() as tx:
             # Readers see exactly what this transaction deletes: no other write can commit
             # while it holds the writer.
@@ -95,12 +93,51 @@ class Clears:
                 "facts": active_facts, **await forget_user(tx, user_id),
                 "request_metrics": len(taken),
             }
-            await clears.insert(
-                tx, clear_id, user_id, removed=removed, records=records, created_at=now,
-                expires_at=expires,
-            )
-            await jobs.enqueue(tx, SETTLE_JOB, {"clear_id": clear_id}, run_after=expires)
+            receipt = await self._keep(tx, user_id, records, removed)
         self.notify()
+        return receipt
+
+    async def remove_fact(self, user_id: str, fact_id: int) -> ClearReceipt | None:
+        """Delete a fact's whole version chain, restorable by undo until the window ends;
+        None when the user has no such fact."""
+        async with self.db.write() as tx:
+            chain = await facts.history(tx, user_id, fact_id)
+            if not chain:
+                return None
+            deleted = await facts.delete_chain(tx, user_id, fact_id)
+            await queue_sync(tx, facts=deleted)
+            records = [json.dumps(fact_record(f)) for f in chain]
+            receipt = await self._keep(tx, user_id, records, {"facts": len(deleted)})
+        self.notify()
+        return receipt
+
+    async def remove_summary(self, user_id: str, summary_id: int) -> ClearReceipt | None:
+        """Delete one summary, restorable by undo until the window ends; None when the
+        user has no such summary."""
+        async with self.db.write() as tx:
+            found = await summaries.get(tx, user_id, summary_id)
+            if found is None:
+                return None
+            deleted = await summaries.delete(tx, user_id, summary_id=summary_id)
+            await queue_sync(tx, summaries=deleted)
+            records = [json.dumps(summary_record(found))]
+            receipt = await self._keep(tx, user_id, records, {"summaries": len(deleted)})
+        self.notify()
+        return receipt
+
+    async def _keep(
+        self, tx: Transaction, user_id: str, records: list[str], removed: dict[str, int]
+    ) -> ClearReceipt:
+        """Keep what `tx` deletes until the window ends, and queue the job that settles it."""
+        token = secrets.token_urlsafe(24)
+        clear_id = _hash(token)
+        now = time.time()
+        expires = now + self.window
+        await clears.insert(
+            tx, clear_id, user_id, removed=removed, records=records, created_at=now,
+            expires_at=expires,
+        )
+        await jobs.enqueue(tx, SETTLE_JOB, {"clear_id": clear_id}, run_after=expires)
         return ClearReceipt(token, now, expires, removed)
 
     async def undo(self, user_id: str, token: str) -> ImportReport:
@@ -116,6 +153,11 @@ class Clears:
             if status == "pending":
                 await clears.mark_undone(tx, clear_id)
         return await self._restore(clear_id, user_id)
+
+    async def owner(self, token: str) -> str | None:
+        """Whose memory the clear with this undo token removed, or None."""
+        found = await clears.get(self.db, _hash(token))
+        return None if found is None else found[0]
 
     async def pending(self, user_id: str) -> list[dict[str, Any]]:
         """The user's clears still inside their undo window."""
@@ -150,8 +192,9 @@ class Clears:
     async def _import(self, clear_id: str, user_id: str) -> ImportReport:
         kept = [json.loads(r) for r in await clears.records(self.db, clear_id)]
         taken = [r for r in kept if r["type"] == METRICS_RECORD]
+        restored = [check_record(r) for r in kept if r["type"] != METRICS_RECORD]
         report = await self.importer.run(
-            user_id, [check_record(r) for r in kept if r["type"] != METRICS_RECORD]
+            user_id, restored, kept_turns=await self._cited_turns(user_id, restored)
         )
         async with self.db.write() as tx:
             # In the transaction that drops the kept records: restored exactly once.
@@ -160,6 +203,19 @@ class Clears:
             ])
             await clears.mark_restored(tx, clear_id, time.time())
         return report
+
+
+    async def _cited_turns(self, user_id: str, restored: list[dict[str, Any]]) -> set[int]:
+        """The stored turns a deleted fact or summary cites, so it comes back citing them.
+        A clear kept its turns with the records and imports them anew: none then."""
+        if any(r["type"] == "turn" for r in restored):
+            return set()
+        cited = {
+            t for r in restored
+            for t in (*r.get("source_turn_ids", ()), r.get("last_turn_id")) if t
+        }
+        stored = await turns.get_many(self.db, sorted(cited)) if cited else []
+        return {t.id for t in stored if t.user_id == user_id}
 
 
 def _hash(token: str) -> str:

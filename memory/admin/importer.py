@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,11 +78,14 @@ class Importer:
 
     async def run(
         self, user_id: str, records: Sequence[Mapping[str, Any]], *,
-        session_of: SessionOf | None = None,
+        session_of: SessionOf | None = None, kept_turns: Collection[int] = (),
     ) -> ImportReport:
-        """Import checked records (see record_checks.check_record) for `user_id`."""
+        """Import checked records (see record_checks.check_record) for `user_id`.
+        `kept_turns`: ids of the user's stored turns that facts and summaries may cite as
+        they are (an undone delete); any other turn id must come with the records."""
         report = ImportReport()
-        turn_map = await _TurnWriter(self, user_id, report, session_of).write(records)
+        turn_map: dict[Key, int] = {turn_id: turn_id for turn_id in kept_turns}
+        turn_map.update(await _TurnWriter(self, user_id, report, session_of).write(records))
         redact = self.log.redact
         facts = [redact_record(r, redact) for r in records if r["type"] == "fact"]
         summaries = [redact_record(r, redact) for r in records if r["type"] == "summary"]

@@ -21,6 +21,8 @@ from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.storage import turns
 from memory.storage.database import Database
+from memory.storage.facts import Fact
+from memory.storage.summaries import Summary
 
 FORMAT = "memproxy-export"
 VERSION = 1
@@ -32,6 +34,19 @@ TURN_FIELDS = (
 )
 _FACT_SKIP = frozenset({"user_id", "active"})
 _SUMMARY_SKIP = frozenset({"user_id"})
+
+
+def fact_record(fact: Fact) -> dict[str, Any]:
+    """One version of a fact as a record."""
+    return {"type": "fact", **{k: v for k, v in fact.as_dict().items() if k not in _FACT_SKIP}}
+
+
+def summary_record(summary: Summary) -> dict[str, Any]:
+    """One summary as a record."""
+    return {
+        "type": "summary",
+        **{k: v for k, v in summary.as_dict().items() if k not in _SUMMARY_SKIP},
+    }
 
 
 class RecordSource:
@@ -95,18 +110,12 @@ class RecordSource:
             found += page
             if cursor is None:
                 break
-        return [
-            {"type": "fact", **{k: v for k, v in f.as_dict().items() if k not in _FACT_SKIP}}
-            for f in sorted(found, key=lambda f: f.id)
-        ]
+        return [fact_record(f) for f in sorted(found, key=lambda f: f.id)]
 
     async def summary_records(self, user_id: str) -> list[dict[str, Any]]:
         """Every summary, history included, oldest first."""
         found = await self.summaries.list(user_id, include_history=True)
-        return [
-            {"type": "summary", **{k: v for k, v in s.as_dict().items() if k not in _SUMMARY_SKIP}}
-            for s in sorted(found, key=lambda s: s.id)
-        ]
+        return [summary_record(s) for s in sorted(found, key=lambda s: s.id)]
 
     async def profile_record(self, user_id: str) -> dict[str, Any] | None:
         """Consent and the profile, or None when the user never set either."""

@@ -80,9 +80,10 @@ def memories_edit(client: MemoryClient, args: argparse.Namespace) -> None:
 
 
 def memories_forget(client: MemoryClient, args: argparse.Namespace) -> None:
-    """Delete a fact and its history."""
+    """Delete a fact and its history; prints the undo token."""
     result = client.call("DELETE", f"/facts/{args.id}")
-    emit(args, result, f"Forgot fact {args.id} and its history.")
+    emit(args, result, f"Forgot fact {args.id} and its history.\nUndo within the window:"
+                       f" memproxy memories undo --token={result['undo_token']}")
 
 
 def memories_pin(client: MemoryClient, args: argparse.Namespace) -> None:
@@ -145,7 +146,7 @@ def memories_clear(client: MemoryClient, args: argparse.Namespace) -> None:
 
 
 def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
-    """Bring back what a clear removed, within its window."""
+    """Bring back what a clear or a forget removed, within its window."""
     report = client.call("POST", "/clear/undo", json={"undo_token": args.undo_token})
     emit(args, report, f"Restored {_counted(report['added'])}.")
 

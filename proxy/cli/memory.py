@@ -70,11 +70,11 @@ def add_commands(commands: Any) -> None:
         "clear", parents=[common], help="delete all memory of the user (undo within the window)"
     )
     clear.add_argument("--yes", action="store_true", help="really clear (required)")
-    undo = actions.add_parser("undo", parents=[common], help="undo a clear with its undo token")
+    undo = actions.add_parser("undo", parents=[common], help="undo a clear or a forget with its undo token")
     # An option, written --token=...: a token may start with "-", which argparse would take
     # for an option if it stood alone.
     undo.add_argument("--token", required=True, dest="undo_token",
-                      help="the undo token `memories clear` printed")
+                      help="the undo token `memories clear` or `forget` printed")
 
     sessions = commands.add_parser("sessions", help="conversations memproxy has logged")
     session_actions = sessions.add_subparsers(dest="action", required=True)

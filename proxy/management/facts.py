@@ -95,11 +95,16 @@ async def edit_fact(request: Request, who: Caller) -> Response:
 
 @endpoint
 async def delete_fact(request: Request, who: Caller) -> Response:
-    """DELETE /v1/memory/facts/{fact_id}: the fact and its whole history."""
+    """DELETE /v1/memory/facts/{fact_id}: the fact and its whole history, with an undo token
+    that POST /v1/memory/clear/undo takes until the clear window ends."""
     fact_id = path_id(request, "fact_id")
-    if not await who.memory.facts.delete(who.user_id, fact_id):
+    receipt = await who.memory.manage.clears.remove_fact(who.user_id, fact_id)
+    if receipt is None:
         raise NotFound(f"no fact {fact_id}", param="fact_id")
-    return respond({"object": "memory.fact.deleted", "id": fact_id, "deleted": True})
+    return respond({
+        "object": "memory.fact.deleted", "id": fact_id, "deleted": True,
+        "undo_token": receipt.undo_token, "expires_at": receipt.expires_at,
+    })
 
 
 @endpoint

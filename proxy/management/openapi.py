@@ -143,7 +143,8 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["object", "id", "deleted"],
         "properties": {"object": {"type": "string"}, "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
                        "deleted": {"type": "boolean"},
-                       "removed": {"type": "object", "additionalProperties": {"type": "integer"}}},
+                       "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
+                       "undo_token": {"type": "string"}, "expires_at": {"type": "number"}},
     },
     "Session": {
         "type": "object",
@@ -316,7 +317,9 @@ PATHS: dict[str, Any] = {
         "patch": _op("Edit: a new version; the old one is kept as history (409: an old version)",
                      _json(_ref("Fact")), "400", "404", "409", "413",
                      body=_body(_ref("FactChanges"))),
-        "delete": _op("Delete a fact and its history", _json(_ref("Deleted")), "404"),
+        "delete": _op(
+            "Delete a fact and its history; the undo token restores it within the clear window",
+            _json(_ref("Deleted")), "404"),
     },
     "/facts/{fact_id}/pin": {"parameters": [_FACT_ID], "post": _op(
         "Pin (never expires, never evicted; 409 at the pin limit)", _json(_ref("Fact")), "404",
@@ -347,7 +350,7 @@ PATHS: dict[str, Any] = {
                            "400", "413", body=_body({"type": "object", "maxProperties": 0},
                                                     required=False))},
     "/clear/undo": {"post": _op(
-        "Undo a clear within its window (409 after it)", _json(_ref("ImportReport")), "400",
+        "Undo a clear or a fact's deletion within its window (409 after it)", _json(_ref("ImportReport")), "400",
         "404", "409",
         "413", body=_body({"type": "object", "required": ["undo_token"],
                            "additionalProperties": False, "properties": {

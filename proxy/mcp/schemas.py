@@ -144,17 +144,38 @@ TOOLS: dict[str, types.Tool] = {tool.name: tool for tool in (
         title="Delete a memory",
         description=(
             "Delete one memory by the id search_memory or list_memories gave (f<n> a fact "
-            "with its history, s<n> a session summary). It is never recalled again."
+            "with its history, s<n> a session summary). It is not recalled again; the "
+            "returned undo_token brings it back with undo_delete until expires_at."
         ),
         input_schema=_schema({
             "id": {"type": "string", "pattern": "^[fs]?[0-9]{1,18}$", "maxLength": 19},
         }, ["id"]),
         output_schema=_schema({
             "id": {"type": "string"}, "deleted": {"type": "boolean"},
-            "shared": {"type": "boolean"},
-        }, ["id", "deleted", "shared"]),
+            "shared": {"type": "boolean"}, "undo_token": {"type": "string"},
+            "expires_at": {"type": "number"},
+        }, ["id", "deleted", "shared", "undo_token", "expires_at"]),
         annotations=types.ToolAnnotations(
             title="Delete a memory", read_only_hint=False, destructive_hint=True,
+            idempotent_hint=True, open_world_hint=False,
+        ),
+    ),
+    types.Tool(
+        name="undo_delete",
+        title="Undo a deletion",
+        description=(
+            "Bring back a memory delete_memory removed, with the undo_token it returned, "
+            "before its expires_at. The memory comes back under a new id."
+        ),
+        input_schema=_schema({
+            "undo_token": {"type": "string", "minLength": 1, "maxLength": 200},
+        }, ["undo_token"]),
+        output_schema=_schema({
+            "restored": {"type": "boolean"},
+            "added": {"type": "object", "additionalProperties": {"type": "integer"}},
+        }, ["restored", "added"]),
+        annotations=types.ToolAnnotations(
+            title="Undo a deletion", read_only_hint=False, destructive_hint=False,
             idempotent_hint=True, open_world_hint=False,
         ),
     ),

@@ -15,10 +15,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from config.choices import MAX_BUDGET, SCOPES
-from memory import CATEGORIES, MAX_TEXT_CHARS, Fact, RecallRequest, organization_memory
+from memory import (
+    CATEGORIES,
+    MAX_TEXT_CHARS,
+    ClearExpired,
+    ClearNotFound,
+    ClearReceipt,
+    Fact,
+    RecallRequest,
+    organization_memory,
+)
 from proxy.access.decision import decide
 from proxy.access.identity import MAX_ID_LENGTH
-from proxy.http.errors import InvalidRequest, NotFound
+from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.inputs import choice, flag, number, text
 from proxy.mcp.caller import McpCaller
 from proxy.mcp.schemas import KINDS, MAX_LIST_PAGE, MAX_QUERY_CHARS, MAX_TTL_DAYS, TOOLS
@@ -116,29 +125,55 @@ async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
 
 
 async def delete_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
-    """One fact (its whole history) or summary by id; the org's fact for an org writer."""
+    """One fact (its whole history) or summary by id; the org's fact for an org writer.
+    Kept for the memory API's undo window: `undo_delete` with the token brings it back."""
     raw = text(args, "id", required=True, max_chars=19) or ""
     kind, digits = ("summary", raw[1:]) if raw.startswith("s") else ("fact", raw.removeprefix("f"))
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise InvalidRequest("id must look like f12 (a fact) or s3 (a summary)", param="id")
     item_id = int(digits)
-    memory = who.memory
-    if kind == "summary":
-        decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="write")
-        if not await memory.summaries.delete(who.user_id, item_id):
-            raise NotFound(f"no memory {raw}", param="id")
-        return {"id": raw, "deleted": True, "shared": False}
+    clears = who.memory.manage.clears
     decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="write")
-    if await memory.facts.get(who.user_id, item_id) is not None:
-        await memory.facts.delete(who.user_id, item_id)
-        return {"id": raw, "deleted": True, "shared": False}
+    if kind == "summary":
+        receipt = await clears.remove_summary(who.user_id, item_id)
+        return _deleted(raw, receipt, shared=False)
+    if await who.memory.facts.get(who.user_id, item_id) is not None:
+        return _deleted(raw, await clears.remove_fact(who.user_id, item_id), shared=False)
     if who.org_id is not None:
         shared_owner = organization_memory(who.org_id)
-        if await memory.facts.get(shared_owner, item_id) is not None:
+        if await who.memory.facts.get(shared_owner, item_id) is not None:
             decide(who.principal, who.settings, user_id=None, org_id=who.org_id, action="write")
-            await memory.facts.delete(shared_owner, item_id)
-            return {"id": raw, "deleted": True, "shared": True}
+            return _deleted(raw, await clears.remove_fact(shared_owner, item_id), shared=True)
     raise NotFound(f"no memory {raw}", param="id")
+
+
+async def undo_delete(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Bring back what delete_memory removed, inside the undo window: the caller's own
+    memory, or its organisation's for an org writer."""
+    token = text(args, "undo_token", required=True, max_chars=200) or ""
+    clears = who.memory.manage.clears
+    owner = await clears.owner(token)
+    shared = who.org_id is not None and owner == organization_memory(who.org_id)
+    if owner is None or (owner != who.user_id and not shared):
+        raise NotFound("no deletion with this undo token", param="undo_token")
+    decide(who.principal, who.settings, user_id=None if shared else who.user_id,
+           org_id=who.org_id if shared else None, action="write")
+    try:
+        report = await clears.undo(owner, token)
+    except ClearNotFound:
+        raise NotFound("no deletion with this undo token", param="undo_token") from None
+    except ClearExpired as exc:
+        raise Conflict(str(exc), param="undo_token", code="undo_expired") from None
+    return {"restored": True, "added": {k: n for k, n in report.added.items() if n}}
+
+
+def _deleted(raw: str, receipt: ClearReceipt | None, *, shared: bool) -> dict[str, Any]:
+    if receipt is None:
+        raise NotFound(f"no memory {raw}", param="id")
+    return {
+        "id": raw, "deleted": True, "shared": shared, "undo_token": receipt.undo_token,
+        "expires_at": receipt.expires_at,
+    }
 
 
 async def read_profile(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,5 +226,6 @@ HANDLERS: dict[str, Tool] = {
     "add_memory": add_memory,
     "list_memories": list_memories,
     "delete_memory": delete_memory,
+    "undo_delete": undo_delete,
     "read_profile": read_profile,
 }

@@ -28,6 +28,8 @@ const found = (await client.callTool({ name: "search_memory", arguments: { query
 const listed = (await client.callTool({ name: "list_memories", arguments: { limit: 5 } })).structuredContent;
 const deleted = (await client.callTool({ name: "delete_memory", arguments: { id: added.id } })).structuredContent;
 const after = (await client.callTool({ name: "list_memories", arguments: {} })).structuredContent;
+const undone = (await client.callTool({ name: "undo_delete", arguments: { undo_token: deleted.undo_token } })).structuredContent;
+const restored = (await client.callTool({ name: "list_memories", arguments: {} })).structuredContent;
 const badArguments = await client.callTool({ name: "add_memory", arguments: { text: 5 } });
 let unknownTool = null;
 try {
@@ -43,7 +45,7 @@ try {
   wrongKey = failure(error);
 }
 console.log(JSON.stringify({
-  tools, added, found, listed, deleted, after,
+  tools, added, found, listed, deleted, after, undone, restored,
   badArguments: { isError: badArguments.isError ?? false, text: badArguments.content.map((c) => c.text).join(" ") },
   unknownTool, wrongKey,
 }));

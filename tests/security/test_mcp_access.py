@@ -197,3 +197,34 @@ async def test_a_cross_origin_write_to_mcp_is_refused(
             assert answer.status_code == status, headers
         listed = await call_tool(local, era, "application/json", "list_memories", {})
         assert facts(listed) == []
+
+
+@pytest.mark.both_backends
+async def test_an_undo_token_restores_only_its_owner_s_memory(
+    make_settings: Callable[..., Settings], embedder: LocalEmbedder
+) -> None:
+    """A deletion's undo token is a capability of its owner: another user, a key of another
+    organisation or a forged `_meta` identity gets "no deletion", and nothing comes back."""
+    settings = make_settings(api_keys=KEYS, **QUIET)
+    era, accept = ERAS[0], ACCEPTS[0]
+    async with running(settings, embedder) as app, mcp_client(app, key=ALICE) as alice:
+        await call_tool(alice, era, accept, "add_memory", {"text": SECRET})
+        fact_id = (await call_tool(alice, era, accept, "list_memories", {}))[
+            "result"]["structuredContent"]["items"][0]["id"]
+        deleted = await call_tool(alice, era, accept, "delete_memory", {"id": fact_id})
+        token = deleted["result"]["structuredContent"]["undo_token"]
+        for key, headers in [(BOB, {}), (CAROL, {}), ("key-acme-reader1", {"X-Memory-User-Id": "bob"})]:
+            async with mcp_client(app, key=key, **headers) as other:
+                for arguments, meta in [({"undo_token": token}, None),
+                                        ({"undo_token": token}, {"user_id": "alice"})]:
+                    refused = await call_tool(other, era, accept, "undo_delete", arguments, meta)
+                    assert refused["result"]["isError"] is True
+                    assert "no deletion" in refused["result"]["content"][0]["text"]
+                forged = await call_tool(other, era, accept, "undo_delete",
+                                         {"undo_token": token, "user_id": "alice"})
+                assert forged["result"]["isError"] is True
+                assert SECRET not in facts(await call_tool(other, era, accept, "list_memories", {}))
+        assert facts(await call_tool(alice, era, accept, "list_memories", {})) == []
+        undone = await call_tool(alice, era, accept, "undo_delete", {"undo_token": token})
+        assert undone["result"]["structuredContent"] == {"restored": True, "added": {"facts": 1}}
+        assert facts(await call_tool(alice, era, accept, "list_memories", {})) == [SECRET]
