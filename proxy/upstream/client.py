@@ -19,6 +19,7 @@ import asyncio
 import email.utils
 import math
 import random
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
@@ -350,6 +351,11 @@ def url_for(target: Target, path: str, query: str = "") -> str:
     return f"{target.base_url}{suffix}" + (f"?{query}" if query else "")
 
 
+# A backslash, a control character, or a dot segment (`.` or `..`, with `;params` or not);
+# every segment follows a slash, since the path starts with /v1/.
+_UNSAFE_PATH = re.compile(r"[\\\x00-\x1f\x7f]|/\.\.?(?:[;/]|$)")
+
+
 def contained_path(path: str) -> str:
     """`path` when it starts with /v1/ and no reading of it leaves that prefix, else a 404.
 
@@ -362,9 +368,10 @@ def contained_path(path: str) -> str:
     """
     reading = path
     for _ in range(4):
-        if not reading.startswith("/v1/") or any(c == "\\" or ord(c) < 0x20 or c == "\x7f" for c in reading) \
-                or any(segment.split(";")[0] in (".", "..") for segment in reading.split("/")):
+        if not reading.startswith("/v1/") or _UNSAFE_PATH.search(reading):
             break
+        if "%" not in reading:
+            return path  # nothing left to decode
         decoded = urllib.parse.unquote(reading)
         if decoded == reading:
             return path
