@@ -99,6 +99,11 @@ def reply_text(question: str) -> str:
     return f"About \u201c{question}\u201d: {FILLER} {FILLER}"
 
 
+def short_reply(question: str) -> str:
+    """A topic-hopping session's answer: 10-20 tokens."""
+    return f"In short, about {' '.join(question.split()[:6]).rstrip('?')}: yes, noted."
+
+
 # -- the prefix each request shares with earlier ones, and what it costs -----------------
 
 
