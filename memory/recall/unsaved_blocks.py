@@ -105,6 +105,10 @@ class UnsavedBlocks:
         while len(self._kept) > self.entries or self.bytes > self.max_bytes:
             self._drop(next(iter(self._kept)))
 
+    def blocks_of(self, user_id: str) -> list[Injection]:
+        """The blocks kept for `user_id` (whatever their stamp)."""
+        return [self._kept[key][1] for key in self._by_user.get(user_id, ())]
+
     def forget_user(self, user_id: str) -> None:
         """Drop every block kept for `user_id`."""
         for key in list(self._by_user.get(user_id, ())):
