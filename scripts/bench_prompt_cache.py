@@ -2,15 +2,28 @@
 
 A user's memory is imported through ``/v1/memory/import`` (LoCoMo dev conversations, speaker A
 as the user, at most ``--turns`` turns), then multi-turn sessions are run through memproxy the
-way a chat client runs them: every request resends the history, the scripted upstream answers
-each question with a ~150-token reply, questions come from the conversation's QA list. Each
-session runs with a ~1.2k-token and with a ~12k-token system prompt, in every mode:
+way a chat client runs them: every request resends the history. Two kinds of session:
+
+* ``qa``: the questions of the conversations' QA lists in order, each answered with a
+  ~150-token scripted reply;
+* ``hopping`` (topic-hopping): one question of each dev conversation in turn, so every
+  request asks about another thing (and most about conversations the imported memory does
+  not hold), each answered in 10-20 tokens.
+
+Each session runs with a ~1.2k-token and with a ~12k-token system prompt, in every mode:
 
 * ``none``: ``X-Memory: off``, the cost every other mode is divided by;
 * ``fresh``: one newly recalled block per request, in the system prompt (the old default);
 * ``fresh-last-user``: the same, placed right before the last user message;
-* ``stable``: stable injection (the new default): earlier blocks stay where they were, a
-  request adds only items not shown yet.
+* ``stable``: stable injection (the default): earlier blocks stay where they were, a
+  request adds only new items relevant enough (MEMPROXY_MEMORY_DELTA_RELEVANCE);
+* ``fresh-write-off``, ``stable-write-off``: the same with ``X-Memory-Write: off`` (stable
+  injection then keeps the session's blocks in the process);
+* the floor, priced rather than run: the ``stable`` sessions' prompts with the first block
+  only (every later block taken out), the least a session with memory can cost.
+
+``--today`` runs the rules from before: no relevance threshold, no kept blocks with writing
+off (so a write-off request gets a new block each time).
 
 Every request the upstream receives is tokenised (o200k_base; each message or content block
 a segment of its own) and compared with the session's earlier requests:
@@ -23,14 +36,16 @@ a segment of its own) and compared with the session's earlier requests:
   breakpoint is written at 125 % (prefixes of 1024+ tokens only); anything after at 100 %.
 
 Each memory mode has a user of its own (the same import), so no mode recalls another's
-sessions. Also reported: the tokens injected per request (the new block only), and for each
+sessions. Printed per kind of session: each mode's cost against no memory and (in brackets)
+against the floor, the tokens injected per request (the new block only), and for each
 question whose evidence turns were imported, the share of them anywhere in its prompt (in
 stable injection an earlier block of the session may hold it; scripts/eval_locomo.py asks its
 questions in fresh sessions, where both modes inject the same block)::
 
-    .venv/bin/python -m scripts.bench_prompt_cache              # ~3 minutes
-    .venv/bin/python -m scripts.bench_prompt_cache --sessions 1 --turns 300 --rounds 10
-    .venv/bin/python -m scripts.bench_prompt_cache --stable-share 1   # no limit
+    .venv/bin/python -m scripts.bench_prompt_cache              # ~15 minutes
+    .venv/bin/python -m scripts.bench_prompt_cache --today      # the rules before, same figures
+    .venv/bin/python -m scripts.bench_prompt_cache --kinds hopping --modes stable stable-write-off
+    .venv/bin/python -m scripts.bench_prompt_cache --stable-share 1   # no cap
 """
 
 from __future__ import annotations

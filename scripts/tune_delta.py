@@ -39,8 +39,7 @@ from typing import Any
 import httpx
 
 from config import load_settings
-from memory import LocalEmbedder, MemoryEngine, Placed, RecallRequest
-from memory.recall.inject import place
+from memory import LocalEmbedder, MemoryEngine, Placed, RecallRequest, place
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
 from scripts.bench_prompt_cache import (
     SYSTEM_TOKENS,
