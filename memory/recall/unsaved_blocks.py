@@ -8,7 +8,9 @@ stamped with the user's memory version (memory.storage.versions) and, when the r
 reaches it, its organisation's: a delete anywhere (the memory API, clear, retention, a fact
 superseded, by any process sharing the database) bumps the version, and the user's blocks
 are dropped at their next lookup. So does any other write to the user's memory, which is
-stricter than stored blocks are (those go only with deletes) and costs one broken prefix.
+stricter than stored blocks are (those go only with deletes) and costs one broken prefix;
+so does a request of the user with another scope (its stamp has the organisation's part or
+lacks it).
 A process that does not hold a session's blocks (a restart, another replica, an evicted
 entry) recalls a new block, as without this cache.
 
@@ -58,8 +60,9 @@ class UnsavedBlocks:
         self.entries = entries
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._kept: OrderedDict[Key, tuple[Stamp, Injection, int]] = OrderedDict()
-        self._by_user: dict[str, set[Key]] = {}
+        self._kept: OrderedDict[Key, tuple[Injection, int]] = OrderedDict()  # block, bytes
+        # A user's blocks, and the stamp they were all recalled at (another one drops them).
+        self._by_user: dict[str, tuple[Stamp, set[Key]]] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -69,10 +72,10 @@ class UnsavedBlocks:
     ) -> dict[int, Injection]:
         """{index into `messages`: the block kept for that user message}; the user's blocks
         are dropped first when their stamp is not `stamp`."""
-        keys = self._by_user.get(user_id)
-        if not keys:
+        kept_at = self._by_user.get(user_id)
+        if kept_at is None:
             return {}
-        if any(self._kept[key][0] != stamp for key in keys):
+        if kept_at[0] != stamp:
             self.forget_user(user_id)
             return {}
         found: dict[int, Injection] = {}
@@ -80,7 +83,7 @@ class UnsavedBlocks:
             kept = self._kept.get((user_id, session_id, digest))
             if kept is not None:
                 self._kept.move_to_end((user_id, session_id, digest))
-                found[index] = kept[1]
+                found[index] = kept[0]
         return found
 
     def keep(
@@ -95,29 +98,32 @@ class UnsavedBlocks:
         if digest is None or self.entries <= 0 or size > self.max_bytes:
             return
         key = (user_id, session_id, digest)
-        if key in self._kept:
-            return
-        if any(self._kept[k][0] != stamp for k in self._by_user.get(user_id, ())):
+        kept_at = self._by_user.get(user_id)
+        if kept_at is not None and kept_at[0] != stamp:
             self.forget_user(user_id)
-        self._kept[key] = (stamp, injection, size)
-        self._by_user.setdefault(user_id, set()).add(key)
+        elif key in self._kept:
+            return
+        self._kept[key] = (injection, size)
+        self._by_user.setdefault(user_id, (stamp, set()))[1].add(key)
         self.bytes += size
         while len(self._kept) > self.entries or self.bytes > self.max_bytes:
             self._drop(next(iter(self._kept)))
 
     def blocks_of(self, user_id: str) -> list[Injection]:
         """The blocks kept for `user_id` (whatever their stamp)."""
-        return [self._kept[key][1] for key in self._by_user.get(user_id, ())]
+        kept_at = self._by_user.get(user_id)
+        return [self._kept[key][0] for key in kept_at[1]] if kept_at else []
 
     def forget_user(self, user_id: str) -> None:
         """Drop every block kept for `user_id`."""
-        for key in list(self._by_user.get(user_id, ())):
+        kept_at = self._by_user.get(user_id)
+        for key in list(kept_at[1]) if kept_at else []:
             self._drop(key)
 
     def _drop(self, key: Key) -> None:
-        _, _, size = self._kept.pop(key)
+        _, size = self._kept.pop(key)
         self.bytes -= size
-        keys = self._by_user[key[0]]
+        keys = self._by_user[key[0]][1]
         keys.discard(key)
         if not keys:
             del self._by_user[key[0]]
