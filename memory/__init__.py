@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
     from memory.recall.query import build_query, for_embedding
     from memory.recall.spooled import SpoolRecall
+    from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
     from memory.scopes import organization_memory
     from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
@@ -67,6 +68,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RecallRequest": ("memory.recall.outcome", "RecallRequest"),
     "Recalled": ("memory.recall.outcome", "Recalled"),
     "SpoolRecall": ("memory.recall.spooled", "SpoolRecall"),
+    "UnsavedStamp": ("memory.recall.unsaved_blocks", "Stamp"),
     "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
     "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
@@ -167,6 +169,7 @@ __all__ = [
     "RequestMetrics",
     "SQLiteDatabase",
     "SpoolRecall",
+    "UnsavedStamp",
     "Spooled",
     "TurnLog",
     "Unavailable",

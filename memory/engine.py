@@ -38,8 +38,10 @@ from memory.recall.learned_recall import LearnedRecall
 from memory.recall.outcome import Recalled, RecallRequest
 from memory.recall.pipeline import RecallPipeline
 from memory.recall.ranking import Weights
+from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
+from memory.recall.unsaved_blocks import UnsavedBlocks
 from memory.redact import Redactor
-from memory.storage import injections, metrics
+from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
 from memory.storage.facts import Fact
 from memory.storage.injections import Injection
@@ -107,6 +109,9 @@ class MemoryEngine:
             redact=self.redact,
         )
         self.lexical = self.recaller.lexical
+        # Stable injection's blocks of sessions that write nothing: in this process only.
+        self.unsaved = UnsavedBlocks(settings.unsaved_blocks_entries,
+                                     settings.unsaved_blocks_mb * 1024 * 1024)
         self.indexer = TurnIndexer(settings, self.log, self.shared_vectors, embedder.embed)
         self.maintenance = Maintenance(settings, db, self.queue, self.facts, vectors)
         self.learner = Learner(
@@ -304,6 +309,17 @@ class MemoryEngine:
             return {}
         kept = await injections.of_turns(self.db, user_id, ids) if ids else {}
         return {at[i]: kept[turn_id] for i, turn_id in enumerate(ids) if turn_id in kept}
+
+    async def unsaved_blocks(
+        self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
+        org_memory: str | None,
+    ) -> tuple[dict[int, Injection], UnsavedStamp]:
+        """Stable injection with writing off: {index into `messages`: the block this process
+        kept for that user message} (memory.recall.unsaved_blocks), and the stamp to keep
+        the request's own block with. `org_memory`: the shared memory the request reaches."""
+        stamp = ((await versions.stamp(self.db, user_id, ""))[0],
+                 None if org_memory is None else (await versions.stamp(self.db, org_memory, ""))[0])
+        return self.unsaved.placed(user_id, session_id, messages, stamp), stamp
 
     async def remember_fact(
         self, user_id: str, text: str, category: str, *, importance: int, source: str,

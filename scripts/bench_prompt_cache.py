@@ -2,15 +2,28 @@
 
 A user's memory is imported through ``/v1/memory/import`` (LoCoMo dev conversations, speaker A
 as the user, at most ``--turns`` turns), then multi-turn sessions are run through memproxy the
-way a chat client runs them: every request resends the history, the scripted upstream answers
-each question with a ~150-token reply, questions come from the conversation's QA list. Each
-session runs with a ~1.2k-token and with a ~12k-token system prompt, in every mode:
+way a chat client runs them: every request resends the history. Two kinds of session:
+
+* ``qa``: the questions of the conversations' QA lists in order, each answered with a
+  ~150-token scripted reply;
+* ``hopping`` (topic-hopping): one question of each dev conversation in turn, so every
+  request asks about another thing (and most about conversations the imported memory does
+  not hold), each answered in 10-20 tokens.
+
+Each session runs with a ~1.2k-token and with a ~12k-token system prompt, in every mode:
 
 * ``none``: ``X-Memory: off``, the cost every other mode is divided by;
 * ``fresh``: one newly recalled block per request, in the system prompt (the old default);
 * ``fresh-last-user``: the same, placed right before the last user message;
-* ``stable``: stable injection (the new default): earlier blocks stay where they were, a
-  request adds only items not shown yet.
+* ``stable``: stable injection (the default): earlier blocks stay where they were, a
+  request adds only new items relevant enough (MEMPROXY_MEMORY_DELTA_RELEVANCE);
+* ``fresh-write-off``, ``stable-write-off``: the same with ``X-Memory-Write: off`` (stable
+  injection then keeps the session's blocks in the process);
+* the floor, priced rather than run: the ``stable`` sessions' prompts with the first block
+  only (every later block taken out), the least a session with memory can cost.
+
+``--today`` runs the rules from before: no relevance threshold, no kept blocks with writing
+off (so a write-off request gets a new block each time).
 
 Every request the upstream receives is tokenised (o200k_base; each message or content block
 a segment of its own) and compared with the session's earlier requests:
@@ -23,14 +36,16 @@ a segment of its own) and compared with the session's earlier requests:
   breakpoint is written at 125 % (prefixes of 1024+ tokens only); anything after at 100 %.
 
 Each memory mode has a user of its own (the same import), so no mode recalls another's
-sessions. Also reported: the tokens injected per request (the new block only), and for each
+sessions. Printed per kind of session: each mode's cost against no memory and (in brackets)
+against the floor, the tokens injected per request (the new block only), and for each
 question whose evidence turns were imported, the share of them anywhere in its prompt (in
 stable injection an earlier block of the session may hold it; scripts/eval_locomo.py asks its
 questions in fresh sessions, where both modes inject the same block)::
 
-    .venv/bin/python -m scripts.bench_prompt_cache              # ~3 minutes
-    .venv/bin/python -m scripts.bench_prompt_cache --sessions 1 --turns 300 --rounds 10
-    .venv/bin/python -m scripts.bench_prompt_cache --stable-share 1   # no limit
+    .venv/bin/python -m scripts.bench_prompt_cache              # ~15 minutes
+    .venv/bin/python -m scripts.bench_prompt_cache --today      # the rules before, same figures
+    .venv/bin/python -m scripts.bench_prompt_cache --kinds hopping --modes stable stable-write-off
+    .venv/bin/python -m scripts.bench_prompt_cache --stable-share 1   # no cap
 """
 
 from __future__ import annotations
@@ -65,9 +80,13 @@ MODES: dict[str, dict[str, str]] = {
     "fresh": {"X-Memory-Injection": "fresh"},
     "fresh-last-user": {"X-Memory-Injection": "fresh", "X-Memory-Placement": "last_user"},
     "stable": {"X-Memory-Injection": "stable"},
+    "fresh-write-off": {"X-Memory-Injection": "fresh", "X-Memory-Write": "off"},
+    "stable-write-off": {"X-Memory-Injection": "stable", "X-Memory-Write": "off"},
 }
+FLOOR = "floor"  # stable's sessions with the first block only (priced, not run)
 SYSTEM_TOKENS = {"short": 1200, "long": 12000}
-GOALS = {"short": 1.15, "long": 1.05}
+GOALS = {"short": 2.0, "long": 1.15}  # the topic-hopping session, OpenAI's rule (issue 26)
+KINDS = ("qa", "hopping")
 CACHE_READ, CACHE_WRITE = 0.1, 1.25
 MIN_CACHED, STEP = 1024, 128
 FORMATS = ("chat", "messages")
@@ -97,6 +116,11 @@ def system_prompt(tokens: int) -> str:
 def reply_text(question: str) -> str:
     """The scripted assistant's answer: about 150 tokens."""
     return f"About \u201c{question}\u201d: {FILLER} {FILLER}"
+
+
+def short_reply(question: str) -> str:
+    """A topic-hopping session's answer: 10-20 tokens."""
+    return f"In short, about {' '.join(question.split()[:6]).rstrip('?')}: yes, noted."
 
 
 # -- the prefix each request shares with earlier ones, and what it costs -----------------
@@ -238,15 +262,41 @@ class Asked:
     evidence: tuple[str, ...]
 
 
-def questions(conversations: Sequence[Conversation], imported: set[str]) -> Iterator[Asked]:
-    """The QA questions of the conversations, in order, round and round."""
-    asked = []
+def questions(
+    conversations: Sequence[Conversation], imported: set[str], *, hopping: bool = False
+) -> Iterator[Asked]:
+    """The QA questions of the conversations, in order, round and round; `hopping`: one
+    of each conversation in turn, so every question is about another thing (and most are
+    about conversations the user's memory does not hold)."""
+    lists = []
     for conv in conversations:
         turns = {t.dia_id: t.text for _, session in conv.sessions for t in session}
-        asked += [Asked(q.text, tuple(turns[d] for d in q.evidence if turns[d] in imported))
-                  for q in conv.questions]
+        lists.append([Asked(q.text, tuple(turns[d] for d in q.evidence if turns[d] in imported))
+                      for q in conv.questions])
+    asked = ([q for row in zip(*lists, strict=False) for q in row] if hopping
+             else [q for row in lists for q in row])
     while True:
         yield from asked
+
+
+def without_later_blocks(fmt: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` as it would be with the session's first block only (the floor): the blocks
+    placed before later user messages taken out."""
+    marked = "<memory>"
+    if fmt == "chat":
+        return {**body, "messages": [
+            m for m in body["messages"]
+            if not (m["role"] == "system" and _text(m.get("content")).startswith(marked))]}
+    messages = []
+    users = 0
+    for message in body["messages"]:
+        content = message["content"]
+        if message["role"] == "user" and isinstance(content, list):
+            users += 1
+            if users > 1:
+                content = [b for b in content if not str(b.get("text", "")).startswith(marked)]
+        messages.append({**message, "content": content})
+    return {**body, "messages": messages}
 
 
 def body_for(fmt: str, system: str, history: Sequence[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
@@ -263,21 +313,31 @@ def body_for(fmt: str, system: str, history: Sequence[dict[str, Any]]) -> tuple[
                                         "cache_control": {"type": "ephemeral"}}]}
 
 
+@dataclass
+class Session:
+    """What one session's requests showed and cost."""
+
+    prompts: list[Prompt]
+    injected: list[int]  # tokens memory injected into each (the new block only)
+    found: list[float]  # per question with imported evidence: the share of it in the prompt
+    floor: list[Prompt]  # the prompts with the session's first block only
+
+
 async def run_session(
     http: httpx.AsyncClient, upstream: Upstream, *, key: str, headers: Mapping[str, str],
-    fmt: str, system: str, asked: Sequence[Asked],
-) -> tuple[list[Prompt], list[int], list[float]]:
-    """One session of len(asked) requests: the prompts the upstream received, the tokens
-    memory injected into each (X-Memory-Injected-Tokens: the new block only), and for each
-    question with imported evidence, the share of it anywhere in the prompt."""
+    fmt: str, system: str, asked: Sequence[Asked], short: bool = False,
+) -> Session:
+    """One session of len(asked) requests (`short`: replies of 10-20 tokens)."""
     history: list[dict[str, Any]] = []
     prompts: list[Prompt] = []
+    floor: list[Prompt] = []
     injected: list[int] = []
     found: list[float] = []
     for n, (question, evidence) in enumerate((a.text, a.evidence) for a in asked):
         history.append({"role": "user", "content": question})
         request_key = f"{key}/{n}"
-        upstream.answers[request_key] = reply_text(question)
+        answer = short_reply(question) if short else reply_text(question)
+        upstream.answers[request_key] = answer
         path, body = body_for(fmt, system, history)
         response = await http.post(path, json=body, headers={
             **headers, "X-Memory-Session-Id": key, KEY_HEADER: request_key})
@@ -286,18 +346,26 @@ async def run_session(
         received = upstream.received.pop(request_key)
         segments = chat_segments(received) if fmt == "chat" else messages_segments(received)
         prompts.append(tokenise(segments))
+        bare = without_later_blocks(fmt, received)
+        floor.append(tokenise(chat_segments(bare) if fmt == "chat" else messages_segments(bare)))
         shown = "".join(text for text, _ in segments)
         if evidence:
             found.append(sum(text.strip() in shown for text in evidence) / len(evidence))
         injected.append(int(response.headers.get("x-memory-injected-tokens", 0)))
-        history.append({"role": "assistant", "content": reply_text(question)})
-    return prompts, injected, found
+        history.append({"role": "assistant", "content": answer})
+    return Session(prompts, injected, found, floor)
+
+
+def price(fmt: str, prompts: Sequence[Prompt]) -> float:
+    """A session's input cost under the format's provider rule."""
+    return openai_cost(prompts) if fmt == "chat" else anthropic_cost(prompts)
 
 
 async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
                 conversations: Sequence[Conversation], db_path: Path) -> dict[str, Any]:
     records, imported = import_records(conversations, args.turns)
-    users = {(mode, fmt): f"bench-{mode}-{fmt}" for mode in MODES if mode != "none" for fmt in FORMATS}
+    modes = {m: MODES[m] for m in ["none", *args.modes]}
+    users = {(mode, fmt): f"bench-{mode}-{fmt}" for mode in modes if mode != "none" for fmt in FORMATS}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
                                  trust_env=False) as http:
         for user in users.values():
@@ -309,48 +377,63 @@ async def bench(port: int, upstream: Upstream, args: argparse.Namespace,
         print(f"imported {len(records.splitlines())} conversations for {len(users)} users; "
               f"stored {indexed}", file=sys.stderr)
         results: dict[str, Any] = {}
-        blocks: dict[str, list[int]] = {}  # mode -> tokens injected into each request
-        evidence: dict[str, list[float]] = {}  # mode -> share of each question's evidence shown
-        for size, tokens in SYSTEM_TOKENS.items():
-            system = system_prompt(tokens)
-            source = questions(conversations, imported)
-            sessions = [[next(source) for _ in range(args.rounds)] for _ in range(args.sessions)]
-            for fmt in FORMATS:
-                for mode, headers in MODES.items():
-                    user = users.get((mode, fmt), "bench-none")
-                    cost = 0.0
-                    injected: list[int] = []
-                    for i, asked in enumerate(sessions):
-                        prompts, counts, shares = await run_session(
-                            http, upstream, key=f"{size}-{fmt}-{mode}-{i}", fmt=fmt,
-                            headers={**headers, "X-Memory-User-Id": user}, system=system,
-                            asked=asked)
-                        cost += openai_cost(prompts) if fmt == "chat" else anthropic_cost(prompts)
-                        injected += counts
-                        evidence.setdefault(mode, []).extend(shares)
-                    results.setdefault(size, {}).setdefault(fmt, {})[mode] = cost
-                    blocks.setdefault(mode, []).extend(injected)
-                    print(f"{size} {fmt} {mode}: cost {cost:.0f}, injected per request: first "
-                          f"{injected[0]}, mean {sum(injected) / len(injected):.0f}", file=sys.stderr)
+        blocks: dict[str, list[int]] = {}  # kind/mode -> tokens injected into each request
+        evidence: dict[str, list[float]] = {}  # kind/mode -> share of each question's evidence
+        for kind in args.kinds:
+            for size, tokens in SYSTEM_TOKENS.items():
+                system = system_prompt(tokens)
+                source = questions(conversations, imported, hopping=kind == "hopping")
+                sessions = [[next(source) for _ in range(args.rounds)]
+                            for _ in range(args.sessions)]
+                for fmt in FORMATS:
+                    costs: dict[str, float] = {}
+                    for mode, headers in modes.items():
+                        user = users.get((mode, fmt), "bench-none")
+                        for i, asked in enumerate(sessions):
+                            run = await run_session(
+                                http, upstream, key=f"{kind}-{size}-{fmt}-{mode}-{i}", fmt=fmt,
+                                headers={**headers, "X-Memory-User-Id": user}, system=system,
+                                asked=asked, short=kind == "hopping")
+                            costs[mode] = costs.get(mode, 0.0) + price(fmt, run.prompts)
+                            if mode == "stable":
+                                costs[FLOOR] = costs.get(FLOOR, 0.0) + price(fmt, run.floor)
+                            blocks.setdefault(f"{kind}/{mode}", []).extend(run.injected)
+                            evidence.setdefault(f"{kind}/{mode}", []).extend(run.found)
+                        print(f"{kind} {size} {fmt} {mode}: x{costs[mode] / costs['none']:.2f}",
+                              file=sys.stderr)
+                    results.setdefault(kind, {}).setdefault(size, {})[fmt] = costs
     return {"costs": results, "injected": {
-        mode: sum(tokens) / len(tokens) for mode, tokens in blocks.items() if mode != "none"},
-        "evidence": {mode: sum(shares) / len(shares) for mode, shares in evidence.items() if shares}}
+        key: sum(tokens) / len(tokens) for key, tokens in blocks.items() if tokens},
+        "evidence": {key: sum(shares) / len(shares) for key, shares in evidence.items() if shares}}
 
 
-def report(results: Mapping[str, Any]) -> list[str]:
-    """A Markdown table: cost relative to the same sessions without memory."""
-    lines = ["| system prompt | provider rule | " + " | ".join(m for m in MODES if m != "none")
-             + " | goal |", "|---|---|" + "---|" * len(MODES)]
-    for size, by_format in results["costs"].items():
-        for fmt, costs in by_format.items():
-            rule = "OpenAI (chat)" if fmt == "chat" else "Anthropic (messages)"
-            cells = [f"x{costs[m] / costs['none']:.2f}" for m in MODES if m != "none"]
-            lines.append(f"| ~{SYSTEM_TOKENS[size] // 100 / 10:g}k tokens | {rule} | "
-                         + " | ".join(cells) + f" | <= x{GOALS[size]} |")
-    lines.append("| tokens injected per request (mean) | | " + " | ".join(
-        f"{results['injected'][m]:.0f}" for m in MODES if m != "none") + " | |")
-    lines.append("| evidence anywhere in the prompt (mean per question) | | " + " | ".join(
-        f"{results['evidence'].get(m, 0.0):.3f}" for m in MODES if m != "none") + " | |")
+def report(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
+    """Markdown tables, one per kind of session: each mode's cost relative to the same
+    sessions without memory, and (in brackets) to the floor."""
+    lines: list[str] = []
+    for kind, by_size in results["costs"].items():
+        shown = [m for m in modes if m != "none"]
+        floor = FLOOR in next(iter(next(iter(by_size.values())).values()))
+        lines += ["", f"{kind} sessions: cost vs no memory (vs the floor)", "",
+                  "| system prompt | provider rule | " + " | ".join(shown)
+                  + (" | floor" if floor else "") + " | goal |",
+                  "|---|---|" + "---|" * (len(shown) + floor + 1)]
+        for size, by_format in by_size.items():
+            for fmt, costs in by_format.items():
+                rule = "OpenAI (chat)" if fmt == "chat" else "Anthropic (messages)"
+                cells = [f"x{costs[m] / costs['none']:.2f}"
+                         + (f" ({costs[m] / costs[FLOOR]:.2f})" if floor else "") for m in shown]
+                if floor:
+                    cells.append(f"x{costs[FLOOR] / costs['none']:.2f}")
+                goal = f"<= x{GOALS[size]}" if kind == "hopping" and fmt == "chat" else ""
+                lines.append(f"| ~{SYSTEM_TOKENS[size] // 100 / 10:g}k tokens | {rule} | "
+                             + " | ".join(cells) + f" | {goal} |")
+        lines.append("| tokens injected per request (mean) | | " + " | ".join(
+            f"{results['injected'].get(f'{kind}/{m}', 0.0):.0f}" for m in shown)
+            + (" |" if floor else "") + " | |")
+        lines.append("| evidence anywhere in the prompt (mean per question) | | " + " | ".join(
+            f"{results['evidence'].get(f'{kind}/{m}', 0.0):.3f}" for m in shown)
+            + (" |" if floor else "") + " | |")
     return lines
 
 
@@ -363,6 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=1000, help="X-Memory-Budget (default 1000)")
     parser.add_argument("--stable-share", type=float, default=0.25,
                         help="MEMPROXY_MEMORY_STABLE_SHARE (default 0.25)")
+    parser.add_argument("--delta-relevance", type=float,
+                        help="MEMPROXY_MEMORY_DELTA_RELEVANCE (default: the setting's)")
+    parser.add_argument("--today", action="store_true", help="the rules before issue 26: no "
+                        "relevance threshold, and no kept blocks with writing off")
+    parser.add_argument("--modes", nargs="+", choices=[m for m in MODES if m != "none"],
+                        default=[m for m in MODES if m != "none"], help="memory modes to run")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="sessions: qa (consecutive questions, ~150-token replies), "
+                        "hopping (every question about another conversation, 10-20-token replies)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the costs")
     args = parser.parse_args(argv)
     conversations = load(DATASET, 5, None)
@@ -379,6 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             MEMPROXY_MEMORY_STABLE_SHARE=str(args.stable_share),
             MEMPROXY_SUMMARY_EVERY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
         )
+        if args.today:  # the rules before issue 26
+            env |= {"MEMPROXY_MEMORY_DELTA_RELEVANCE": "0", "MEMPROXY_UNSAVED_BLOCKS_ENTRIES": "0"}
+        if args.delta_relevance is not None:
+            env["MEMPROXY_MEMORY_DELTA_RELEVANCE"] = str(args.delta_relevance)
         argv_ = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
         try:
             with serving("memproxy", argv_, env, f"http://127.0.0.1:{port}/readyz", Path(tmp)):
@@ -387,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (BenchError, KeyboardInterrupt) as exc:
             print(f"bench_prompt_cache: {exc or 'interrupted'}", file=sys.stderr)
             return 1
-    print("\n".join(report(results)))
+    print("\n".join(report(results, ["none", *args.modes])))
     if args.json:
         args.json.write_bytes(orjson.dumps({"config": {k: str(v) for k, v in vars(args).items()},
                                             **results}, option=orjson.OPT_INDENT_2))

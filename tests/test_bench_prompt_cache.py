@@ -8,6 +8,7 @@ from scripts.bench_prompt_cache import (
     messages_segments,
     openai_cost,
     shared,
+    without_later_blocks,
 )
 
 
@@ -41,3 +42,21 @@ def test_shared_prefix_and_message_segments() -> None:
                 {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}]}
     assert messages_segments(body) == [("Rules", True), ("<|user|>", False),
                                        ("<memory>", False), ("Hi", True)]
+
+
+def test_the_floor_keeps_the_first_block_and_drops_the_later_ones() -> None:
+    chat = {"messages": [
+        {"role": "system", "content": "Rules\n\n<memory>first</memory>"},
+        {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+        {"role": "system", "content": "<memory>later</memory>"}, {"role": "user", "content": "q2"}]}
+    assert [m["content"] for m in without_later_blocks("chat", chat)["messages"]] == [
+        "Rules\n\n<memory>first</memory>", "q1", "a1", "q2"]
+    messages = {"system": "Rules", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<memory>first</memory>"},
+                                     {"type": "text", "text": "q1"}]},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": [{"type": "text", "text": "<memory>later</memory>"},
+                                     {"type": "text", "text": "q2"}]}]}
+    kept = without_later_blocks("messages", messages)["messages"]
+    assert kept[0] == messages["messages"][0]
+    assert kept[2]["content"] == [{"type": "text", "text": "q2"}]

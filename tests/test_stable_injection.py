@@ -3,10 +3,12 @@ a socket, the scripted upstream, SQLite, Chroma and the local embedding model.""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 import httpx
 import openai
 import orjson
@@ -227,3 +229,104 @@ def cache_counts(proxy: RunningProxy) -> tuple[float, float]:
         return float(found.group(1)) if found else 0.0
 
     return value("hits"), value("misses")
+
+
+# -- the delta rule (memory_delta_relevance) and writing off (issue 26) ----------------------
+
+
+@pytest.mark.parametrize("relevance", [0.0, 0.2])
+def test_a_later_block_holds_only_new_items_that_clear_the_relevance_threshold(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, relevance: float
+) -> None:
+    memproxy = seeded(start_proxy(memory=True, memory_delta_relevance=relevance))
+    reply = chat(memproxy, [SYSTEM, {"role": "user", "content": FIRST}], session="s1", user="ada")
+    sent_first = upstream.history[-1].json["messages"]
+    # Something new, and unrelated to billing, reaches the user's memory after the first block.
+    chat(memproxy, "My cat is called Miso and she sleeps all day.", session="s2", user="ada")
+    wait_for_jobs(memproxy)
+    history = [SYSTEM, {"role": "user", "content": FIRST},
+               {"role": "assistant", "content": reply.text}, {"role": "user", "content": SECOND}]
+    second = chat(memproxy, history, session="s1", user="ada")
+    sent_second = upstream.history[-1].json["messages"]
+    assert sent_second[: len(sent_first)] == sent_first
+    if relevance == 0:  # the old rule: any new item that fits goes in
+        assert "Miso" in sent_second[-2]["content"]
+        return
+    # Far below the ceiling of the fused score: no block at all, not an empty one.
+    assert len(sent_second) == len(history) and "Miso" not in str(sent_second)
+    assert second.headers["x-memory-injected-tokens"] == "0"
+
+
+OFF = {"X-Memory-Write": "off"}
+MARK = "ticket QX-81723"  # in the write-off session's question only
+OFF_SESSION = "offwrite-session-5b1e"
+
+
+def off_requests(proxy: RunningProxy, upstream: ScriptedUpstream) -> tuple[bytes, bytes, Any]:
+    """A write-off session's first request, then its second with the history resent: the
+    raw bodies the upstream received, and the first one's messages."""
+    first = [SYSTEM, {"role": "user", "content": f"{FIRST} ({MARK})"}]
+    reply = chat(proxy, first, session=OFF_SESSION, user="ada", headers=OFF)
+    sent_first = upstream.history[-1]
+    history = [*first, {"role": "assistant", "content": reply.text},
+               {"role": "user", "content": SECOND}]
+    chat(proxy, history, session=OFF_SESSION, user="ada", headers=OFF)
+    return sent_first.body, upstream.history[-1].body, sent_first.json["messages"]
+
+
+def test_writing_off_repeats_the_first_block_byte_for_byte_and_stores_nothing(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    _, second_body, sent_first = off_requests(memproxy, upstream)
+    assert "Postgres 16" in sent_first[0]["content"]
+    # The upstream saw the first request's prompt again, byte for byte, at the second's start.
+    assert orjson.loads(second_body)["messages"][: len(sent_first)] == sent_first
+    assert orjson.dumps(sent_first)[:-1] in second_body
+    assert len(memproxy.state.memory.unsaved.blocks_of("ada")) == 1  # the first request's
+    wait_for_jobs(memproxy)
+    assert not stored_traces(memproxy, [MARK.encode(), OFF_SESSION.encode()])
+
+
+@pytest.mark.parametrize("delete", ["forget", "clear"])
+def test_deleting_memory_drops_the_kept_blocks_of_a_write_off_session(
+    memproxy: RunningProxy, upstream: ScriptedUpstream, delete: str
+) -> None:
+    first = [SYSTEM, {"role": "user", "content": FIRST}]
+    reply = chat(memproxy, first, session=OFF_SESSION, user="ada", headers=OFF)
+    assert "Postgres 16" in upstream.history[-1].json["messages"][0]["content"]
+    with memory_api(memproxy, **{"X-Memory-User-Id": "ada"}) as api:
+        answer = api.delete("/sessions/s0") if delete == "forget" else api.post("/clear")
+        assert answer.status_code < 300, answer.text
+    history = [*first, {"role": "assistant", "content": reply.text},
+               {"role": "user", "content": SECOND}]
+    chat(memproxy, history, session=OFF_SESSION, user="ada", headers=OFF)
+    assert "Postgres 16" not in str(upstream.history[-1].json["messages"])
+    assert upstream.history[-1].json["messages"][0] == SYSTEM
+    assert not any("Postgres 16" in kept.block
+                   for kept in memproxy.state.memory.unsaved.blocks_of("ada"))
+
+
+def stored_traces(proxy: RunningProxy, needles: list[bytes]) -> list[str]:
+    """Where any of `needles` is stored: files under the data directory (the SQLite database
+    and its WAL, Chroma's files, the spool), and on PostgreSQL every table's rows."""
+    found = [str(path) for path in proxy.state.settings.data_dir.rglob("*") if path.is_file()
+             and any(n in path.read_bytes() for n in needles)]
+    url = proxy.state.settings.database_url
+    if url is not None:
+        found += asyncio.run(_pg_traces(url, [n.decode() for n in needles]))
+    return found
+
+
+async def _pg_traces(url: str, needles: list[str]) -> list[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        tables = [r[0] for r in await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+        found = []
+        for table in tables:
+            rows = await conn.fetch(f'SELECT t::text FROM "{table}" AS t')
+            if any(n in row[0] for row in rows for n in needles):
+                found.append(table)
+        return found
+    finally:
+        await conn.close()

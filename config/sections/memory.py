@@ -90,9 +90,18 @@ class MemorySettings(ServingSettings):
     )
     memory_stable_share: float = setting(
         0.25,
-        "Stable injection: the share of the budget a request may fill with new items once "
-        "earlier blocks of its session are in its prompt (the most relevant of those a fresh "
-        "block would show); the session's first block gets the whole budget. 1: no limit.",
+        "Stable injection: at most this share of the budget goes to new items once earlier "
+        "blocks of its session are in a request's prompt (the most relevant of those that "
+        "clear memory_delta_relevance); the session's first block gets the whole budget. "
+        "1: no limit.",
+        min=0.0, max=1.0,
+    )
+    memory_delta_relevance: float = setting(
+        0.2,
+        "Stable injection: a later block of a session carries a new item only when its fused "
+        "score is at least this share of the highest score the ranking weights allow, and "
+        "is left out when no new item does (the default was chosen by "
+        "leave-one-conversation-out, docs/benchmarks.md). 0: every new item that fits.",
         min=0.0, max=1.0,
     )
     compact: bool = setting(
@@ -151,6 +160,17 @@ class MemorySettings(ServingSettings):
         "Recall results kept for retried and regenerated requests (same user, session, "
         "messages and settings); any write to the user's memory invalidates theirs. 0: off.",
         min=0,
+    )
+    unsaved_blocks_entries: int = setting(
+        4096,
+        "Stable injection with writing off (X-Memory-Write: off): the memory blocks of such "
+        "sessions kept in this process (never stored), so later requests put them back byte "
+        "for byte. 0: off (each such request gets a fresh block).",
+        min=0,
+    )
+    unsaved_blocks_mb: int = setting(
+        32, "Most megabytes those kept blocks may take; the least recently used go first.",
+        min=1,
     )
     recall_candidates: int = setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1

@@ -10,7 +10,7 @@ from typing import Any
 
 from memory.recall.block import BlockPack, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
-from memory.recall.ranking import Candidate
+from memory.recall.ranking import Candidate, Weights
 from memory.recall.render import Entry
 from memory.scopes import organization_memory
 from memory.tokens import count_tokens
@@ -30,6 +30,9 @@ class RecallRequest:
     # Keys of items the session's earlier blocks in this prompt show: not shown again.
     shown: frozenset[str] = frozenset()
     add_budget: int | None = None  # with `shown`: at most this many tokens of new items
+    # With `shown`: a new item goes in only when its fused score is at least this share of
+    # the ceiling the weights allow (`new_relevant`, `score_ceiling`); 0: every new item may.
+    relevance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,37 @@ def unshown(
         [s for s in learned.summaries if s.key in chosen], profile,
         [f for f in learned.shared if f.key in chosen],
     ), [ranked[i] for i in packed.turns if ranked[i].key not in shown]
+
+
+def score_ceiling(weights: Weights) -> float:
+    """The largest fused score the weights allow without context (each signal is in [0, 1])."""
+    return (weights.dense + weights.bm25 + weights.identifier + weights.recency
+            + weights.session + weights.conversation)
+
+
+def new_relevant(
+    learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str],
+    cut: float,
+) -> tuple[Learned, list[Candidate]]:
+    """What a later block of a stable injection may carry: the items `packed` chose that the
+    earlier blocks do not show (`unshown`) and whose fused score is at least `cut`.
+
+    Each signal of a fused score is in [0, 1] and the dense and lexical ones are scaled to
+    the query's best, so a score near the ceiling says the signals agree on the item (the
+    best by meaning is also the best by words, in a session that matches as a whole); a
+    question about something memory does not hold has no such item. Nothing new clears
+    the cut: an empty block, where a fixed share would have been filled anyway.
+    """
+    new, turns = unshown(learned, ranked, packed, shown)
+    if cut <= 0:
+        return new, turns
+
+    def kept(items: list[LearnedItem]) -> list[LearnedItem]:
+        return [i for i in items if i.score >= cut]
+
+    return Learned(kept(new.facts), kept(new.summaries), new.profile, kept(new.shared)), [
+        c for c in turns if c.score >= cut
+    ]
 
 
 def candidate_chunk(c: Candidate) -> int:

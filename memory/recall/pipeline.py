@@ -31,10 +31,11 @@ from memory.recall.outcome import (
     RecallRequest,
     candidate_chunk,
     learned_item,
+    new_relevant,
     pack_ranked,
+    score_ceiling,
     shared_memory,
     turn_item,
-    unshown,
 )
 from memory.recall.query import build_query, for_embedding, identifiers, is_trivial
 from memory.recall.ranking import (
@@ -91,7 +92,8 @@ class RecallPipeline:
         org = shared_memory(request)
         key = cache_key(
             request.user_id, request.session_id, request.model, request.budget, request.scope,
-            org, sorted(request.shown), request.add_budget, messages=request.messages,
+            org, sorted(request.shown), request.add_budget, request.relevance,
+            messages=request.messages,
         )
         stamp = (
             await versions.stamp(self.db, request.user_id, request.session_id),
@@ -212,11 +214,10 @@ class RecallPipeline:
             ranked = await self._with_context(request.user_id, present, ranked)
         share = self.settings.org_budget_share
         packed = pack_ranked(learned, ranked, request.budget, request.model, share)
-        add = request.budget if not request.shown or request.add_budget is None else request.add_budget
-        if packed.tokens > add or not request.shown.isdisjoint(
-            item.key for item in packed.chosen(learned)
-        ) or any(ranked[i].key in request.shown for i in packed.turns):
-            learned, ranked = unshown(learned, ranked, packed, request.shown)
+        if request.shown:  # a later block of a stable injection (outcome.new_relevant)
+            add = request.budget if request.add_budget is None else request.add_budget
+            cut = request.relevance * score_ceiling(self.weights)
+            learned, ranked = new_relevant(learned, ranked, packed, request.shown, cut)
             packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share)
         items = [
             *map(learned_item, packed.chosen(learned)), *(turn_item(ranked[i]) for i in packed.turns)

@@ -21,6 +21,8 @@ from memory import (
     RequestMetrics,
     Spooled,
     SpoolRecall,
+    UnsavedStamp,
+    organization_memory,
 )
 from proxy.access.identity import Identity, presented_key
 from proxy.http.errors import MemoryUnavailable
@@ -73,6 +75,9 @@ class MemoryStep:
         self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         # Stable injection: every block of the request at its place (None: fresh injection).
         self.placed: list[Placed] | None = None
+        # Writing off: the session's blocks live in this process (memory.recall.unsaved_blocks);
+        # the stamp its new block is kept with.
+        self._unsaved: UnsavedStamp | None = None
         self._injected: tuple[int, Injection] | None = None  # this request's new block
         self._stored: asyncio.Task[int | Spooled | None] | None = None
         self._reply: asyncio.Task[None] | None = None
@@ -97,9 +102,11 @@ class MemoryStep:
                 org_id=self.identity.org_id,
                 shown=frozenset(k for user, b in placed.items() if user < last for k in b.items),
                 add_budget=round(self.flags.budget * self.state.settings.memory_stable_share),
+                relevance=self.state.settings.memory_delta_relevance,
             ))
             if self.placed is not None:
                 self._place(placed, self.recalled)
+                self._keep_unsaved()
         except SpoolRecall as partial:
             # The database is unreachable: the block holds the session's spooled turns
             # (memory.recall.spooled), and the outage is still reported.
@@ -125,9 +132,16 @@ class MemoryStep:
         if memory is None or not self.stable or not self._users:
             return {}
         self.placed = []
-        found = await memory.placed_blocks(
-            self.identity.user_id, self.identity.session_id, self.messages, after=self.after
-        )
+        if not self.flags.write and self.state.settings.unsaved_blocks_entries:
+            org = self.identity.org_id if self.flags.scope == "organization" else None
+            found, self._unsaved = await memory.unsaved_blocks(
+                self.identity.user_id, self.identity.session_id, self.messages,
+                org_memory=organization_memory(org) if org else None,
+            )
+        else:
+            found = await memory.placed_blocks(
+                self.identity.user_id, self.identity.session_id, self.messages, after=self.after
+            )
         return {self._users.index(i): block for i, block in found.items() if i in self._users}
 
     def _place(self, placed: dict[int, Injection], recalled: Recalled) -> None:
@@ -146,6 +160,16 @@ class MemoryStep:
                        if user != last]
         if own is not None:
             self.placed.append(Placed(last, own.block, own.placement))
+
+    def _keep_unsaved(self) -> None:
+        """Writing off: keep this request's new block in the process (not for a dry run,
+        whose block goes nowhere)."""
+        memory = self.state.memory
+        if memory is None or self._unsaved is None or self._injected is None or self.flags.dry_run:
+            return
+        index, injection = self._injected
+        memory.unsaved.keep(self.identity.user_id, self.identity.session_id, self.messages,
+                            index, injection, self._unsaved)
 
     def lend_client_key(self, headers: Mapping[str, str], target: Target) -> None:
         """Bring-your-own-key: this user's learning jobs may use the key the client sent to
@@ -266,7 +290,9 @@ class MemoryStep:
         recalled = self.recalled
         return RequestMetrics(
             created_at=time.time(), user_id=self.identity.user_id,
-            session_id=self.identity.session_id, request_id=self.request_id, model=self.model,
+            # Writing off: nothing of the session is stored, its id and request ids neither.
+            session_id=self.identity.session_id if self.flags.write else "",
+            request_id=self.request_id if self.flags.write else "", model=self.model,
             items=Counter(item.source for item in recalled.items) if recalled else {},
             injected_tokens=recalled.tokens if recalled else 0,
             truncated=bool(recalled and recalled.truncated),
