@@ -14,6 +14,7 @@ threading server, so a sleeping export holds only its own thread.
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from collections.abc import Callable
@@ -51,8 +52,11 @@ class ReceivedSpan:
 class OtlpReceiver:
     """The collector: started on enter, stopped on exit."""
 
-    def __init__(self, *, delay: float = 0.0) -> None:
+    def __init__(self, *, delay: float = 0.0, port: int = 0, keep: bool = True) -> None:
         self.delay = delay
+        self.port = port
+        self.keep = keep  # False: count the spans, keep none (the benchmark's long runs)
+        self.count = 0
         self.exports = 0  # requests received, decoded or not
         self._spans: list[ReceivedSpan] = []
         self._cond = threading.Condition()
@@ -83,10 +87,18 @@ class OtlpReceiver:
                 except OSError:
                     pass  # the exporter gave up waiting
 
+            def do_GET(self) -> None:  # readiness, and how many spans came
+                answer = f'{{"exports": {receiver.exports}, "spans": {receiver.count}}}'.encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -100,7 +112,9 @@ class OtlpReceiver:
         spans = decode(body) if path == "/v1/traces" else []
         with self._cond:
             self.exports += 1
-            self._spans.extend(spans)
+            self.count += len(spans)
+            if self.keep:
+                self._spans.extend(spans)
             self._cond.notify_all()
 
     @property
@@ -162,3 +176,17 @@ def _value(value: AnyValue) -> Any:
     if kind == "kvlist_value":
         return {item.key: _value(item.value) for item in value.kvlist_value.values}
     return getattr(value, kind) if kind is not None else None
+
+
+def main() -> None:
+    """`python -m tests.support.otlp_receiver --port N`: a collector for the benchmarks
+    (scripts/bench_overhead.py --tracing) that decodes every export and keeps a count."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    with OtlpReceiver(port=args.port, keep=False):
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
