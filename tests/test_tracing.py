@@ -111,14 +111,19 @@ def test_a_chat_completion_is_one_trace_from_the_client_to_the_upstream(
     assert recall.attributes["memproxy.recall.cache_hit"] is False
     steps = children(spans, recall)
     assert {"memproxy.recall.embed_query", "memproxy.recall.dense_search",
-            "memproxy.recall.lexical_search", "memproxy.recall.learned", "memproxy.recall.rank",
+            "lexical_search chunks", "memproxy.recall.learned", "memproxy.recall.rank",
             "memproxy.recall.pack", "stamp memory_versions"} <= set(steps), sorted(steps)
-    assert steps["memproxy.recall.pack"].attributes["memproxy.recall.items"] >= 1
+    assert steps["memproxy.recall.dense_search"].attributes["memproxy.recall.candidates"] >= 1
     # The database steps of recall, on this backend.
-    database = children(spans, steps["memproxy.recall.lexical_search"])["lexical_search chunks"]
     system = {"sqlite": "sqlite", "postgres": "postgresql"}[backend]
-    assert database.attributes["db.system.name"] == system
+    lexical = steps["lexical_search chunks"]
+    assert lexical.attributes["db.system.name"] == system
+    assert lexical.attributes["db.operation.name"] == "lexical_search"
+    assert lexical.attributes["memproxy.recall.candidates"] >= 1
     assert steps["stamp memory_versions"].attributes["db.system.name"] == system
+    # Rows ranking reads besides (those only the vectors found, neighbours): a span each time.
+    reads = [s for s in children(spans, steps["memproxy.recall.rank"]).values() if s.name == "read chunks"]
+    assert all(s.attributes["db.system.name"] == system for s in reads)
 
     upstream_call = under["chat gpt-4o-mini"]
     assert upstream_call.kind == "CLIENT"

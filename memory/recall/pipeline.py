@@ -197,10 +197,10 @@ class RecallPipeline:
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
                 return [], []
-            with tracing.span("memproxy.recall.lexical_search") as span:
-                with tracing.db_span(self.db.dialect, "lexical_search", "chunks"):
-                    found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
-                rows = await self._chunks([chunk_id for chunk_id, _ in found])
+            # A database step (FTS5, or tsvector on PostgreSQL) and the rows it found.
+            with tracing.db_span(self.db.dialect, "lexical_search", "chunks") as span:
+                found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
+                rows = await self.log.get_chunks([chunk_id for chunk_id, _ in found])
                 if span is not None:
                     span.set_attribute("memproxy.recall.candidates", len(found))
                 return found, rows
@@ -214,12 +214,8 @@ class RecallPipeline:
             ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
             if ranking is not None:
                 ranking.set_attribute("memproxy.recall.candidates", len(ranked) + len(learned))
-        with tracing.span("memproxy.recall.pack") as packing:
-            recalled = self._pack(request, learned, ranked, started, embed_ms)
-            if packing is not None:
-                packing.set_attributes({"memproxy.recall.items": len(recalled.items),
-                                        "memproxy.recall.injected_tokens": recalled.tokens})
-        return recalled
+        with tracing.span("memproxy.recall.pack"):  # what it packed is on the recall span
+            return self._pack(request, learned, ranked, started, embed_ms)
 
     async def _rank(
         self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
@@ -298,7 +294,7 @@ class RecallPipeline:
         if not ids:
             return []
         with tracing.db_span(self.db.dialect, "read", "chunks"):
-            return await self.log.get_chunks(ids)
+            return await self.log.get_chunks(ids)  # the candidates' rows, or their neighbours
 
     async def _candidates(
         self, user_id: str, present: str, dense: list[tuple[str, float]],
@@ -335,8 +331,7 @@ class RecallPipeline:
     ) -> list[Candidate]:
         """The ranking with the turns around the best items lifted (ranking.add_context)."""
         seeds = ranked[:CONTEXT_SEEDS]
-        with tracing.db_span(self.db.dialect, "neighbours", "chunks"):
-            pairs = await self.log.neighbour_chunks([candidate_chunk(c) for c in seeds])
+        pairs = await self.log.neighbour_chunks([candidate_chunk(c) for c in seeds])
         known = {c.key for c in ranked}
         by_text = {_same_text(c.text): c.key for c in ranked}
         alias: dict[str, str] = {}

@@ -136,7 +136,6 @@ class Tracing:
         span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
             "http.request.method": method, "url.path": scope["path"],
             "url.scheme": scope.get("scheme", "http"),
-            "network.protocol.version": scope.get("http_version", "1.1"),
         })
         status = 0
 
