@@ -194,7 +194,16 @@ def span_context(traceparent: str) -> trace.SpanContext | None:
 
 
 def _trace_headers(headers: Any) -> dict[str, str]:
-    """The request's Trace Context headers (the propagator reads nothing else)."""
-    return {name.decode(): value.decode("latin-1") for name, value in headers
-            if name in _TRACE_HEADER_BYTES}
+    """The request's Trace Context headers (the propagator reads nothing else); a request
+    with two `traceparent` headers has none (W3C Trace Context, 3.2)."""
+    found: dict[str, str] = {}
+    for name, value in headers:
+        if name in _TRACE_HEADER_BYTES:
+            key = name.decode()
+            # Repeated tracestate headers are one list (RFC 9110 5.3).
+            found[key] = f"{found[key]},{value.decode('latin-1')}" if key in found \
+                else value.decode("latin-1")
+            if key == "traceparent" and "," in found[key]:
+                return {}
+    return found
 
