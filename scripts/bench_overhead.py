@@ -447,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         targets = report_tracing(phases, _pairs(args))
         if args.json:
             rows = {key: [asdict(p) for p in runs] for key, runs in phases.items()}
-            config = {k: v for k, v in vars(args).items() if k != "json"}
+            config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}
             args.json.write_bytes(orjson.dumps({"config": config, "phases": rows, "targets": targets},
                                                option=orjson.OPT_INDENT_2))
         return 0

@@ -16,6 +16,7 @@ Nothing here imports OpenTelemetry: the app's `Tracing` (proxy/http/tracing.py) 
 
 from __future__ import annotations
 
+import functools
 import time
 import urllib.parse
 from collections import deque
@@ -36,7 +37,7 @@ _PROVIDERS = {
     "watsonx": "ibm.watsonx.ai",
 }
 _HEAD_BYTES = 8192  # a stream's first events (its model)
-_TAIL_BYTES = 16384  # and its last (usage, finish reasons)
+_TAIL_CHUNKS = 16  # and its last chunks (usage, finish reasons)
 _TAIL_EVENTS = 4
 _REQUEST_PARAMS = (
     ("max_tokens", "gen_ai.request.max_tokens"), ("max_output_tokens", "gen_ai.request.max_tokens"),
@@ -80,6 +81,9 @@ async def traced(
     except BaseException as exc:
         call.failed(exc)
         raise
+    if not call.span.is_recording():  # sampled out: the headers went, nothing to read
+        call.span.end()
+        return reply
     return call.reply(reply, read_text=read_text, tee=tee)
 
 
@@ -101,10 +105,7 @@ def start(
         if isinstance(value, int | float) and not isinstance(value, bool):
             attributes[name] = value
     if target.base_url:
-        address = urllib.parse.urlsplit(target.base_url)
-        if address.hostname:
-            attributes["server.address"] = address.hostname
-            attributes["server.port"] = address.port or (443 if address.scheme == "https" else 80)
+        attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
         attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
     span, headers = tracing.start_client(f"{operation} {attributes['gen_ai.request.model']}".strip(), attributes)
@@ -148,9 +149,8 @@ class TracedReply:
         self._first_ns = 0
         self._head: list[bytes] = []
         self._head_size = 0
-        self._tail: deque[bytes] = deque()
-        self._tail_size = 0
-        self._dropped = False
+        self._tail: deque[bytes] = deque(maxlen=_TAIL_CHUNKS)
+        self._tailed = 0
         self._read_text = read_text
         self._tee = tee() if call.tracing.capture_content and self._stream else None
         self._error: BaseException | None = None
@@ -182,11 +182,8 @@ class TracedReply:
             self._head.append(chunk)  # a whole body is read once, at the end
             self._head_size += len(chunk)
             return
-        self._tail.append(chunk)
-        self._tail_size += len(chunk)
-        while self._tail_size - len(self._tail[0]) >= _TAIL_BYTES:
-            self._tail_size -= len(self._tail.popleft())
-            self._dropped = True
+        self._tail.append(chunk)  # a bounded deque: the oldest falls out, in C
+        self._tailed += 1
 
     def _end(self) -> None:
         if self._ended:
@@ -218,7 +215,7 @@ class TracedReply:
             body = _json(b"".join(self._head))
             return [body] if body is not None else []
         head = b"".join(self._head)
-        if not self._dropped:
+        if self._tailed <= _TAIL_CHUNKS:
             return [found for event in _events(head + b"".join(self._tail))
                     if (found := _json(event)) is not None]
         tail = b"".join(self._tail)
@@ -288,6 +285,16 @@ def _finish(part: dict[str, Any], reasons: list[str]) -> None:
         details = part.get("incomplete_details")  # Responses
         reason = details.get("reason") if isinstance(details, dict) else None
         reasons.append(reason if isinstance(reason, str) else part["status"])
+
+
+@functools.lru_cache(maxsize=64)
+def _server(base_url: str) -> dict[str, str | int]:
+    """`server.address` and `server.port` of an upstream (a route's, so few)."""
+    address = urllib.parse.urlsplit(base_url)
+    if not address.hostname:
+        return {}
+    return {"server.address": address.hostname,
+            "server.port": address.port or (443 if address.scheme == "https" else 80)}
 
 
 def _events(data: bytes) -> list[bytes]:
