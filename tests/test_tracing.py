@@ -358,3 +358,22 @@ def test_refused_requests_are_traced_too(
     server = server_span(collector, "/v1/chat/completions", CLIENT_TRACE)
     assert server.attributes["http.response.status_code"] == 401
     assert server.status == 0  # a 4xx is the client's error, not the server's (HTTP semconv)
+
+
+def test_a_request_sampled_out_exports_nothing_and_still_propagates(
+    collector: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    proxy = start_proxy(memory=True)
+    client = chat_client(proxy, CLIENT_HEADERS)
+    reply = client.chat.completions.create(model="gpt-4o-mini", messages=[
+        {"role": "user", "content": "hello"}])
+    assert reply.choices[0].message.content == "echo: hello"
+    wait_for_jobs(proxy)
+    sent = upstream.history[-1].headers["traceparent"].split("-")
+    # The client's trace goes on, not sampled, through a span id of memproxy's own.
+    assert (sent[1], sent[3]) == (CLIENT_TRACE, "00") and sent[2] != CLIENT_SPAN
+    proxy.stop()  # flushes what the exporter holds
+    assert collector.spans == []
