@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from config import Route
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -377,3 +378,21 @@ def test_a_request_sampled_out_exports_nothing_and_still_propagates(
     assert (sent[1], sent[3]) == (CLIENT_TRACE, "00") and sent[2] != CLIENT_SPAN
     proxy.stop()  # flushes what the exporter holds
     assert collector.spans == []
+
+
+def test_a_route_through_litellm_carries_memproxys_span_upstream(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    origin = upstream.base_url.removesuffix("/v1")
+    proxy = start_proxy(routes=(
+        Route("claude-*", base_url=origin, api_key="sk-ant-route", provider="anthropic"),
+    ))
+    completion = chat_client(proxy, CLIENT_HEADERS).chat.completions.create(
+        model="claude-test", max_tokens=50, messages=[{"role": "user", "content": "Hi"}])
+    assert completion.choices[0].message.content
+    call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.trace_id == CLIENT_TRACE)[0]
+    assert call.attributes["gen_ai.provider.name"] == "anthropic"
+    assert call.attributes["gen_ai.usage.input_tokens"] > 0
+    sent = upstream.history[-1]
+    assert sent.path == "/v1/messages"  # translated by litellm
+    assert sent.headers["traceparent"] == f"00-{CLIENT_TRACE}-{call.span_id}-01"
