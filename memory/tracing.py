@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -124,12 +124,3 @@ def deactivate(token: Token[Tracer | None]) -> None:
     """Undo `activate`."""
     _ACTIVE.reset(token)
 
-
-@contextlib.contextmanager
-def tracing(tracer: Tracer) -> Iterator[None]:
-    """`activate` for a block."""
-    token = _ACTIVE.set(tracer)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)

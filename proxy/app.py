@@ -171,7 +171,7 @@ def _mcp_endpoint(settings: Settings) -> McpEndpoint | None:
 
 def tracing_requested(environ: Mapping[str, str]) -> bool:
     """Whether OpenTelemetry traces are on: an OTLP endpoint is set and the SDK is not
-    disabled (docs/tracing.md). Off, the SDK is never imported."""
+    disabled (docs/tracing.md). Off, memproxy's tracing code is never imported."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return any(environ.get(name, "").strip()
