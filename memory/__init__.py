@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from memory.recall.query import build_query, for_embedding
     from memory.recall.spooled import SpoolRecall
     from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
+    from memory.redact import Redactor
     from memory.scopes import organization_memory
     from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
     from memory.tokens import count_tokens, encoding_for_model
+    from memory.tracing import activate as activate_tracer
+    from memory.tracing import deactivate as deactivate_tracer
+    from memory.tracing import span as trace_span
 
 # public name -> (module, name in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
@@ -90,6 +94,11 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Unavailable": ("memory.outages", "Unavailable"),
     "is_outage": ("memory.outages", "is_outage"),
     "encoding_for_model": ("memory.tokens", "encoding_for_model"),
+    "Redactor": ("memory.redact", "Redactor"),
+    # tracing's neutral hook (memory/tracing.py): the proxy activates its tracer
+    "activate_tracer": ("memory.tracing", "activate"),
+    "deactivate_tracer": ("memory.tracing", "deactivate"),
+    "trace_span": ("memory.tracing", "span"),
     # the management API's records, limits and errors
     "Fact": ("memory.storage.facts", "Fact"),
     "CATEGORIES": ("memory.learning.fact_model", "CATEGORIES"),
@@ -165,6 +174,7 @@ __all__ = [
     "Recalled",
     "RecalledItem",
     "RecordError",
+    "Redactor",
     "ReplyChain",
     "RequestMetrics",
     "SQLiteDatabase",
@@ -174,11 +184,13 @@ __all__ = [
     "TurnLog",
     "Unavailable",
     "VectorIndex",
+    "activate_tracer",
     "backup",
     "build_query",
     "check_record",
     "collection_name",
     "count_tokens",
+    "deactivate_tracer",
     "encoding_for_model",
     "find_model_dir",
     "for_embedding",
@@ -191,6 +203,7 @@ __all__ = [
     "place",
     "placing_order",
     "summarize",
+    "trace_span",
     "turn_dict",
     "turn_text",
 ]

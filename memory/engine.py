@@ -15,6 +15,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from config import Settings
+from memory import tracing
 from memory.admin.manage import Management
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
@@ -251,6 +252,7 @@ class MemoryEngine:
 
     # -- remember
 
+    @tracing.traced("memproxy.remember.request")
     async def remember_request(
         self, user_id: str, session_id: str, messages: Sequence[Mapping[str, Any]], *,
         model: str, request_id: str, after: int | None = None,
@@ -360,6 +362,7 @@ class MemoryEngine:
         """The user whose reply is remembered under `reply_id`, None when none is."""
         return await self.log.reply_owner(reply_id)
 
+    @tracing.traced("memproxy.remember.reply")
     async def remember_reply(
         self, user_id: str, session_id: str, after: int | Spooled | None, text: str, *,
         model: str, request_id: str, incomplete: bool, route: str = DEFAULT_ROUTE,

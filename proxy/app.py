@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -17,7 +18,7 @@ from starlette.routing import Mount, Route
 
 from config import Settings
 from config.settings import describe_storage
-from memory import Embedder, MemoryEngine
+from memory import Embedder, MemoryEngine, Redactor, activate_tracer, deactivate_tracer
 from proxy.access.edge import EdgeGuard
 from proxy.flow.exchange import endpoint
 from proxy.formats.chat import CHAT
@@ -42,6 +43,7 @@ from proxy.upstream.embeddings import UpstreamEmbedder
 from proxy.upstream.llm_client import LLMClient
 
 if TYPE_CHECKING:
+    from proxy.http.tracing import Tracing
     from proxy.mcp.server import McpEndpoint
 
 log = get_logger("app")
@@ -59,12 +61,16 @@ def create_app(
     """
 
     mcp = _mcp_endpoint(settings)
+    traced = tracing_requested(os.environ)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
+        state.tracing = _open_tracing(settings) if traced else None
+        # Before the engine opens, so its job worker's tasks inherit the tracer.
+        tracer_token = activate_tracer(state.tracing) if state.tracing is not None else None
         # Compaction reads context windows from litellm's model map.
         uses_litellm = any(route.provider for route in settings.routes) or settings.compact
         if uses_litellm:
@@ -95,8 +101,9 @@ def create_app(
             })
             if learning not in ("ok", "off"):
                 log.warning(f"learning cannot reach a model: {learning}")
-            # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py).
-            yield {SHUTDOWN_STATE: state.shutdown}
+            # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py)
+            # and the tracing (proxy/http/tracing.py).
+            yield {SHUTDOWN_STATE: state.shutdown, **_tracing_state(state.tracing)}
         finally:
             app.state.ready = False
             await mcp_run.aclose()
@@ -113,6 +120,11 @@ def create_app(
                 from proxy.upstream.litellm_transport import close_clients
 
                 await close_clients()
+            if state.tracing is not None:
+                # The last spans go out within the grace; a collector that is down costs no more.
+                await state.tracing.shutdown(min(5.0, state.shutdown.remaining()))
+            if tracer_token is not None:
+                deactivate_tracer(tracer_token)
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -133,8 +145,11 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         # Host, Origin and Content-Type, before any route reads a byte (proxy/access/edge.py).
-        middleware=[Middleware(EdgeGuard, settings=settings,
-                               envelopes={"/v1/messages": MESSAGES.error_response})],
+        middleware=[
+            *_tracing_middleware(traced),  # outermost: refused requests are traced too
+            Middleware(EdgeGuard, settings=settings,
+                       envelopes={"/v1/messages": MESSAGES.error_response}),
+        ],
         exception_handlers={
             ProxyError: handle_proxy_error,
             HTTPException: handle_http_exception,
@@ -152,6 +167,37 @@ def _mcp_endpoint(settings: Settings) -> McpEndpoint | None:
     from proxy.mcp.server import McpEndpoint
 
     return McpEndpoint(settings.max_body_bytes)
+
+
+def tracing_requested(environ: Mapping[str, str]) -> bool:
+    """Whether OpenTelemetry traces are on: an OTLP endpoint is set and the SDK is not
+    disabled (docs/tracing.md). Off, memproxy's tracing code is never imported."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(environ.get(name, "").strip()
+               for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _tracing_middleware(traced: bool) -> list[Middleware]:
+    if not traced:
+        return []
+    from proxy.http.tracing import TracingMiddleware
+
+    return [Middleware(TracingMiddleware)]
+
+
+def _open_tracing(settings: Settings) -> Tracing:
+    from proxy.http.tracing import Tracing
+
+    return Tracing.from_env(redact=Redactor(settings.redact))
+
+
+def _tracing_state(tracing: Tracing | None) -> dict[str, Any]:
+    if tracing is None:
+        return {}
+    from proxy.http.tracing import TRACING_STATE
+
+    return {TRACING_STATE: tracing}
 
 
 def begin_shutdown(app: Starlette, at: float | None = None) -> None:

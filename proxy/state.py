@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from config import Settings
 from memory import MemoryEngine
@@ -14,6 +14,9 @@ from proxy.http.metrics import Metrics
 from proxy.http.shutdown import Shutdown
 from proxy.upstream.client import Upstream
 from proxy.upstream.llm_client import LLMClient
+
+if TYPE_CHECKING:
+    from proxy.http.tracing import Tracing
 
 
 @dataclass
@@ -25,6 +28,7 @@ class AppState:
     metrics: Metrics
     memory: MemoryEngine | None = None
     llm: LLMClient | None = None
+    tracing: Tracing | None = None  # OpenTelemetry, when an OTLP endpoint is set
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     limits: KeyLimits = field(init=False)
     shutdown: Shutdown = field(init=False)

@@ -11,6 +11,18 @@ milliseconds per request of memproxy (utime+stime from /proc), the upstream and 
     .venv/bin/python -m scripts.bench_overhead --quick         # smoke run, ~45 s
     .venv/bin/python -m scripts.bench_overhead --api chat      # one format only
     .venv/bin/python -m scripts.bench_overhead --json out.json
+    .venv/bin/python -m scripts.bench_overhead --tracing       # what OpenTelemetry adds
+
+With `--tracing` it runs four memproxy processes instead, chat completions only: memory off
+and on, each without and with OpenTelemetry traces (the batch exporter, its default 5 s delay,
+sending to a local OTLP/HTTP receiver), alternating the pair of each (ABBA), and prints the
+CPU each request costs more with tracing on (docs/tracing.md). Recall runs in full on every
+request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). `--baseline-src DIR` adds the
+two arms without tracing run from another checkout (the code before tracing), against this
+code with tracing off::
+
+    git archive <commit> | tar -x -C /tmp/base
+    .venv/bin/python -m scripts.bench_overhead --tracing --baseline-src /tmp/base
 
 The load generator is raw asyncio streams with keep-alive and pre-encoded requests, so the
 client costs the same, and little, in both arms (it shares the cores with both servers).
@@ -90,13 +102,13 @@ class Phase:
     others_cores: float  # CPUs other processes kept busy meanwhile: noise
 
 
-def request_bytes(port: int, api: Api, stream: bool) -> bytes:
+def request_bytes(port: int, api: Api, stream: bool, *, memory: bool = False) -> bytes:
     """One pre-encoded keep-alive request of `api`."""
     body = orjson.dumps({**api.body, "stream": stream})
     head = (
         f"POST {api.path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
         "content-type: application/json\r\nauthorization: Bearer sk-bench\r\n"
-        f"x-memory: off\r\ncontent-length: {len(body)}\r\n\r\n"
+        f"x-memory: {'on' if memory else 'off'}\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -207,11 +219,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(name: str, argv: list[str], env: dict[str, str], url: str, logs: Path) -> Iterator[int]:
-    """Run a server subprocess until the block ends; yield its pid once `url` answers 200."""
+def serving(
+    name: str, argv: list[str], env: dict[str, str], url: str, logs: Path, cwd: Path = ROOT
+) -> Iterator[int]:
+    """Run a server subprocess (from the checkout `cwd`) until the block ends; yield its pid
+    once `url` answers 200."""
     log_path = logs / f"{name}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # Ctrl-C reaches only us; we stop it
     try:
         deadline = time.monotonic() + 90
@@ -306,6 +321,103 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# --tracing: arm -> (memory on, traced); the arms compared in pairs, tracing off then on.
+TRACING_ARMS = {"off": (False, False), "traced": (False, True),
+                "memory": (True, False), "memory+traced": (True, True)}
+TRACING_PAIRS = (("off", "traced"), ("memory", "memory+traced"))
+# --baseline-src: the same two arms without tracing from another checkout, against "off".
+BASELINE_ARMS = {"before": (False, False), "before+memory": (True, False)}
+BASELINE_PAIRS = (("before", "off"), ("before+memory", "memory"))
+
+
+async def bench_tracing(
+    args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int]
+) -> dict[str, list[Phase]]:
+    """Warm up, then the rounds over the four arms; every phase, keyed by kind/c/arm."""
+    kinds = [f"chat-{kind}" for kind in KINDS]
+    arms = {**TRACING_ARMS, **(BASELINE_ARMS if args.baseline_src else {})}
+    requests = {
+        (kind, arm): (request_bytes(ports[arm], APIS["chat"], kind.endswith("stream"),
+                                    memory=arms[arm][0]), APIS["chat"])
+        for kind in kinds for arm in arms
+    }
+    for (_kind, arm), request in requests.items():
+        await run_phase(ports[arm], request, 8, args.warmup, args.cap, (pids[arm], pids["upstream"]))
+    phases: dict[str, list[Phase]] = {}
+    for round_no in range(args.rounds):
+        for kind in kinds:
+            for c in args.concurrency:
+                order = list(dict.fromkeys(arm for pair in _pairs(args) for arm in pair))
+                for arm in order if round_no % 2 == 0 else order[::-1]:  # ABBA cancels drift
+                    total = args.requests * (1 if c == 1 else 2)
+                    phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap,
+                                            (pids[arm], pids["upstream"]))
+                    phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
+                    print(f"  round {round_no + 1} {kind:11} c={c:<3} {arm:13} p50 {phase.p50_ms:7.2f}"
+                          f" ms  proxy cpu {phase.proxy_cpu_ms:5.2f} ms/req", file=sys.stderr)
+    return phases
+
+
+def _pairs(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    return TRACING_PAIRS + (BASELINE_PAIRS if args.baseline_src else ())
+
+
+def report_tracing(phases: dict[str, list[Phase]], pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    """Print each arm's CPU and p50, and what tracing adds (median of each round's difference)."""
+    lines = []
+    keys = list(dict.fromkeys(key.rsplit("/", 1)[0] for key in phases))
+    print(f"\n{'kind':11} {'c':>3} {'arm':13} {'proxy cpu':>9} {'p50 ms':>8}")
+    for key in keys:
+        kind, c = key.split("/")
+        for arm in dict.fromkeys(arm for pair in pairs for arm in pair):
+            runs = phases[f"{key}/{arm}"]
+            print(f"{kind:11} {c:>3} {arm:13} {statistics.median(p.proxy_cpu_ms for p in runs):9.2f} "
+                  f"{statistics.median(p.p50_ms for p in runs):8.2f}")
+        for off, on in pairs:
+            rounds = zip(phases[f"{key}/{off}"], phases[f"{key}/{on}"], strict=True)
+            added = statistics.median(b.proxy_cpu_ms - a.proxy_cpu_ms for a, b in rounds)
+            memory = "memory on" if "memory" in off else "memory off"
+            what = "tracing off, this code against the baseline" if off.startswith("before") \
+                else "tracing on (target <= 0.3)"
+            lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}: {added:+.3f} ms")
+    print("cpu: ms per request of the memproxy process; medians of rounds\n")
+    print("\n".join(lines))
+    return lines
+
+
+def run_tracing(args: argparse.Namespace) -> dict[str, list[Phase]]:
+    """The --tracing run: the upstream, an OTLP receiver and the four memproxy processes."""
+    up, sink = free_port(), free_port()
+    arms = {arm: (memory, traced, ROOT) for arm, (memory, traced) in TRACING_ARMS.items()}
+    if args.baseline_src:
+        arms |= {arm: (memory, traced, args.baseline_src.resolve())
+                 for arm, (memory, traced) in BASELINE_ARMS.items()}
+    ports = {arm: free_port() for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp, contextlib.ExitStack() as stack:
+        pids = {"upstream": stack.enter_context(serving(
+            "upstream", [sys.executable, "-m", "scripts.scripted_upstream", "--port", str(up)],
+            child_env(), f"http://127.0.0.1:{up}/v1/models", Path(tmp)))}
+        stack.enter_context(serving(
+            "otlp", [sys.executable, "-m", "tests.support.otlp_receiver", "--port", str(sink)],
+            child_env(), f"http://127.0.0.1:{sink}/", Path(tmp)))
+        for arm, (memory, traced, src) in arms.items():
+            env = child_env(
+                MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1",
+                MEMPROXY_MEMORY="on" if memory else "off", MEMPROXY_RECALL_CACHE_ENTRIES="0",
+                MEMPROXY_DATA_DIR=f"{tmp}/{arm}", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
+                MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
+                LITELLM_LOCAL_MODEL_COST_MAP="True", OTEL_SERVICE_NAME="memproxy-bench",
+            )
+            env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+            if traced:
+                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink}"
+            pids[arm] = stack.enter_context(serving(
+                arm, [sys.executable, "-m", "proxy", "serve", "--port", str(ports[arm])], env,
+                f"http://127.0.0.1:{ports[arm]}/readyz", Path(tmp), cwd=src))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(bench_tracing(args, ports, pids))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -318,10 +430,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="API formats to measure (default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 100 requests, 1 round (~45 s)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--tracing", action="store_true",
+                        help="what OpenTelemetry traces add, memory off and on (module docstring)")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+                        help="with --tracing: also run memproxy from this checkout, tracing off")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rounds, args.warmup, args.cap = 100, 1, 50, 1.5
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
+    if args.tracing:
+        try:
+            phases = run_tracing(args)
+        except (BenchError, KeyboardInterrupt) as exc:
+            print(f"bench_overhead: {exc if isinstance(exc, BenchError) else 'interrupted'}", file=sys.stderr)
+            return 1
+        targets = report_tracing(phases, _pairs(args))
+        if args.json:
+            rows = {key: [asdict(p) for p in runs] for key, runs in phases.items()}
+            config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}
+            args.json.write_bytes(orjson.dumps({"config": config, "phases": rows, "targets": targets},
+                                               option=orjson.OPT_INDENT_2))
+        return 0
     up, px = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp:
         proxy_env = child_env(

@@ -83,6 +83,8 @@ def test_each_third_party_store_library_lives_behind_one_module() -> None:
         ("aiosqlite", {"memory/storage/database.py"}),
         ("asyncpg", {"memory/storage/postgres.py", "memory/storage/postgres_schema.py"}),
         ("chromadb", {"memory/index/vectors.py"}),
+        # Traces: memory opens spans through its neutral hook (memory/tracing.py).
+        ("opentelemetry", {"proxy/http/tracing.py"}),
         # vectors.py checks Chroma's own SQLite file, never ours.
         ("sqlite3", {"memory/storage/database.py", "memory/storage/migrations.py",
                      "memory/storage/spool.py",

@@ -19,6 +19,12 @@ class ServingSettings:
         "info", "Log level: debug, info, warning or error.",
         choices=("debug", "info", "warning", "error"),
     )
+    log_format: str = setting(
+        "json", "Log line format: json (one JSON object per line; a request's line carries "
+        "its trace_id and span_id while tracing is on, docs/tracing.md) or text (for a "
+        "terminal: time, level, logger, message, then key=value fields).",
+        choices=("json", "text"),
+    )
     max_body_bytes: int = setting(
         32 * 1024 * 1024, "Largest request body accepted, in bytes; larger bodies get 413.", min=1
     )

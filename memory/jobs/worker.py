@@ -22,12 +22,15 @@ dead) waits for the database the same way instead of giving up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from memory import tracing
 from memory.jobs.queue import JobQueue
 from memory.outages import is_outage
 from memory.storage.jobs import Job
@@ -230,7 +233,8 @@ class JobWorker:
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         try:
-            await self._batch_handlers[jobs[0].kind]([job.payload for job in jobs])
+            with _span(jobs):
+                await self._batch_handlers[jobs[0].kind]([_payload(job) for job in jobs])
         except Exception as exc:  # which job caused it is unknown: each is retried alone
             if is_outage(exc):  # none of them did: the batch is retried as it was
                 for job in jobs:
@@ -262,7 +266,8 @@ class JobWorker:
             await self._settle(job, lambda: self._store.bury(job, error))
             return
         try:
-            await handler(job.payload)
+            with _span([job]):
+                await handler(_payload(job))
         except JobFailed as exc:
             log.error("job %d (%s) failed for good: %s", job.id, job.kind, str(exc)[:200])
             error = str(exc)[:_MAX_FAILED_CHARS]
@@ -324,6 +329,26 @@ class JobWorker:
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Only settling failed (e.g. the database went away); start() will requeue it.
             log.error("%s could not be settled", task.get_name(), exc_info=exc)
+
+
+def _span(jobs: list[Job]) -> AbstractContextManager[tracing.Span | None]:
+    """The span of one run of `jobs` (one, or a batch of one kind): a trace of its own,
+    linked to the spans that queued each job (docs/tracing.md)."""
+    if not tracing.active():
+        return contextlib.nullcontext()
+    links = [queued for job in jobs if isinstance(queued := job.payload.get(tracing.QUEUED_BY), str)]
+    return tracing.linked(f"memproxy.job {jobs[0].kind}", links, {
+        "memproxy.job.kind": jobs[0].kind, "memproxy.job.count": len(jobs),
+        "memproxy.job.ids": [job.id for job in jobs],
+        "memproxy.job.attempt": max(job.attempts for job in jobs),
+    })
+
+
+def _payload(job: Job) -> dict[str, Any]:
+    """What the handler gets: the payload without the tracing's link."""
+    if tracing.QUEUED_BY not in job.payload:
+        return job.payload
+    return {key: value for key, value in job.payload.items() if key != tracing.QUEUED_BY}
 
 
 def _being_cancelled() -> bool:

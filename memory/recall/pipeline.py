@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from config import Settings
+from memory import tracing
 from memory.index.shared_vectors import SharedVectors
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
@@ -84,6 +85,13 @@ class RecallPipeline:
     async def cached_recall(self, request: RecallRequest) -> Recalled:
         """`recall`, or the result of the same request kept while the user's memory is
         unchanged (memory.recall.cache)."""
+        with tracing.span("memproxy.recall") as span:
+            recalled = await self._cached_recall(request)
+            if span is not None:
+                _describe(span, request, recalled)
+            return recalled
+
+    async def _cached_recall(self, request: RecallRequest) -> Recalled:
         spooled = await self._spooled(request)
         if self.cache.size <= 0 or spooled:
             # Spooled turns change no stamp of the database (which may not answer at all).
@@ -95,10 +103,11 @@ class RecallPipeline:
             org, sorted(request.shown), request.add_budget, request.relevance,
             messages=request.messages,
         )
-        stamp = (
-            await versions.stamp(self.db, request.user_id, request.session_id),
-            None if org is None else await versions.stamp(self.db, org, ""),
-        )
+        with tracing.db_span(self.db.dialect, "stamp", "memory_versions"):
+            stamp = (
+                await versions.stamp(self.db, request.user_id, request.session_id),
+                None if org is None else await versions.stamp(self.db, org, ""),
+            )
         kept = self.cache.get(key, stamp)
         if kept is not None:
             return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
@@ -112,7 +121,11 @@ class RecallPipeline:
         Raises SpoolRecall, holding a block made of the session's spooled turns, when the
         database is unreachable and the spool holds turns of the request's session.
         """
-        return await self._recall(request, await self._spooled(request))
+        with tracing.span("memproxy.recall") as span:
+            recalled = await self._recall(request, await self._spooled(request))
+            if span is not None:
+                _describe(span, request, recalled)
+            return recalled
 
     async def _spooled(self, request: RecallRequest) -> list[NewTurn]:
         if self.spooled is None:
@@ -167,18 +180,17 @@ class RecallPipeline:
             vector: np.ndarray | None = None
             if self.weights.dense:
                 # Meanwhile: are the copies of the vectors to search still current?
-                embedded, _ = await asyncio.gather(
-                    self.speaker_query.embed(request.user_id, for_embedding(query, words)),
-                    self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
-                )
+                with tracing.span("memproxy.recall.embed_query"):
+                    embedded, _ = await asyncio.gather(
+                        self.speaker_query.embed(request.user_id, for_embedding(query, words)),
+                        self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
+                    )
                 vector = embedded[0]
             embed_ms = _ms(embedding) if vector is not None else 0.0
             dense, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
-                self.learned_recall.gather(
-                    request.user_id, request.session_id, query, vector,
-                    session_only=session is not None, present=present,
-                ),
+                self._learned(request, query, vector, session_only=session is not None,
+                              present=present),
                 self.learned_recall.shared(org, query, vector, present=present)
                 if org is not None else _no_items(),
             )
@@ -187,14 +199,30 @@ class RecallPipeline:
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
                 return [], []
-            found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
-            return found, await self.log.get_chunks([chunk_id for chunk_id, _ in found])
+            # A database step (FTS5, or tsvector on PostgreSQL) and the rows it found.
+            with tracing.db_span(self.db.dialect, "lexical_search", "chunks") as span:
+                found = await self.lexical.search(request.user_id, query, k=k, session_id=session)
+                rows = await self.log.get_chunks([chunk_id for chunk_id, _ in found])
+                if span is not None:
+                    span.set_attribute("memproxy.recall.candidates", len(found))
+                return found, rows
 
         # A signal weighted 0 is not searched at all (that is how ablations run); the
         # lexical search, and reading what it found, runs while the query is embedded.
         (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
             by_meaning(), by_words()
         )
+        with tracing.span("memproxy.recall.rank") as ranking:
+            ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
+            if ranking is not None:
+                ranking.set_attribute("memproxy.recall.candidates", len(ranked) + len(learned))
+        with tracing.span("memproxy.recall.pack"):  # what it packed is on the recall span
+            return self._pack(request, learned, ranked, started, embed_ms)
+
+    async def _rank(
+        self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
+        dense: list[tuple[str, float]], lexical: list[tuple[int, float]], rows: list[ChunkRow],
+    ) -> list[Candidate]:
         candidates = await self._candidates(request.user_id, present, dense, lexical, rows)
         if spooled:  # not in the database yet: matched by words, beside what it holds
             scale = max((c.bm25 for c in candidates.values()), default=0.0) or 1.0
@@ -212,6 +240,12 @@ class RecallPipeline:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
+        return ranked
+
+    def _pack(
+        self, request: RecallRequest, learned: Learned, ranked: list[Candidate], started: float,
+        embed_ms: float,
+    ) -> Recalled:
         share = self.settings.org_budget_share
         packed = pack_ranked(learned, ranked, request.budget, request.model, share)
         if request.shown:  # a later block of a stable injection (outcome.new_relevant)
@@ -236,7 +270,32 @@ class RecallPipeline:
         where = {"user_id": user_id, "source": "turn"} if session_id is None else {
             "user_id": user_id, "session_id": session_id, "source": "turn",
         }
-        return await self.shared_vectors.query(vector, k=k, where=where)
+        with tracing.span("memproxy.recall.dense_search") as span:
+            found = await self.shared_vectors.query(vector, k=k, where=where)
+            if span is not None:
+                span.set_attribute("memproxy.recall.candidates", len(found))
+            return found
+
+    async def _learned(
+        self, request: RecallRequest, query: str, vector: np.ndarray | None, *,
+        session_only: bool, present: str,
+    ) -> Learned:
+        """Facts, summaries and the profile that match (their rows and their vectors)."""
+        with tracing.span("memproxy.recall.learned") as span:
+            learned = await self.learned_recall.gather(
+                request.user_id, request.session_id, query, vector,
+                session_only=session_only, present=present,
+            )
+            if span is not None:
+                span.set_attribute("memproxy.recall.candidates", len(learned))
+            return learned
+
+    async def _chunks(self, ids: list[int]) -> list[ChunkRow]:
+        """The chunks `ids` name, read from the database (a database step of recall)."""
+        if not ids:
+            return []
+        with tracing.db_span(self.db.dialect, "read", "chunks"):
+            return await self.log.get_chunks(ids)  # the candidates' rows, or their neighbours
 
     async def _candidates(
         self, user_id: str, present: str, dense: list[tuple[str, float]],
@@ -254,7 +313,7 @@ class RecallPipeline:
         # logged before the client resent it with a name): one candidate per text, with the
         # best of each signal, shown under a name when any copy has one.
         by_text: dict[str, Candidate] = {}
-        for row in [*read, *await self.log.get_chunks(unread)]:
+        for row in [*read, *await self._chunks(unread)]:
             if row.user_id != user_id or row.text.strip() in present:
                 continue  # already in the prompt (or, defensively, not this user's)
             dense_score, bm25 = scores[row.id]
@@ -279,7 +338,7 @@ class RecallPipeline:
         alias: dict[str, str] = {}
         added: dict[str, Candidate] = {}
         unknown = list(dict.fromkeys(n for _, n in pairs if f"c{n}" not in known))
-        for row in await self.log.get_chunks(unknown):
+        for row in await self._chunks(unknown):
             if row.user_id != user_id or row.text.strip() in present:
                 continue
             same = by_text.setdefault(_same_text(row.text), f"c{row.id}")
@@ -307,6 +366,19 @@ def _same_text(text: str) -> str:
 
 async def _no_items() -> list[LearnedItem]:
     return []
+
+
+def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) -> None:
+    """A recall span's attributes: what was asked and found (never the text)."""
+    span.set_attributes({
+        "memproxy.recall.budget": request.budget, "memproxy.recall.scope": request.scope,
+        "memproxy.recall.candidates": recalled.candidates,
+        "memproxy.recall.items": len(recalled.items),
+        "memproxy.recall.injected_tokens": recalled.tokens,
+        "memproxy.recall.cache_hit": recalled.cached,
+        "memproxy.recall.truncated": recalled.truncated,
+        **({"memproxy.recall.skipped": recalled.skipped} if recalled.skipped else {}),
+    })
 
 
 def _ms(started: float) -> float:

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memory import tracing
 from memory.storage.database import Connection, Transaction, marks, only_row
 
 STATUSES = ("queued", "running", "done", "dead")
@@ -87,6 +88,9 @@ async def enqueue(
     `tx`; return its id."""
     now = time.time()
     ready = now if run_after is None else run_after
+    if (queued_by := tracing.traceparent()) is not None:
+        # The span that queued the job: the job's own span links back to it (memory/tracing.py).
+        payload = {**payload, tracing.QUEUED_BY: queued_by}
     # Only the owner's jobs ready by then: a job delayed into the future (a retry's backoff)
     # must not push the owner's jobs that are ready now behind it.
     last = await tx.fetch(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from memory import count_tokens, turn_text
+from memory import count_tokens, trace_span, turn_text
 from proxy.formats.shape import Shape
 
 if TYPE_CHECKING:
@@ -70,8 +70,30 @@ async def compact(
     span = middle(shape, state.settings.compact_keep_last)
     if span is None:
         return None
+    with trace_span("memproxy.compaction") as traced:
+        compacted = await _compacted(state, call, step, body, span, model)
+        after = conversation_tokens(fmt.conversation(compacted), model) + block_tokens \
+            if compacted is not None else before
+        if traced is not None:
+            traced.set_attributes({"memproxy.compaction.window": window,
+                                   "memproxy.compaction.tokens_before": before,
+                                   "memproxy.compaction.tokens_after": after})
+    if compacted is None:
+        return None
+    call.headers["X-Memory-Compacted"] = f"{before}->{after}"
+    state.metrics.compactions.labels(fmt.route).inc()
+    state.metrics.compacted_tokens.inc(max(0, before - after))
+    return compacted
+
+
+async def _compacted(
+    state: AppState, call: Call, step: MemoryStep, body: dict[str, Any], span: tuple[int, int],
+    model: str,
+) -> dict[str, Any] | None:
+    """`body` with `span` replaced by the session's summary (None without one)."""
+    assert state.memory is not None
     try:
-        summary = await memory.session_summary(
+        summary = await state.memory.session_summary(
             call.identity.user_id, call.identity.session_id, through=await step.stored_turn(),
             model=model, route=step.route,
         )
@@ -80,12 +102,7 @@ async def compact(
         return None
     if not summary:
         return None
-    compacted = fmt.compacted(body, span, f"{HEADING}\n{summary}")
-    after = conversation_tokens(fmt.conversation(compacted), model) + block_tokens
-    call.headers["X-Memory-Compacted"] = f"{before}->{after}"
-    state.metrics.compactions.labels(fmt.route).inc()
-    state.metrics.compacted_tokens.inc(max(0, before - after))
-    return compacted
+    return call.fmt.compacted(body, span, f"{HEADING}\n{summary}")
 
 
 def _window(call: Call, model: str) -> int | None:

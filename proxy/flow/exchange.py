@@ -37,6 +37,7 @@ from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
 from proxy.state import AppState
+from proxy.upstream import genai_span
 from proxy.upstream.client import (
     UpstreamReply,
     forward_headers,
@@ -91,7 +92,10 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         state.metrics.observe(fmt.route, status, elapsed)
         log = get_logger(fmt.route)
         if log.isEnabledFor(logging.INFO):
-            log.info(fmt.route, extra=_log_fields(request, status, elapsed))
+            fields = _log_fields(request, status, elapsed)
+            if state.tracing is not None:  # the line joins the request's trace
+                fields.update(state.tracing.log_ids())
+            log.info(fmt.route, extra=fields)
 
 
 def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]:
@@ -226,12 +230,29 @@ def _memory_step(
 async def _send(
     request: Request, state: AppState, call: Call, payload: bytes, body: dict[str, Any]
 ) -> UpstreamReply:
-    """Open the reply: raw bytes to an upstream that speaks the format, or through litellm."""
+    """Open the reply: raw bytes to an upstream that speaks the format, or through litellm;
+    while tracing, inside the call's CLIENT span (proxy/upstream/genai_span.py)."""
+    if state.tracing is None:
+        return await _open(request, state, call, payload, body, None)
+    return await genai_span.traced(
+        state.tracing, call.target, body, api=call.fmt.route,
+        messages=lambda: call.fmt.conversation(body),
+        read_text=lambda reply: call.fmt.read_reply(reply).text, tee=call.fmt.tee,
+        send=partial(_open, request, state, call, payload, body),
+    )
+
+
+async def _open(
+    request: Request, state: AppState, call: Call, payload: bytes, body: dict[str, Any],
+    trace: Mapping[str, str] | None,
+) -> UpstreamReply:
     if call.target.via_litellm:
-        return await call.fmt.open_litellm(call.target, body, timeout=state.settings.upstream_timeout)
+        return await call.fmt.open_litellm(
+            call.target, body, timeout=state.settings.upstream_timeout, trace=trace
+        )
     headers = forward_headers(
         request.headers.items(), call.target,
-        strip_auth=bool(state.settings.api_keys), identity_encoding=True,
+        strip_auth=bool(state.settings.api_keys), identity_encoding=True, trace=trace,
     )
     return await state.upstream.open_ok(
         "POST", url_for(call.target, call.fmt.path), headers, payload,

@@ -120,8 +120,12 @@ class ApiFormat(Protocol):
         last chunk relayed (a format may number its events)."""
         ...
 
-    async def open_litellm(self, target: Target, body: dict[str, Any], *, timeout: float) -> UpstreamReply:
-        """Send through litellm; the reply in this format's wire shape."""
+    async def open_litellm(
+        self, target: Target, body: dict[str, Any], *, timeout: float,
+        trace: Mapping[str, str] | None = None,
+    ) -> UpstreamReply:
+        """Send through litellm (with `trace`, memproxy's Trace Context headers); the reply
+        in this format's wire shape."""
         ...
 
 

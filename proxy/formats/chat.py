@@ -79,12 +79,13 @@ class ChatFormat:
         return sse_error_event(error)
 
     async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float
+        self, target: Target, body: dict[str, Any], *, timeout: float,
+        trace: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         """litellm's chat completion, in OpenAI's chat wire format."""
         from proxy.upstream.litellm_transport import open_chat
 
-        return await open_chat(target, body, CHAT_PARAMS, timeout=timeout)
+        return await open_chat(target, body, CHAT_PARAMS, timeout=timeout, trace=trace)
 
 
 CHAT = ChatFormat()

@@ -138,12 +138,13 @@ class MessagesFormat:
         return b"event: error\ndata: " + orjson.dumps(envelope(error.status, error.message)) + b"\n\n"
 
     async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float
+        self, target: Target, body: dict[str, Any], *, timeout: float,
+        trace: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         """litellm's Messages interface, translating to the route's provider."""
         from proxy.upstream.litellm_transport import open_messages
 
-        return await open_messages(target, body, MESSAGES_PARAMS, timeout=timeout)
+        return await open_messages(target, body, MESSAGES_PARAMS, timeout=timeout, trace=trace)
 
 
 MESSAGES = MessagesFormat()

@@ -145,12 +145,13 @@ class ResponsesFormat:
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
     async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float
+        self, target: Target, body: dict[str, Any], *, timeout: float,
+        trace: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         """litellm's Responses API (translated for providers that lack it)."""
         from proxy.upstream.litellm_transport import open_responses
 
-        return await open_responses(target, body, RESPONSES_PARAMS, timeout=timeout)
+        return await open_responses(target, body, RESPONSES_PARAMS, timeout=timeout, trace=trace)
 
 
 RESPONSES = ResponsesFormat()

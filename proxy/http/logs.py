@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line. Never log keys or message content at info."""
+"""Structured logs: one JSON object per line (MEMPROXY_LOG_FORMAT=json, the default) or a
+line for a terminal (text). Never log keys or message content at info."""
 
 from __future__ import annotations
 
@@ -28,10 +29,23 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def configure_logging(level: str) -> None:
-    """Send memproxy's logs to stderr as JSON lines."""
+class TextFormatter(logging.Formatter):
+    """Render a record for a terminal: time, level, logger, message, then key=value fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = self.formatTime(record, "%H:%M:%S")
+        fields = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _RESERVED)
+        line = f"{when} {record.levelname.lower():7} {record.name} {record.getMessage()}"
+        line = f"{line} {fields}" if fields else line
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(level: str, line_format: str = "json") -> None:
+    """Send memproxy's logs to stderr as JSON lines (or, `text`, lines for a terminal)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JSONFormatter())
+    handler.setFormatter(TextFormatter() if line_format == "text" else JSONFormatter())
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())

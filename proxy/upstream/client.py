@@ -22,7 +22,7 @@ import random
 import re
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +45,8 @@ HOP_BY_HOP = frozenset({
     "transfer-encoding", "upgrade", "host", "content-length",
 })
 NOT_RELAYED = HOP_BY_HOP | {"date"}
+# W3C Trace Context (https://www.w3.org/TR/trace-context/), swapped for ours while tracing.
+TRACE_CONTEXT_HEADERS = frozenset({"traceparent", "tracestate"})
 # Credentials the client sent to memproxy itself when proxy keys are on.
 PROXY_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 MAX_ERROR_BODY = 1 << 20
@@ -314,13 +316,20 @@ async def read_body(response: UpstreamReply, *, limit: int | None = None) -> byt
 
 
 def forward_headers(
-    incoming: Iterable[tuple[str, str]], target: Target, *, strip_auth: bool, identity_encoding: bool
+    incoming: Iterable[tuple[str, str]], target: Target, *, strip_auth: bool, identity_encoding: bool,
+    trace: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop and memproxy's own, with the target's key."""
+    """The client's headers minus hop-by-hop and memproxy's own, with the target's key.
+
+    `trace`: while tracing, the Trace Context headers of memproxy's CLIENT span, which
+    replace the client's (its traceparent names the client's span, not ours).
+    """
     out = []
     for name, value in incoming:
         lower = name.lower()
         if lower in HOP_BY_HOP or lower.startswith("x-memory"):
+            continue
+        if trace is not None and lower in TRACE_CONTEXT_HEADERS:
             continue
         if lower in PROXY_AUTH_HEADERS and (strip_auth or target.api_key):
             continue
@@ -334,6 +343,8 @@ def forward_headers(
     if identity_encoding:
         # Chat replies are read by memproxy (to remember them), so ask for plain bytes.
         out.append(("accept-encoding", "identity"))
+    if trace is not None:
+        out.extend(trace.items())
     return out
 
 

@@ -14,7 +14,7 @@ an address: litellm's texts carry the host and port it tried.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Set
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Set
 from typing import Any
 
 import httpx
@@ -83,11 +83,14 @@ class LitellmReply:
 
 async def _call(
     function: Callable[..., Awaitable[Any]], target: Target, body: dict[str, Any],
-    allowed: Set[str], timeout: float,
+    allowed: Set[str], timeout: float, trace: Mapping[str, str] | None,
 ) -> Any:
     """Call one of litellm's entry points with the body's `allowed` fields (its API
-    format's parameters) and the route's host and key."""
+    format's parameters) and the route's host and key; `trace`: the Trace Context headers
+    of memproxy's CLIENT span (proxy/upstream/genai_span.py), the only headers it adds."""
     params = {name: value for name, value in body.items() if name in allowed and name != "model"}
+    if trace:
+        params["extra_headers"] = dict(trace)
     try:
         return await function(
             model=_model_name(target, body["model"]), api_key=target.api_key,
@@ -98,10 +101,11 @@ async def _call(
 
 
 async def open_chat(
-    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
+    trace: Mapping[str, str] | None = None,
 ) -> LitellmReply:
     """Send a chat completion through litellm; the answer in OpenAI's chat format."""
-    result = await _call(litellm.acompletion, target, body, allowed, timeout)
+    result = await _call(litellm.acompletion, target, body, allowed, timeout, trace)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(result.model_dump(exclude_none=True))),
                             "application/json", target)
@@ -109,20 +113,22 @@ async def open_chat(
 
 
 async def open_responses(
-    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
+    trace: Mapping[str, str] | None = None,
 ) -> LitellmReply:
     """Send a Responses API request through litellm; the answer in the Responses format."""
-    result = await _call(litellm.aresponses, target, body, allowed, timeout)
+    result = await _call(litellm.aresponses, target, body, allowed, timeout, trace)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
     return LitellmReply(_named_events(result), "text/event-stream", target, close=_closer(result))
 
 
 async def open_messages(
-    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float
+    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
+    trace: Mapping[str, str] | None = None,
 ) -> LitellmReply:
     """Send an Anthropic Messages request through litellm; the answer in that format."""
-    result = await _call(litellm.anthropic_messages, target, body, allowed, timeout)
+    result = await _call(litellm.anthropic_messages, target, body, allowed, timeout, trace)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
     # litellm streams these as the SSE bytes Anthropic sends.

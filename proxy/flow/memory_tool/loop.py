@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from config import Flags
-from memory import MemoryEngine, RecallRequest
+from memory import MemoryEngine, RecallRequest, trace_span
 from proxy.flow.memory_tool.chat import ChatDialect
 from proxy.flow.memory_tool.dialect import TOOL_NAME, Dialect, Search, add_usage
 from proxy.flow.memory_tool.messages import MessagesDialect
@@ -162,10 +162,12 @@ class MemoryTool:
         # recall leaves out what it already holds.
         asked = [*step.context, *sent, {"role": "user", "content": query}]
         try:
-            recalled = await self.memory.recall(RecallRequest(
-                step.identity.user_id, step.identity.session_id, asked, step.model,
-                self.budget, step.flags.scope, org_id=step.identity.org_id,
-            ))
+            # Its recall's spans go under the round's (docs/tracing.md).
+            with trace_span("memproxy.memory_tool.search", {"memproxy.memory_tool.search": self.searches}):
+                recalled = await self.memory.recall(RecallRequest(
+                    step.identity.user_id, step.identity.session_id, asked, step.model,
+                    self.budget, step.flags.scope, org_id=step.identity.org_id,
+                ))
         except Exception as exc:  # memory never breaks the chat: the model goes on without it
             step.failed(TOOL_NAME, exc)
             counted.labels("failed").inc()

@@ -1,0 +1,328 @@
+"""The upstream call's CLIENT span, with the GenAI semantic conventions (docs/tracing.md).
+
+https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/: `gen_ai.operation.name`,
+the provider, the request and response models, token usage and finish reasons. The span
+wraps the transport's reply (`UpstreamReply`), so a streamed call's span ends at its last
+byte, when the relay closes it, and records the time to the first chunk.
+
+What the reply said is read from it after the fact, not as it passes: a whole body once,
+a stream's first event and last few (the model is in the first; usage and finish reasons
+in the last ones, in each API format), kept in bounded buffers. Message contents go on the
+span only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true, redacted as stored
+turns are.
+
+Nothing here imports OpenTelemetry: the app's `Tracing` (proxy/http/tracing.py) makes the span.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
+
+if TYPE_CHECKING:
+    from proxy.http.tracing import Span, Tracing
+
+# litellm's provider names that the semantic conventions spell otherwise.
+_PROVIDERS = {
+    "gemini": "gcp.gemini", "vertex_ai": "gcp.vertex_ai", "bedrock": "aws.bedrock",
+    "azure": "azure.ai.openai", "mistral": "mistral_ai", "xai": "x_ai",
+    "watsonx": "ibm.watsonx.ai",
+}
+_HEAD_BYTES = 8192  # a stream's first events (its model)
+_TAIL_CHUNKS = 16  # and its last chunks (usage, finish reasons)
+_TAIL_EVENTS = 4
+_REQUEST_PARAMS = (
+    ("max_tokens", "gen_ai.request.max_tokens"), ("max_output_tokens", "gen_ai.request.max_tokens"),
+    ("max_completion_tokens", "gen_ai.request.max_tokens"),
+    ("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p"),
+)
+
+
+class TextTee(Protocol):
+    """A format's stream reader (proxy.formats.base.ReplyTee), for the captured reply."""
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes."""
+        ...
+
+    @property
+    def text(self) -> str:
+        """The reply so far."""
+        ...
+
+
+def provider_name(target: Target, fallback: str) -> str:
+    """`gen_ai.provider.name` of a target: litellm's provider, else what the format speaks."""
+    if target.provider is None:
+        return fallback
+    return _PROVIDERS.get(target.provider, target.provider)
+
+
+async def traced(
+    tracing: Tracing, target: Target, body: Mapping[str, Any], *, api: str,
+    messages: Callable[[], Sequence[Mapping[str, Any]]], read_text: Callable[[dict[str, Any]], str],
+    tee: Callable[[], TextTee], send: Callable[[Mapping[str, str]], Awaitable[UpstreamReply]],
+) -> UpstreamReply:
+    """Send one upstream call (`send` gets the Trace Context headers to add) inside its
+    CLIENT span; the reply ends the span when it is closed. `api` is the client's API format
+    (`chat`, `responses`, `messages`), whose protocol a route without a provider speaks."""
+    provider = provider_name(target, "anthropic" if api == "messages" else "openai")
+    call = start(tracing, target, body, provider=provider, messages=messages)
+    try:
+        reply = await send(call.headers)
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    if not call.span.is_recording():  # sampled out: the headers went, nothing to read
+        call.span.end()
+        return reply
+    return call.reply(reply, read_text=read_text, tee=tee)
+
+
+def start(
+    tracing: Tracing, target: Target, body: Mapping[str, Any], *, provider: str,
+    operation: str = "chat", messages: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+) -> GenAICall:
+    """Open the CLIENT span of one upstream call; `messages` gives the conversation sent,
+    captured only when contents are."""
+    model = body.get("model")
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+        "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
+        "gen_ai.request.model": model if isinstance(model, str) else "",
+        "gen_ai.request.stream": body.get("stream") is True,
+    }
+    for field, name in _REQUEST_PARAMS:
+        value = body.get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            attributes[name] = value
+    if target.base_url:
+        attributes.update(_server(target.base_url))
+    if tracing.capture_content and messages is not None:
+        attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
+    span, headers = tracing.start_client(f"{operation} {attributes['gen_ai.request.model']}".strip(), attributes)
+    return GenAICall(tracing, span, headers)
+
+
+class GenAICall:
+    """One upstream call's open span and the Trace Context headers that carry it."""
+
+    def __init__(self, tracing: Tracing, span: Span, headers: dict[str, str]) -> None:
+        self.tracing = tracing
+        self.span = span
+        self.headers = headers  # traceparent (and tracestate) of this CLIENT span
+
+    def failed(self, exc: BaseException) -> None:
+        """The call failed before a reply: end the span so."""
+        self.tracing.fail(self.span, exc)
+
+    def reply(
+        self, reply: UpstreamReply, *, read_text: Callable[[dict[str, Any]], str],
+        tee: Callable[[], TextTee],
+    ) -> TracedReply:
+        """`reply`, ending this span when it is closed."""
+        return TracedReply(self, reply, read_text=read_text, tee=tee)
+
+
+class TracedReply:
+    """An `UpstreamReply` that records on its call's span what passes, and ends it at close."""
+
+    def __init__(
+        self, call: GenAICall, reply: UpstreamReply, *, read_text: Callable[[dict[str, Any]], str],
+        tee: Callable[[], TextTee],
+    ) -> None:
+        self._call = call
+        self._reply = reply
+        self.status_code = reply.status_code
+        self.headers: UpstreamHeaders = reply.headers
+        self._stream = reply.headers.get("content-type", "").startswith("text/event-stream")
+        self._started = time.monotonic()
+        self._first_at: float | None = None
+        self._first_ns = 0
+        self._head: list[bytes] = []
+        self._head_size = 0
+        self._tail: deque[bytes] = deque(maxlen=_TAIL_CHUNKS)
+        self._tailed = 0
+        self._read_text = read_text
+        self._tee = tee() if call.tracing.capture_content and self._stream else None
+        self._error: BaseException | None = None
+        self._ended = False
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The reply's bytes, as they come."""
+        try:
+            async for chunk in self._reply.aiter_raw():
+                if self._first_at is None:
+                    self._first_at, self._first_ns = time.monotonic(), time.time_ns()
+                self._keep(chunk)
+                yield chunk
+        except BaseException as exc:
+            self._error = exc
+            raise
+
+    async def aclose(self) -> None:
+        """Close the reply and end the span."""
+        try:
+            await self._reply.aclose()
+        finally:
+            self._end()
+
+    def _keep(self, chunk: bytes) -> None:
+        if self._tee is not None:
+            self._tee.feed(chunk)
+        if not self._stream or self._head_size < _HEAD_BYTES:
+            self._head.append(chunk)  # a whole body is read once, at the end
+            self._head_size += len(chunk)
+            return
+        self._tail.append(chunk)  # a bounded deque: the oldest falls out, in C
+        self._tailed += 1
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        span = self._call.span
+        try:
+            if self._first_at is not None and self._stream:
+                span.set_attribute("gen_ai.response.time_to_first_chunk", self._first_at - self._started)
+                span.add_event("gen_ai.first_chunk", timestamp=self._first_ns)
+            span.set_attribute("http.response.status_code", self.status_code)
+            objects = self._objects()
+            span.set_attributes(reply_attributes(objects))
+            if self._call.tracing.capture_content:
+                text = self._tee.text if self._tee is not None else self._whole_text(objects)
+                if text:
+                    span.set_attribute("gen_ai.output.messages", _messages_json(
+                        [{"role": "assistant", "content": text}], self._call.tracing.redact))
+        finally:
+            if self._error is not None:
+                self._call.tracing.fail(span, self._error)
+            elif self.status_code >= 400:
+                self._call.tracing.fail(span, None, error_type=str(self.status_code))
+            else:
+                span.end()
+
+    def _objects(self) -> list[dict[str, Any]]:
+        if not self._stream:
+            body = _json(b"".join(self._head))
+            return [body] if body is not None else []
+        head = b"".join(self._head)
+        if self._tailed <= _TAIL_CHUNKS:
+            return [found for event in _events(head + b"".join(self._tail))
+                    if (found := _json(event)) is not None]
+        tail = b"".join(self._tail)
+        tail = tail[tail.find(b"\n\n") + 2:] if b"\n\n" in tail else b""  # from a whole event
+        first = next((found for event in _events(head) if (found := _json(event)) is not None), None)
+        last = [found for event in _events(tail)[-_TAIL_EVENTS:] if (found := _json(event)) is not None]
+        return [first, *last] if first is not None else last
+
+    def _whole_text(self, objects: list[dict[str, Any]]) -> str:
+        if self._stream or not objects or self.status_code >= 300:
+            return ""
+        try:
+            return self._read_text(objects[0])
+        except Exception:  # a reply the format cannot read has no text to capture
+            return ""
+
+
+def reply_attributes(objects: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The GenAI response attributes in a reply's JSON objects (a whole body, or stream
+    events), in any of the three API formats."""
+    model: str | None = None
+    reply_id: str | None = None
+    tokens: dict[str, int] = {}
+    reasons: list[str] = []
+    for found in objects:
+        for part in (found, found.get("response"), found.get("message")):
+            if not isinstance(part, dict):
+                continue
+            if model is None and isinstance(part.get("model"), str):
+                model = part["model"]
+            if reply_id is None and isinstance(part.get("id"), str):
+                reply_id = part["id"]
+            _usage(part.get("usage"), tokens)
+            _finish(part, reasons)
+        delta = found.get("delta")
+        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+            reasons.append(delta["stop_reason"])  # Messages: message_delta
+    out: dict[str, Any] = {f"gen_ai.usage.{name}": value for name, value in tokens.items()}
+    if model is not None:
+        out["gen_ai.response.model"] = model
+    if reply_id is not None:
+        out["gen_ai.response.id"] = reply_id
+    if reasons:
+        out["gen_ai.response.finish_reasons"] = list(dict.fromkeys(reasons))
+    return out
+
+
+def _usage(usage: Any, tokens: dict[str, int]) -> None:
+    if not isinstance(usage, dict):
+        return
+    for names, ours in ((("prompt_tokens", "input_tokens"), "input_tokens"),
+                        (("completion_tokens", "output_tokens"), "output_tokens")):
+        for name in names:
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                tokens[ours] = value
+
+
+def _finish(part: dict[str, Any], reasons: list[str]) -> None:
+    choices = part.get("choices")
+    if isinstance(choices, list):  # chat
+        reasons.extend(c["finish_reason"] for c in choices
+                       if isinstance(c, dict) and isinstance(c.get("finish_reason"), str))
+    if isinstance(part.get("stop_reason"), str):  # Messages
+        reasons.append(part["stop_reason"])
+    if part.get("object") == "response" and part.get("status") in ("completed", "incomplete", "failed"):
+        details = part.get("incomplete_details")  # Responses
+        reason = details.get("reason") if isinstance(details, dict) else None
+        reasons.append(reason if isinstance(reason, str) else part["status"])
+
+
+@functools.lru_cache(maxsize=64)
+def _server(base_url: str) -> dict[str, str | int]:
+    """`server.address` and `server.port` of an upstream (a route's, so few)."""
+    address = urllib.parse.urlsplit(base_url)
+    if not address.hostname:
+        return {}
+    return {"server.address": address.hostname,
+            "server.port": address.port or (443 if address.scheme == "https" else 80)}
+
+
+def _events(data: bytes) -> list[bytes]:
+    """The `data:` payloads of the whole SSE events in `data` (not `[DONE]`)."""
+    payloads = []
+    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
+        lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+        if lines and lines != [b"[DONE]"]:
+            payloads.append(b"\n".join(lines))
+    return payloads
+
+
+def _json(data: bytes) -> dict[str, Any] | None:
+    try:
+        found = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _messages_json(messages: Sequence[Mapping[str, Any]], redact: Callable[[str], str]) -> str:
+    """Messages in the GenAI conventions' shape (role and text parts), each text redacted."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else orjson.dumps(content).decode() \
+            if content is not None else ""
+        out.append({"role": str(message.get("role", "")),
+                    "parts": [{"type": "text", "content": redact(text)}]})
+    return orjson.dumps(out).decode()
+
