@@ -21,6 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memory.admin.api_keys import SECRET_PREFIX, KeyNotFound, KeyRevoked, KeyStore
+    from memory.admin.api_keys import digest as key_digest
     from memory.admin.backup import BackupError, BackupResult, backup
     from memory.admin.clearing import ClearExpired, ClearNotFound
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from memory.recall.query import build_query, for_embedding
     from memory.recall.spooled import SpoolRecall
     from memory.scopes import organization_memory
+    from memory.storage.api_keys import StoredKey
     from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
@@ -115,6 +118,13 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "MigrateError": ("memory.admin.migrate", "MigrateError"),
     "MigrateResult": ("memory.admin.migrate", "MigrateResult"),
     "CopiedBatch": ("memory.storage.bulk_copy", "Batch"),
+    # proxy keys kept in the database (docs/keys.md)
+    "KeyStore": ("memory.admin.api_keys", "KeyStore"),
+    "KeyNotFound": ("memory.admin.api_keys", "KeyNotFound"),
+    "KeyRevoked": ("memory.admin.api_keys", "KeyRevoked"),
+    "SECRET_PREFIX": ("memory.admin.api_keys", "SECRET_PREFIX"),
+    "StoredKey": ("memory.storage.api_keys", "StoredKey"),
+    "key_digest": ("memory.admin.api_keys", "digest"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
     "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
@@ -137,6 +147,7 @@ __all__ = [
     "MAX_METRICS_ROWS",
     "MAX_SESSIONS_PAGE",
     "MAX_TEXT_CHARS",
+    "SECRET_PREFIX",
     "BackupError",
     "BackupResult",
     "ChunkSearch",
@@ -151,6 +162,9 @@ __all__ = [
     "FactError",
     "FactNotFound",
     "Injection",
+    "KeyNotFound",
+    "KeyRevoked",
+    "KeyStore",
     "LocalEmbedder",
     "MemoryEngine",
     "MigrateError",
@@ -165,6 +179,7 @@ __all__ = [
     "RequestMetrics",
     "SQLiteDatabase",
     "SpoolRecall",
+    "StoredKey",
     "Spooled",
     "TurnLog",
     "Unavailable",
@@ -179,6 +194,7 @@ __all__ = [
     "for_embedding",
     "inject",
     "is_outage",
+    "key_digest",
     "message_text",
     "migrate",
     "open_database",

@@ -62,7 +62,7 @@ class HostPolicy:
         if settings.allowed_hosts is not None:
             names = {name.strip().lower().rstrip(".") for name in settings.allowed_hosts.split(",")}
             return cls("*" in names, frozenset(names - {"*"}))
-        if settings.api_keys or settings.admin_key:
+        if settings.keys_required or settings.admin_key:
             return cls(True)
         bound = settings.host.strip().lower()
         return cls(False, frozenset() if bound in WILDCARD_BINDS else frozenset({bound}))
