@@ -4,6 +4,7 @@ beside them. Attacks on the same surface are in tests/security/test_admin_keys.p
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.routing import Route
 
+from proxy.cli.main import main
+from proxy.management import admin_keys
+from proxy.management.openapi_admin import ADMIN_PATHS
 from tests.conftest import RunningProxy
 from tests.support.memory import QUIET, assert_error, check_schema, db_rows
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -218,3 +223,47 @@ def test_without_auth_keys_a_stored_key_is_taken_and_keyless_requests_go_as_befo
         api.delete(f"/keys/{created['id']}")
     with pytest.raises(openai.AuthenticationError):
         ask(proxy, created["key"])  # a memproxy key is checked, never passed on
+
+
+def test_the_keys_commands(capsys: pytest.CaptureFixture[str], keyed: RunningProxy) -> None:
+    def run(*argv: str) -> tuple[int, str, str]:
+        status = main(["keys", *argv, "--url", keyed.url, "--key", ADMIN])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    status, out, _ = run("create", "--user", "erin", "--rate-limit", "60",
+                         "--expires-at", "2999-01-01T00:00:00")
+    secret = out.splitlines()[0]
+    assert status == 0 and secret.startswith("mp-") and "only time" in out
+    assert ask(keyed, secret)
+    status, out, _ = run("list", "--json")
+    made = next(k for k in json.loads(out) if k["user"] == "erin")
+    assert made["rate_limit"] == 60 and made["expires_at"] == 32472144000.0
+    assert secret not in out
+    status, out, _ = run("list")
+    assert status == 0 and made["id"] in out and "user erin" in out and secret not in out
+    status, out, _ = run("show", made["id"], "--json")
+    assert json.loads(out)["status"] == "active"
+    assert run("revoke", made["id"])[0] == 0
+    status, _, err = run("revoke", made["id"])
+    assert status == 1 and "already revoked" in err and "409" in err
+    assert run("create", "--user", "erin", "--expires-at", "next week")[0] == 2
+    status, _, err = main_with_key(capsys, keyed, "env-key-alice-01", "list")
+    assert status == 1 and "403" in err
+
+
+def main_with_key(
+    capsys: pytest.CaptureFixture[str], proxy: RunningProxy, key: str, *argv: str
+) -> tuple[int, str, str]:
+    status = main(["keys", *argv, "--url", proxy.url, "--key", key])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_the_document_describes_every_admin_route() -> None:
+    described = {(path, method) for path, item in ADMIN_PATHS.items() for method in item
+                 if method not in ("servers", "parameters")}
+    served = {(route.path, method.lower()) for route in admin_keys.routes()
+              if isinstance(route, Route) for method in route.methods or () if method != "HEAD"}
+    assert described == served
+    assert all(item["servers"] == [{"url": "/v1/admin"}] for item in ADMIN_PATHS.values())
