@@ -78,6 +78,8 @@ class StoredKeys:
         if entry is None or entry.until <= now:
             entry = await self._load(digest, now)
         row, key = entry.row, entry.key
+        # The row was found by this digest; comparing again, in constant time, keeps a
+        # database that matched loosely (a collation, a prefix index) from letting one in.
         if row is None or key is None or not hmac.compare_digest(row.digest, digest):
             raise AuthenticationFailed("incorrect API key provided")
         if row.revoked_at is not None:
