@@ -41,6 +41,11 @@ class Settings(LearningSettings):
     from `MEMPROXY_X`."""
 
     @property
+    def keys_required(self) -> bool:
+        """Whether every request must show a valid proxy key (MEMPROXY_AUTH, api_keys)."""
+        return self.auth == "keys" or bool(self.api_keys)
+
+    @property
     def db_path(self) -> Path:
         """The SQLite database file."""
         return self.data_dir / "memproxy.db"

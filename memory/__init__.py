@@ -21,6 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memory.admin.api_keys import SECRET_PREFIX, KeyNotFound, KeyRevoked, KeyStore
+    from memory.admin.api_keys import digest as key_digest
     from memory.admin.backup import BackupError, BackupResult, backup
     from memory.admin.clearing import ClearExpired, ClearNotFound, ClearReceipt
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
     from memory.redact import Redactor
     from memory.scopes import organization_memory
+    from memory.storage.api_keys import StoredKey
     from memory.storage.bulk_copy import Batch as CopiedBatch
     from memory.storage.database import Database, SQLiteDatabase, open_database
     from memory.storage.facts import Fact
@@ -127,6 +130,13 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "MigrateError": ("memory.admin.migrate", "MigrateError"),
     "MigrateResult": ("memory.admin.migrate", "MigrateResult"),
     "CopiedBatch": ("memory.storage.bulk_copy", "Batch"),
+    # proxy keys kept in the database (docs/keys.md)
+    "KeyStore": ("memory.admin.api_keys", "KeyStore"),
+    "KeyNotFound": ("memory.admin.api_keys", "KeyNotFound"),
+    "KeyRevoked": ("memory.admin.api_keys", "KeyRevoked"),
+    "SECRET_PREFIX": ("memory.admin.api_keys", "SECRET_PREFIX"),
+    "StoredKey": ("memory.storage.api_keys", "StoredKey"),
+    "key_digest": ("memory.admin.api_keys", "digest"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
     "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
@@ -149,6 +159,7 @@ __all__ = [
     "MAX_METRICS_ROWS",
     "MAX_SESSIONS_PAGE",
     "MAX_TEXT_CHARS",
+    "SECRET_PREFIX",
     "BackupError",
     "BackupResult",
     "ChunkSearch",
@@ -164,6 +175,9 @@ __all__ = [
     "FactError",
     "FactNotFound",
     "Injection",
+    "KeyNotFound",
+    "KeyRevoked",
+    "KeyStore",
     "LocalEmbedder",
     "MemoryEngine",
     "MigrateError",
@@ -181,6 +195,7 @@ __all__ = [
     "SpoolRecall",
     "UnsavedStamp",
     "Spooled",
+    "StoredKey",
     "TurnLog",
     "Unavailable",
     "VectorIndex",
@@ -196,6 +211,7 @@ __all__ = [
     "for_embedding",
     "inject",
     "is_outage",
+    "key_digest",
     "message_text",
     "migrate",
     "open_database",

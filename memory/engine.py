@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from config import Settings
 from memory import tracing
+from memory.admin.api_keys import KeyStore
 from memory.admin.manage import Management
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
@@ -71,6 +72,7 @@ class MemoryEngine:
         # Every turn, fact, summary and imported record is redacted before it is stored.
         self.redact = Redactor(settings.redact)
         self.log = TurnLog(db, redact=self.redact)
+        self.keys = KeyStore(db)  # proxy keys kept in the database (docs/keys.md)
         self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.vectors = vectors
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).

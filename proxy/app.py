@@ -20,6 +20,7 @@ from config import Settings
 from config.settings import describe_storage
 from memory import Embedder, MemoryEngine, Redactor, activate_tracer, deactivate_tracer
 from proxy.access.edge import EdgeGuard
+from proxy.access.stored_keys import StoredKeys
 from proxy.flow.exchange import endpoint
 from proxy.formats.chat import CHAT
 from proxy.formats.messages import MESSAGES, count_message_tokens
@@ -35,6 +36,7 @@ from proxy.http.logs import configure_logging, get_logger
 from proxy.http.metrics import Metrics, metrics_endpoint
 from proxy.http.relay import SHUTDOWN_STATE
 from proxy.http.shutdown import Shutdown
+from proxy.management import admin_keys
 from proxy.management import routes as management_routes
 from proxy.management.panel import panel_routes
 from proxy.state import AppState
@@ -90,6 +92,8 @@ def create_app(
                 jobs_stop = asyncio.get_running_loop().create_task(
                     _stop_jobs_at_shutdown(state.shutdown, state.memory)
                 )
+            if state.memory is not None:
+                state.keys = StoredKeys(state.memory.keys)
             if mcp is not None:
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
@@ -111,6 +115,8 @@ def create_app(
             await state.drain()
             if jobs_stop is not None:
                 await jobs_stop
+            if state.keys is not None:
+                await state.keys.aclose()  # last-used times still pending
             if state.memory is not None and memory is None:
                 await state.memory.close(state.shutdown.remaining())
             if upstream is None:
@@ -137,6 +143,8 @@ def create_app(
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
+        # The admin API (docs/keys.md): the admin key only, before the pass-through too.
+        Mount("/v1/admin", routes=[*admin_keys.routes()]),
         *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
         *([Route("/mcp", mcp, methods=METHODS)] if mcp is not None else []),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from config import Settings
 from memory import MemoryEngine
 from proxy.access.limits import KeyLimits
+from proxy.access.stored_keys import StoredKeys
 from proxy.http.metrics import Metrics
 from proxy.http.shutdown import Shutdown
 from proxy.upstream.client import Upstream
@@ -29,6 +30,7 @@ class AppState:
     memory: MemoryEngine | None = None
     llm: LLMClient | None = None
     tracing: Tracing | None = None  # OpenTelemetry, when an OTLP endpoint is set
+    keys: StoredKeys | None = None  # keys in the database (None: memory, so the database, off)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     limits: KeyLimits = field(init=False)
     shutdown: Shutdown = field(init=False)

@@ -12,6 +12,7 @@ milliseconds per request of memproxy (utime+stime from /proc), the upstream and 
     .venv/bin/python -m scripts.bench_overhead --api chat      # one format only
     .venv/bin/python -m scripts.bench_overhead --json out.json
     .venv/bin/python -m scripts.bench_overhead --tracing       # what OpenTelemetry adds
+    .venv/bin/python -m scripts.bench_overhead --baseline /tmp/main --stored-key
 
 With `--tracing` it runs four memproxy processes instead, chat completions only: memory off
 and on, each without and with OpenTelemetry traces (the batch exporter, its default 5 s delay,
@@ -23,6 +24,11 @@ code with tracing off::
 
     git archive <commit> | tar -x -C /tmp/base
     .venv/bin/python -m scripts.bench_overhead --tracing --baseline-src /tmp/base
+
+`--baseline DIR` adds an arm: memproxy from another source tree (e.g. `git archive main |
+tar -x -C /tmp/main`), the same settings, so a change is measured against what it changes in
+the same run. `--stored-key` adds one more: this tree with MEMPROXY_AUTH=keys and every
+request carrying a key from the database (docs/keys.md), looked up through its cache.
 
 The load generator is raw asyncio streams with keep-alive and pre-encoded requests, so the
 client costs the same, and little, in both arms (it shares the cores with both servers).
@@ -102,12 +108,14 @@ class Phase:
     others_cores: float  # CPUs other processes kept busy meanwhile: noise
 
 
-def request_bytes(port: int, api: Api, stream: bool, *, memory: bool = False) -> bytes:
+def request_bytes(
+    port: int, api: Api, stream: bool, *, memory: bool = False, key: str = "sk-bench"
+) -> bytes:
     """One pre-encoded keep-alive request of `api`."""
     body = orjson.dumps({**api.body, "stream": stream})
     head = (
         f"POST {api.path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-        "content-type: application/json\r\nauthorization: Bearer sk-bench\r\n"
+        f"content-type: application/json\r\nauthorization: Bearer {key}\r\n"
         f"x-memory: {'on' if memory else 'off'}\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -255,24 +263,30 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
-async def bench(args: argparse.Namespace, ports: dict[str, int], pids: tuple[int, int]) -> dict[str, list[Phase]]:
-    """Warm up, then the rounds: every phase, keyed by kind/concurrency/arm."""
-    arms = ("direct", "proxy")
+async def bench(
+    args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int], up_pid: int,
+    keys: dict[str, str],
+) -> dict[str, list[Phase]]:
+    """Warm up, then the rounds: every phase, keyed by kind/concurrency/arm. `pids`: each
+    arm's memproxy (the direct arm's is the proxy arm's, idle then); `keys`: an arm's key."""
+    arms = tuple(ports)
     kinds = [f"{api}-{kind}" for api in args.api for kind in KINDS]
     requests = {
-        (kind, arm): (request_bytes(ports[arm], APIS[kind.split("-")[0]], kind.endswith("stream")),
+        (kind, arm): (request_bytes(ports[arm], APIS[kind.split("-")[0]], kind.endswith("stream"),
+                                    key=keys.get(arm, "sk-bench")),
                       APIS[kind.split("-")[0]])
         for kind in kinds for arm in arms
     }
     for (_kind, arm), request in requests.items():
-        await run_phase(ports[arm], request, 8, args.warmup, args.cap, pids)
+        await run_phase(ports[arm], request, 8, args.warmup, args.cap, (pids[arm], up_pid))
     phases: dict[str, list[Phase]] = {}
     for round_no in range(args.rounds):
         for kind in kinds:
             for c in args.concurrency:
                 for arm in arms if round_no % 2 == 0 else arms[::-1]:  # ABBA cancels drift
                     total = args.requests * (1 if c == 1 else 2)
-                    phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap, pids)
+                    phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap,
+                                            (pids[arm], up_pid))
                     phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
                     print(f"  round {round_no + 1} {kind:16} c={c:<3} {arm:6} p50 {phase.p50_ms:7.2f} ms"
                           f" {phase.rps:6.0f} req/s  others {phase.others_cores:.1f} CPUs", file=sys.stderr)
@@ -286,37 +300,42 @@ def summarise(phases: dict[str, list[Phase]]) -> dict[str, Any]:
         kind, c, arm = key.split("/")
         figures = {name: None if getattr(runs[0], name) is None
                    else statistics.median(getattr(p, name) for p in runs) for name in asdict(runs[0])}
-        if arm == "proxy":
+        if arm != "direct":
             pairs = zip(phases[f"{kind}/{c}/direct"], runs, strict=True)
             figures["added_p50_ms"] = statistics.median(p.p50_ms - d.p50_ms for d, p in pairs)
         rows.append({"kind": kind, "concurrency": int(c), "arm": arm, "rounds": len(runs), **figures})
     order = [f"{api}-{kind}" for api in APIS for kind in KINDS]
-    rows.sort(key=lambda r: (order.index(str(r["kind"])), r["concurrency"], r["arm"]))
+    arms = ["direct", "baseline", "proxy", "stored-key"]
+    rows.sort(key=lambda r: (order.index(str(r["kind"])), r["concurrency"], arms.index(str(r["arm"]))))
     return {"rows": rows}
 
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
     """Print the figures table and the target lines; return the target lines."""
-    print(f"\n{'kind':16} {'c':>3} {'arm':6} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>8} {'req/s':>7} "
+    print(f"\n{'kind':16} {'c':>3} {'arm':10} {'p50 ms':>8} {'p99 ms':>8} {'ttft p50':>8} {'req/s':>7} "
           f"{'added p50':>9} {'proxy cpu':>9} {'upstr cpu':>9} {'clnt cpu':>8} {'others':>6}")
     for r in rows:
         ttft, added = r["ttft_p50_ms"], r.get("added_p50_ms")
-        print(f"{r['kind']:16} {r['concurrency']:>3} {r['arm']:6} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+        print(f"{r['kind']:16} {r['concurrency']:>3} {r['arm']:10} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
               f"{'-' if ttft is None else f'{ttft:.2f}':>8} {r['rps']:7.0f} "
               f"{'' if added is None else f'{added:+.2f}':>9} "
               f"{r['proxy_cpu_ms'] if added is not None else 0:9.2f} {r['upstream_cpu_ms']:9.2f} "
               f"{r['client_cpu_ms']:8.2f} {r['others_cores']:6.1f}")
     print("cpu: ms per request; others: CPUs busy with other processes (noise); medians of rounds\n")
-    proxy = {(r["kind"], r["concurrency"]): r for r in rows if r["arm"] == "proxy"}
-    first = min(c for _, c in proxy)
     lines = []
-    kinds = list(dict.fromkeys(k for k, _ in proxy))
-    for kind in kinds:
-        lines.append(f"added p50 at c={first} ({kind}): {proxy[kind, first]['added_p50_ms']:.2f} ms (target <= 1.5)")
-    for kind in kinds:
-        cpus = {c: r["proxy_cpu_ms"] for (k, c), r in proxy.items() if k == kind}
-        detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in cpus.items())
-        lines.append(f"proxy CPU per request {kind}: {max(cpus.values()):.2f} ms (target <= 2; {detail})")
+    for arm in dict.fromkeys(r["arm"] for r in rows if r["arm"] != "direct"):
+        proxy = {(r["kind"], r["concurrency"]): r for r in rows if r["arm"] == arm}
+        first = min(c for _, c in proxy)
+        named = "" if arm == "proxy" else f" [{arm}]"
+        kinds = list(dict.fromkeys(k for k, _ in proxy))
+        for kind in kinds:
+            lines.append(f"added p50 at c={first} ({kind}){named}:"
+                         f" {proxy[kind, first]['added_p50_ms']:.2f} ms (target <= 1.5)")
+        for kind in kinds:
+            cpus = {c: r["proxy_cpu_ms"] for (k, c), r in proxy.items() if k == kind}
+            detail = ", ".join(f"c={c}: {cpu:.2f}" for c, cpu in cpus.items())
+            lines.append(f"proxy CPU per request {kind}{named}: {max(cpus.values()):.2f} ms"
+                         f" (target <= 2; {detail})")
     print("\n".join(lines))
     return lines
 
@@ -434,6 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what OpenTelemetry traces add, memory off and on (module docstring)")
     parser.add_argument("--baseline-src", type=Path, metavar="DIR",
                         help="with --tracing: also run memproxy from this checkout, tracing off")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also measure memproxy from this source tree (arm `baseline`)")
+    parser.add_argument("--stored-key", action="store_true",
+                        help="also measure MEMPROXY_AUTH=keys with a stored key (arm `stored-key`)")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rounds, args.warmup, args.cap = 100, 1, 50, 1.5
@@ -453,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     up, px = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp:
-        proxy_env = child_env(
+        proxy_env = child_env(  # memory off by default: the engine opens, its steps do not run
             MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1", MEMPROXY_MEMORY="off",
             MEMPROXY_DATA_DIR=f"{tmp}/data", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
             MEMPROXY_ANTHROPIC_BASE_URL=f"http://127.0.0.1:{up}",
@@ -466,9 +489,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                         child_env(), f"http://127.0.0.1:{up}/v1/models", Path(tmp)) as up_pid,
                 serving("proxy", [sys.executable, "-m", "proxy", "serve", "--port", str(px)],
                         proxy_env, f"http://127.0.0.1:{px}/readyz", Path(tmp)) as px_pid,
+                contextlib.ExitStack() as more,
                 asyncio.Runner(loop_factory=_loop_factory()) as runner,
             ):
-                phases = runner.run(bench(args, {"direct": up, "proxy": px}, (px_pid, up_pid)))
+                ports, pids = {"direct": up, "proxy": px}, {"direct": px_pid, "proxy": px_pid}
+                keys: dict[str, str] = {}
+                if args.baseline:
+                    ports["baseline"] = free_port()
+                    pids["baseline"] = more.enter_context(serving(
+                        "baseline", [sys.executable, "-m", "proxy", "serve", "--port",
+                                     str(ports["baseline"])],
+                        {**proxy_env, "MEMPROXY_DATA_DIR": f"{tmp}/data-baseline",
+                         "PYTHONPATH": str(args.baseline.resolve())},
+                        f"http://127.0.0.1:{ports['baseline']}/readyz", Path(tmp),
+                        cwd=args.baseline.resolve()))
+                if args.stored_key:
+                    ports["stored-key"] = port = free_port()
+                    pids["stored-key"] = more.enter_context(serving(
+                        "stored-key", [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                        {**proxy_env, "MEMPROXY_DATA_DIR": f"{tmp}/data-keys",
+                         "MEMPROXY_AUTH": "keys", "MEMPROXY_ADMIN_KEY": BENCH_ADMIN_KEY},
+                        f"http://127.0.0.1:{port}/readyz", Path(tmp)))
+                    keys["stored-key"] = stored_key(port)
+                phases = runner.run(bench(args, ports, pids, up_pid, keys))
         except (BenchError, KeyboardInterrupt) as exc:
             print(f"bench_overhead: {exc if isinstance(exc, BenchError) else 'interrupted'}", file=sys.stderr)
             return 1
@@ -479,6 +522,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         document = {"config": config, **summary, "targets": targets}
         args.json.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     return 0
+
+
+BENCH_ADMIN_KEY = "bench-admin-key-0001"
+
+
+def stored_key(port: int) -> str:
+    """A new key from the admin API of the memproxy on `port`."""
+    made = httpx.post(f"http://127.0.0.1:{port}/v1/admin/keys", json={"user": "bench"},
+                      headers={"Authorization": f"Bearer {BENCH_ADMIN_KEY}"}, timeout=30,
+                      trust_env=False)
+    if made.status_code != 201:
+        raise BenchError(f"could not make a key: {made.status_code} {made.text[:200]}")
+    return str(made.json()["key"])
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -173,7 +173,10 @@ def test_the_memory_api_shares_the_key_s_bucket_and_its_429(start_proxy: Starter
 def test_limit_key_hashes_keys() -> None:
     hashed = limit_key(None, {"authorization": "Bearer sk-secret-value"}, "ann")
     assert "sk-secret-value" not in hashed and hashed.startswith("key:")
-    assert hashed == limit_key(ApiKey("sk-secret-value", None), {}, "bob")
+    # A proxy key's bucket is named by its key_id (a stored key's row id), never its secret.
+    proxy_key = ApiKey("sk-secret-value", None)
+    assert limit_key(proxy_key, {}, "bob") == "key:" + proxy_key.key_id
+    assert limit_key(ApiKey("digest", key_id="key_0123"), {}, "bob") == "key:key_0123"
     assert limit_key(None, {}, "ann") == "user:ann"
     assert limit_key(None, {"x-api-key": "other"}, "ann") != hashed
 

@@ -38,6 +38,7 @@ EXPECTED_TABLES = {
     "injections",
     "memory_versions",
     "vector_generations",
+    "api_keys",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 
@@ -173,7 +174,8 @@ def test_0012_rebuilds_facts_for_mcp_provenance_keeping_rows_indexes_and_trigger
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute(FACT, ("Ada uses Helix", "mcp"))
     attached = attached_to_facts(conn)
-    assert migrations.apply(conn) == ["0012_fact_provenance"]
+    up_to_0012 = [m for m in migrations.MIGRATIONS if m[0] <= "0012_fact_provenance"]
+    assert migrations.apply(conn, up_to_0012) == ["0012_fact_provenance"]
     assert attached_to_facts(conn) == attached
     conn.execute(FACT, ("Ada uses Helix", "mcp"))
     with pytest.raises(sqlite3.IntegrityError):
@@ -185,6 +187,24 @@ def test_0012_rebuilds_facts_for_mcp_provenance_keeping_rows_indexes_and_trigger
     assert sorted(hits.fetchall()) == [(1,), (2,)]
     assert conn.execute("SELECT COUNT(*) FROM memory_versions").fetchone()[0] > 0
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+def test_0013_adds_api_keys_to_a_database_that_holds_memory(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0013"])
+    conn.execute(FACT, ("Ada likes green tea", "manual"))
+    assert "api_keys" not in tables(conn)
+    assert migrations.apply(conn)[0] == "0013_api_keys"
+    row = ("key_1", "ab" * 32, "mp-00000000", "ada", None, 0, None, 5, 10, 1.0, None, None)
+    conn.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+    for bad in ({"id": "key_2"}, {"id": "key_3", "rate_limit": 0},
+                {"id": "key_4", "digest": "cd" * 32, "token_quota": -1}):
+        changed = dict(zip(("id", "digest", "prefix", "user_id", "org_id", "org_writer",
+                            "expires_at", "rate_limit", "token_quota", "created_at",
+                            "last_used_at", "revoked_at"), row, strict=True)) | bad
+        with pytest.raises(sqlite3.IntegrityError):  # the same digest twice, or a bad limit
+            conn.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         tuple(changed.values()))
+    assert conn.execute("SELECT COUNT(*) FROM facts").fetchone() == (1,)
 
 
 @pytest.fixture(scope="module")

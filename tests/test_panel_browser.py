@@ -229,3 +229,42 @@ def _until(check: Any, timeout: float = 10) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met")
         time.sleep(0.1)
+
+
+def test_the_admin_makes_and_revokes_a_key_in_the_panel(
+    browser: Browser, start_proxy: Starter,
+) -> None:
+    admin_key = "panel-admin-0001"
+    proxy = start_proxy(memory=True, api_keys=f"{KEY}:kim", admin_key=admin_key, **QUIET)
+    page = open_panel(browser, proxy)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("tab", name="Keys").click()
+    expect(page.locator("#problem")).to_contain_text("admin key only")  # kim's key is no admin
+    page.get_by_label("Proxy key").fill(admin_key)
+    page.get_by_role("button", name="Use").click()
+    expect(page.locator("#key-list .card")).to_have_count(1)
+    expect(page.locator("#key-list .card")).to_contain_text("MEMPROXY_API_KEYS")
+
+    page.locator("#view-keys").get_by_label("User").fill("lee")
+    page.get_by_label("Requests/min").fill("30")
+    page.get_by_role("button", name="Make key").click()
+    secret_box = page.locator("#secret-box")
+    expect(secret_box).to_be_visible()
+    secret = page.locator("#new-secret").inner_text()
+    assert secret.startswith("mp-")
+    expect(page.locator("#key-list .card")).to_have_count(2)
+    shot(page, "keys")
+    chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    bearer = {"Authorization": f"Bearer {secret}"}
+    assert httpx.post(f"{proxy.url}/v1/chat/completions", json=chat, headers=bearer,
+                      timeout=30).status_code == 200
+    page.get_by_role("button", name="Done").click()
+    expect(secret_box).to_be_hidden()
+    assert secret not in page.content()  # shown once, then gone from the page
+
+    key_id = page.locator("#key-list .card.active[data-id^=key_]").get_attribute("data-id")
+    page.get_by_role("button", name=f"Revoke: {key_id}").click()
+    expect(page.locator(f"#key-list .card[data-id='{key_id}'] .badge")).to_have_text("revoked")
+    assert httpx.post(f"{proxy.url}/v1/chat/completions", json=chat, headers=bearer,
+                      timeout=30).status_code == 401
+    assert page.errors == []  # type: ignore[attr-defined]

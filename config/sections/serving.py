@@ -98,6 +98,14 @@ class ServingSettings:
         "(a shorter one stops start-up). When set, a request without a valid key gets 401.",
         secret=True,
     )
+    auth: str = setting(
+        "auto",
+        "Who must show a key: `keys` requires a valid proxy key (from api_keys or the "
+        "database, docs/keys.md) on /v1, /mcp and the memory API even when api_keys is "
+        "unset; `auto` requires one when api_keys is set, and otherwise still accepts keys "
+        "from the database when they are sent.",
+        choices=("auto", "keys"),
+    )
     admin_key: str | None = setting(
         None, "Admin key: reaches every user's memory through X-Memory-User-Id.", secret=True
     )

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
 from memory.storage.rebuild import rebuild_table
 
 if TYPE_CHECKING:
@@ -415,6 +416,7 @@ MIGRATIONS: list[Migration] = [
     # Provenance (docs/mcp.md): a fact added over MCP has source 'mcp' and the name the
     # client gave itself.
     ("0012_fact_provenance", _fact_provenance),
+    ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
 ]
 
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from memory.storage.api_keys import POSTGRES_TABLE as _API_KEYS
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -460,6 +462,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
     CHECK (source IN ('extracted', 'manual', 'import', 'mcp'));
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
+    ("0013_api_keys", _API_KEYS),
 ]
 
 

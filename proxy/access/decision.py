@@ -17,9 +17,10 @@ clear, profile, stats.
                                              MEMPROXY_MANAGEMENT_REMOTE MEMPROXY_MANAGEMENT_REMOTE
 
 An organisation's members are the users that keys of that organisation are bound to in
-MEMPROXY_API_KEYS (`k2:bob:org=acme` makes bob a member of acme). "Keys configured" means
-MEMPROXY_API_KEYS or MEMPROXY_ADMIN_KEY: with only the admin key set, every other request
-is a caller without a valid key. Chats never write an organisation's shared memory.
+MEMPROXY_API_KEYS (`k2:bob:org=acme` makes bob a member of acme) or in the database (live
+stored keys, docs/keys.md). "Keys configured" means MEMPROXY_API_KEYS, MEMPROXY_AUTH=keys or
+MEMPROXY_ADMIN_KEY: with only the admin key set, every other request is a caller without a
+valid key. Chats never write an organisation's shared memory.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from starlette.requests import Request
 
 from config import ApiKey, Flags, Settings
 from proxy.access.identity import authenticate, presented_key
+from proxy.access.stored_keys import StoredKeys
 from proxy.http.errors import AuthenticationFailed, PermissionDenied, ProxyError
 
 Action = Literal["read", "write"]
@@ -49,14 +51,20 @@ class Principal:
     key: ApiKey | None
     admin: bool = False
     loopback: bool = False
+    # For a key of an organisation bound to no user: the users stored keys of that
+    # organisation are bound to (members from MEMPROXY_API_KEYS are in `members()`).
+    stored_members: frozenset[str] = frozenset()
 
 
-def identify(request: Request, settings: Settings, *, admin_allowed: bool) -> Principal:
+async def identify(
+    request: Request, settings: Settings, *, admin_allowed: bool, stored: StoredKeys | None
+) -> Principal:
     """The caller of `request`; 401 when proxy keys are on and its key is missing or wrong.
 
     The admin key counts only where `admin_allowed` (the memory API): chats never take it,
     so with only the admin key configured a chat goes through as a bring-your-own-key
-    request whose memory `decide` refuses.
+    request whose memory `decide` refuses. `stored`: the keys in the database (None: memory,
+    and so the database, is off).
     """
     loopback = is_loopback(request)
     admin_key = settings.admin_key
@@ -64,10 +72,15 @@ def identify(request: Request, settings: Settings, *, admin_allowed: bool) -> Pr
         presented = presented_key(request.headers)
         if presented and hmac.compare_digest(presented.encode(), admin_key.encode()):
             return Principal(None, admin=True, loopback=loopback)
-    return Principal(authenticate(request.headers, settings.api_keys), loopback=loopback)
+    key = await authenticate(request.headers, settings, stored)
+    if key is not None and key.org_id is not None and key.user_id is None and stored is not None:
+        return Principal(key, loopback=loopback, stored_members=await stored.members(key.org_id))
+    return Principal(key, loopback=loopback)
 
 
-def require_admin(request: Request, settings: Settings) -> Principal:
+async def require_admin(
+    request: Request, settings: Settings, stored: StoredKeys | None
+) -> Principal:
     """The admin API (`/v1/admin/`): the admin key only. 403 when none is configured (no
     other caller, loopback included, manages keys or reads usage), 401 for a missing or
     wrong key, 403 for a valid key that is not the admin key."""
@@ -76,7 +89,7 @@ def require_admin(request: Request, settings: Settings) -> Principal:
     presented = presented_key(request.headers)
     if not presented:
         raise AuthenticationFailed("missing API key: send the admin key as a Bearer token")
-    principal = identify(request, settings, admin_allowed=True)
+    principal = await identify(request, settings, admin_allowed=True, stored=stored)
     if principal.key is None and not principal.admin:
         raise AuthenticationFailed("incorrect API key provided")
     if not principal.admin:
@@ -94,7 +107,7 @@ def decide(
         return
     key = principal.key
     if key is None:
-        if settings.api_keys or settings.admin_key:
+        if settings.keys_required or settings.admin_key:
             raise AuthenticationFailed(
                 "memory needs a valid API key: send a memproxy key as a Bearer token"
             )
@@ -105,7 +118,7 @@ def decide(
             " set MEMPROXY_API_KEYS, or MEMPROXY_MANAGEMENT_REMOTE=on"
         )
     if user_id is not None:
-        _check_user(key, settings.api_keys, user_id)
+        _check_user(key, principal.stored_members, settings.api_keys, user_id)
     if org_id is not None:
         _check_org(key, org_id, "write" if user_id is None and action == "write" else "read")
 
@@ -128,11 +141,14 @@ def chat_flags(
     return flags, None
 
 
-def _check_user(key: ApiKey, keys: tuple[ApiKey, ...], user_id: str) -> None:
+def _check_user(
+    key: ApiKey, stored_members: frozenset[str], keys: tuple[ApiKey, ...], user_id: str
+) -> None:
     if key.user_id is not None:
         if user_id != key.user_id:
             raise PermissionDenied("this API key is bound to another user", param="X-Memory-User-Id")
-    elif key.org_id is not None and user_id not in members(keys).get(key.org_id, ()):
+    elif (key.org_id is not None and user_id not in stored_members
+          and user_id not in members(keys).get(key.org_id, ())):
         raise PermissionDenied(
             f"user {user_id!r} is not a member of this API key's organisation",
             param="X-Memory-User-Id",

@@ -43,6 +43,7 @@ JSON_PATHS = frozenset({
     "/mcp",
 })
 MEMORY_PREFIX = "/v1/memory/"
+ADMIN_PREFIX = "/v1/admin/"  # the admin API (docs/keys.md): JSON only, like the memory API
 IMPORT_PATH = "/v1/memory/import"
 
 Render = Callable[[ProxyError], Response]
@@ -62,7 +63,7 @@ class HostPolicy:
         if settings.allowed_hosts is not None:
             names = {name.strip().lower().rstrip(".") for name in settings.allowed_hosts.split(",")}
             return cls("*" in names, frozenset(names - {"*"}))
-        if settings.api_keys or settings.admin_key:
+        if settings.keys_required or settings.admin_key:
             return cls(True)
         bound = settings.host.strip().lower()
         return cls(False, frozenset() if bound in WILDCARD_BINDS else frozenset({bound}))
@@ -146,7 +147,8 @@ class EdgeGuard:
 
 
 def _media_type_refusal(path: str, content_type: str | None) -> ProxyError | None:
-    if path in JSON_PATHS or (path.startswith(MEMORY_PREFIX) and path != IMPORT_PATH):
+    if (path in JSON_PATHS or path.startswith(ADMIN_PREFIX)
+            or (path.startswith(MEMORY_PREFIX) and path != IMPORT_PATH)):
         allowed = JSON_TYPES
     elif path == IMPORT_PATH:
         allowed = IMPORT_TYPES

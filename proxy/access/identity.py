@@ -6,11 +6,14 @@ import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from config import ApiKey
-from memory import message_text
+from config import ApiKey, Settings
+from memory import SECRET_PREFIX, message_text
 from proxy.http.errors import AuthenticationFailed, InvalidHeader, PermissionDenied
+
+if TYPE_CHECKING:
+    from proxy.access.stored_keys import StoredKeys
 
 DEFAULT_USER = "default"
 MAX_ID_LENGTH = 256
@@ -34,22 +37,42 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("api-key") or headers.get("x-api-key")
 
 
-def authenticate(headers: Mapping[str, str], keys: Sequence[ApiKey]) -> ApiKey | None:
-    """The matching proxy key, None when keys are off; 401 when on and missing or wrong."""
-    if not keys:
-        return None
+async def authenticate(
+    headers: Mapping[str, str], settings: Settings, stored: StoredKeys | None
+) -> ApiKey | None:
+    """The proxy key presented: one of MEMPROXY_API_KEYS, else a stored key (docs/keys.md).
+
+    None when none is required and none of memproxy's was sent (bring-your-own-key: the
+    client's own key goes upstream); 401 when one is required and missing or wrong. A secret
+    in a stored key's form is always checked, never forwarded: a revoked one is a 401 even
+    where keys are not required.
+    """
     presented = presented_key(headers)
+    if presented and settings.api_keys:
+        match = None
+        candidate = presented.encode()
+        # Compare against every key, constant-time each, so timing reveals nothing.
+        for key in settings.api_keys:
+            if hmac.compare_digest(candidate, key.key.encode()):
+                match = key
+        if match is not None:
+            return match
+    if presented and stored is not None and presented.startswith(SECRET_PREFIX):
+        return await stored.find(presented)
+    if not settings.keys_required:
+        return None
     if not presented:
         raise AuthenticationFailed("missing API key: send a memproxy key as a Bearer token")
-    match = None
-    candidate = presented.encode()
-    # Compare against every key, constant-time each, so timing reveals nothing.
-    for key in keys:
-        if hmac.compare_digest(candidate, key.key.encode()):
-            match = key
-    if match is None:
-        raise AuthenticationFailed("incorrect API key provided")
-    return match
+    raise AuthenticationFailed("incorrect API key provided")
+
+
+def proxy_key_sent(headers: Mapping[str, str], settings: Settings) -> bool:
+    """Whether the client's credential is memproxy's own (a proxy key), so it must not go
+    upstream nor be lent to learning: keys are required, or it has a stored key's form."""
+    if settings.keys_required:
+        return True
+    presented = presented_key(headers)
+    return bool(presented and presented.startswith(SECRET_PREFIX))
 
 
 def resolve_user(headers: Mapping[str, str], body: Mapping[str, Any], key: ApiKey | None) -> str:

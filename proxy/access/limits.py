@@ -7,10 +7,12 @@ again, so a client that waits that long is let in. `MEMPROXY_MAX_STREAMS_PER_KEY
 streamed chat completions a key has open; the slot is freed when the stream ends, fails or
 the client goes away, and one over the cap gets 429 with `Retry-After: 1`.
 
-The key is the proxy key when proxy keys are configured, else the client's bearer key, else
-the resolved user id. Without proxy keys nothing checks those strings, so a client could
-send a new one with every request: then the client's address is a second bucket, and a
-request must fit in both. A key is held only as a BLAKE2b digest, never as sent.
+The key is the proxy key when one was presented (named by its `key_id`, never its secret),
+else the client's bearer key, else the resolved user id. Without proxy keys nothing checks
+those strings, so a client could send a new one with every request: then the client's
+address is a second bucket, and a request must fit in both. A bearer key is held only as a
+BLAKE2b digest, never as sent. A stored key's own `rate_limit` (docs/keys.md) replaces
+`MEMPROXY_RATE_LIMIT` for its bucket, with one minute's worth as its burst.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ _KEEP_IDLE = 1024  # keys kept without a sweep
 
 def limit_key(api_key: ApiKey | None, headers: Mapping[str, str], user_id: str) -> str:
     """Whom a request counts against: proxy key, else the client's key, else the user."""
-    raw = api_key.key if api_key is not None else presented_key(headers)
+    if api_key is not None:
+        return "key:" + api_key.key_id
+    raw = presented_key(headers)
     if raw:
         return "key:" + hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
     return "user:" + user_id
@@ -48,7 +52,7 @@ def limit_keys(
     """Every bucket a request counts against: its key's, and without proxy keys (where the
     key is whatever string the client sent) also its address's."""
     key = limit_key(api_key, request.headers, user_id)
-    if settings.api_keys or request.client is None:
+    if api_key is not None or settings.keys_required or request.client is None:
         return (key,)
     return (key, "addr:" + request.client.host)
 
@@ -58,6 +62,8 @@ class _Bucket:
     tokens: float
     updated: float
     streams: int = 0
+    per_minute: float = 0.0  # its refill rate (a key's own rate_limit, or the setting's)
+    capacity: float = 0.0
 
 
 class StreamSlot:
@@ -113,33 +119,44 @@ class KeyLimits:
         """Whether any limit is on."""
         return bool(self.rate or self.max_streams)
 
-    def admit(self, *keys: str, stream: bool) -> StreamSlot | None:
+    def applies(self, api_key: ApiKey | None) -> bool:
+        """Whether a request with this key meets any limit (a stored key may have its own)."""
+        return self.enabled or (api_key is not None and api_key.rate_limit is not None)
+
+    def admit(self, *keys: str, stream: bool, rate: float | None = None) -> StreamSlot | None:
         """Let one request through or raise RateLimited; it counts against every one of
-        `keys`, and each must admit it. A stream gets a slot.
+        `keys`, and each must admit it. A stream gets a slot. `rate`: the first key's own
+        requests per minute, instead of MEMPROXY_RATE_LIMIT.
 
         Nothing is taken from a request that is refused, so a refusal costs no quota.
         """
         limit_streams = stream and self.max_streams > 0
-        if not (self.rate or limit_streams):
+        if not (self.rate or limit_streams or rate):
             return None
         now = self.clock()
-        buckets = [self._bucket(key, now) for key in keys]
+        buckets = [self._bucket(key, now, rate if i == 0 else None) for i, key in enumerate(keys)]
         for bucket in buckets:
             self._check(bucket, limit_streams)
         for bucket in buckets:
-            if self.rate:
+            if bucket.per_minute:
                 bucket.tokens -= 1.0
             if limit_streams:
                 bucket.streams += 1
         self._sweep(now)
         return StreamSlot(buckets) if limit_streams else None
 
-    def _bucket(self, key: str, now: float) -> _Bucket:
+    def _bucket(self, key: str, now: float, rate: float | None) -> _Bucket:
+        per_minute = rate or float(self.per_minute)
+        capacity = per_minute if rate else self.capacity
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(self.capacity, now)
-        if self.rate:
-            bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket = self._buckets[key] = _Bucket(capacity, now, 0, per_minute, capacity)
+        elif bucket.per_minute != per_minute:  # the key's rate changed (PATCH)
+            bucket.per_minute, bucket.capacity = per_minute, capacity
+            bucket.tokens = min(bucket.tokens, capacity)
+        if per_minute:
+            refill = (now - bucket.updated) * per_minute / 60.0
+            bucket.tokens = min(capacity, bucket.tokens + refill)
             bucket.updated = now
         return bucket
 
@@ -151,10 +168,10 @@ class KeyLimits:
                 headers={"Retry-After": str(STREAM_RETRY_AFTER)},
             )
         # The tolerance absorbs float error, so waiting exactly Retry-After is enough.
-        if self.rate and bucket.tokens < 1.0 - 1e-9:
-            wait = math.ceil((1.0 - max(bucket.tokens, 0.0)) * 60.0 / self.per_minute)
+        if bucket.per_minute and bucket.tokens < 1.0 - 1e-9:
+            wait = math.ceil((1.0 - max(bucket.tokens, 0.0)) * 60.0 / bucket.per_minute)
             raise RateLimited(
-                f"rate limit reached: {self.per_minute} requests per minute for this"
+                f"rate limit reached: {bucket.per_minute:g} requests per minute for this"
                 f" key; try again in {wait} s",
                 code="rate_limit_exceeded",
                 headers={"Retry-After": str(wait)},
@@ -179,7 +196,8 @@ class KeyLimits:
         idle = [
             key for key, b in self._buckets.items()
             if b.streams == 0 and (
-                not self.rate or b.tokens + (now - b.updated) * self.rate >= self.capacity
+                not b.per_minute
+                or b.tokens + (now - b.updated) * b.per_minute / 60.0 >= b.capacity
             )
         ]
         for key in idle:

@@ -19,9 +19,9 @@ from urllib.parse import unquote
 
 from starlette.requests import Request
 
-from config import Settings
+from config import ApiKey
 from memory import MemoryEngine
-from proxy.access.identity import authenticate, resolve_user
+from proxy.access.identity import resolve_user
 from proxy.http.errors import NotFound, ProxyError
 from proxy.http.logs import get_logger
 
@@ -52,15 +52,15 @@ def previous_response_not_found(reply_id: str) -> NotFound:
 
 
 async def check_response_path(
-    request: Request, settings: Settings, memory: MemoryEngine | None
+    request: Request, key: ApiKey | None, memory: MemoryEngine | None
 ) -> None:
-    """404 for /v1/responses/{id}[/...] when memproxy stored that response for another user."""
+    """404 for /v1/responses/{id}[/...] when memproxy stored that response for another user
+    (`key`: the proxy key the request was authenticated with)."""
     if memory is None:
         return
     match = _RESPONSE_PATH.fullmatch(unquote(request.url.path))
     if match is None:
         return
-    key = authenticate(request.headers, settings.api_keys)
     user_id = resolve_user(request.headers, {}, key)
     try:
         elsewhere = await stored_elsewhere(memory, user_id, match[1])

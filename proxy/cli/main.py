@@ -1,6 +1,6 @@
 """The `memproxy` command line: `memproxy serve`, `memproxy backup` (memory/admin/backup.py),
 `memproxy migrate` (memory/admin/migrate.py), `memproxy mcp` (proxy/mcp/stdio.py), and `memories`, `sessions` and `stats` against a
-running server (proxy/cli/memory.py)."""
+running server (proxy/cli/memory.py), and `keys` (proxy/cli/keys.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from types import FrameType
 
 from config import SettingsError, load_settings
 from config.settings import unknown_env_warnings
+from proxy.cli import keys as cli_keys
 from proxy.cli import memory as cli_memory
 
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
     mcp.add_argument("--session", help="X-Memory-Session-Id for what is added")
     cli_memory.add_commands(commands)
+    cli_keys.add_commands(commands)
     return parser
 
 
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from proxy.mcp.stdio import run  # the MCP SDK, for this command only
 
         return run(args)
+    if args.command == "keys":
+        return cli_keys.run(args)
     return cli_memory.run(args)
 
 

@@ -24,7 +24,13 @@ from config import Flags
 from config.flags import FlagError
 from memory import Recalled, ReplyChain
 from proxy.access.decision import chat_flags, identify
-from proxy.access.identity import Identity, resolve_org, resolve_session, resolve_user
+from proxy.access.identity import (
+    Identity,
+    proxy_key_sent,
+    resolve_org,
+    resolve_session,
+    resolve_user,
+)
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import previous_response_not_found, stored_elsewhere
 from proxy.flow.call import Call
@@ -113,7 +119,7 @@ def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]
 async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response | RelayResponse:
     settings = state.settings
     # The key first: a wrong one must not cost reading and parsing a body of up to 32 MB.
-    principal = identify(request, settings, admin_allowed=False)
+    principal = await identify(request, settings, admin_allowed=False, stored=state.keys)
     key = principal.key
     raw = await read_body(request, settings.max_body_bytes)
     parsed = fmt.parse(raw)
@@ -139,9 +145,10 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     # Sent back as the UTF-8 bytes it arrived in (headers go out as latin-1).
     call.headers["X-Memory-Session-Id"] = session_id.encode().decode("latin-1")
     request.state.call = call
-    if state.limits.enabled:  # hashing the key is wasted work when no limit is set
+    if state.limits.applies(key):  # hashing the key is wasted work when no limit is set
         call.slot = state.limits.admit(
-            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True
+            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True,
+            rate=key.rate_limit if key is not None else None,
         )
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
     step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
@@ -252,7 +259,8 @@ async def _open(
         )
     headers = forward_headers(
         request.headers.items(), call.target,
-        strip_auth=bool(state.settings.api_keys), identity_encoding=True, trace=trace,
+        strip_auth=proxy_key_sent(request.headers, state.settings), identity_encoding=True,
+        trace=trace,
     )
     return await state.upstream.open_ok(
         "POST", url_for(call.target, call.fmt.path), headers, payload,

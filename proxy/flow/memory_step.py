@@ -24,7 +24,7 @@ from memory import (
     UnsavedStamp,
     organization_memory,
 )
-from proxy.access.identity import Identity, presented_key
+from proxy.access.identity import Identity, presented_key, proxy_key_sent
 from proxy.http.errors import MemoryUnavailable
 from proxy.http.logs import get_logger
 from proxy.state import AppState
@@ -176,8 +176,8 @@ class MemoryStep:
         `target` (in memory only, and only for that upstream)."""
         llm = self.state.llm
         # A route's configured key wins over a lent one, so lending to it is harmless.
-        if llm is None or not self.writing or self.state.settings.api_keys:
-            return
+        if llm is None or not self.writing or proxy_key_sent(headers, self.state.settings):
+            return  # a memproxy key is never lent: it is no upstream's
         key = presented_key(headers)
         if key:
             llm.lend_key(self.identity.user_id, target, key)

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import Placed, count_tokens
-from proxy.access.identity import authenticate, presented_key
+from proxy.access.identity import authenticate, presented_key, proxy_key_sent
 from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.messages_body import (
@@ -69,7 +69,9 @@ class MessagesFormat:
         if route.via_litellm:
             return route
         # litellm calls this upstream itself, so it needs the key a raw forward would send.
-        key = route.api_key or (None if settings.api_keys else presented_key(headers))
+        key = route.api_key or (
+            None if proxy_key_sent(headers, settings) else presented_key(headers)
+        )
         return Target(route.base_url, key, provider="openai", name=route.name)
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
@@ -159,7 +161,7 @@ async def count_message_tokens(request: Request) -> Response | RelayResponse:
         if settings.anthropic_base_url:
             target = anthropic_target(settings.anthropic_base_url, settings.anthropic_api_key)
             return await relay(request, state, target)
-        authenticate(request.headers, settings.api_keys)
+        await authenticate(request.headers, settings, state.keys)
         raw = await read_body(request, settings.max_body_bytes)
         # The same body as /v1/messages, without max_tokens.
         body = parse_messages_body(orjson.dumps({"max_tokens": 1, **parse_json_object(raw)}))

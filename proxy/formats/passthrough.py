@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.access.identity import DEFAULT_USER, authenticate
+from proxy.access.identity import DEFAULT_USER, authenticate, proxy_key_sent
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import check_response_path
 from proxy.http.errors import PayloadTooLarge, ProxyError
@@ -47,17 +47,19 @@ async def passthrough(request: Request) -> Response | RelayResponse:
 async def relay(request: Request, state: AppState, target: Target) -> Response | RelayResponse:
     """Forward `request` to `target` (same path, query and body) and stream the reply back."""
     settings = state.settings
-    key = authenticate(request.headers, settings.api_keys)
-    await check_response_path(request, state.settings, state.memory)
-    if state.limits.enabled:
+    key = await authenticate(request.headers, settings, state.keys)
+    await check_response_path(request, key, state.memory)
+    if state.limits.applies(key):
         # Only a request without any key counts against its user (the body is not parsed here).
         user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
-        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False)
+        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False,
+                           rate=key.rate_limit if key is not None else None)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
     headers = forward_headers(
-        request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False
+        request.headers.items(), target, strip_auth=proxy_key_sent(request.headers, settings),
+        identity_encoding=False,
     )
     if declared.isdigit():
         headers.append(("content-length", declared))  # streamed through, so say how long

@@ -7,7 +7,12 @@
     transfer.py  export, import
     profile.py   consent and profile
     stats.py     counts, index sizes, jobs; request metrics
-    openapi.py   the OpenAPI document of all of the above
+    openapi.py   the OpenAPI document of all of the above (and of the admin API)
+
+The admin API under /v1/admin (the admin key only) sits beside it, mounted by proxy/app.py:
+
+    admin_keys.py     proxy keys in the database (docs/keys.md)
+    openapi_admin.py  its part of the OpenAPI document
 """
 
 from __future__ import annotations

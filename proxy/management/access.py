@@ -23,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config import Settings
+from config import ApiKey, Settings
 from memory import (
     ClearExpired,
     ClearNotFound,
@@ -61,6 +61,7 @@ class Caller:
     state: AppState
     org_id: str | None = None
     shared: bool = False
+    key: ApiKey | None = None  # the proxy key presented (None: admin, or keys off)
 
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
@@ -71,7 +72,7 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
     @functools.wraps(handler)
     async def run(request: Request) -> Response:
-        who = authorise(request)
+        who = await authorise(request)
         try:
             return await handler(request, who)
         except FactNotFound as exc:
@@ -92,13 +93,13 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     return run
 
 
-def authorise(request: Request) -> Caller:
+async def authorise(request: Request) -> Caller:
     """The caller of a management request; 401, 403, 429 or 503 when it cannot be served.
 
     Whose memory it reaches is decided by proxy/access/decision.py, as for every chat request."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
-    principal = identify(request, settings, admin_allowed=True)
+    principal = await identify(request, settings, admin_allowed=True, stored=state.keys)
     user_id = resolve_user(request.headers, {}, principal.key)
     org_id = resolve_org(request.headers, principal.key)
     action: Action = "read" if request.method in ("GET", "HEAD") else "write"
@@ -112,11 +113,13 @@ def authorise(request: Request) -> Caller:
         decide(principal, settings, user_id=user_id, org_id=org_id, action=action)
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
-    if state.limits.enabled:
+    key = principal.key
+    if state.limits.applies(key):
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
-        state.limits.admit(*limit_keys(principal.key, request, user_id, settings), stream=False)
-    return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared)
+        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False,
+                           rate=key.rate_limit if key is not None else None)
+    return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared, key)
 
 
 # What an organisation's shared memory offers through the API (it has no turns, sessions

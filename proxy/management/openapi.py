@@ -15,6 +15,7 @@ from config.choices import MAX_BUDGET
 from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
+from proxy.management.openapi_admin import ADMIN_PATHS, ADMIN_SCHEMAS
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
 
 JSON = "application/json"
@@ -403,7 +404,8 @@ DOCUMENT: dict[str, Any] = {
                        "to one user: the key's user, or X-Memory-User-Id. With "
                        "X-Memory-Org-Id, facts, search, export, clear and stats reach the "
                        "organisation's shared memory instead (changes need an org-writer "
-                       "key or the admin key).",
+                       "key or the admin key). Paths tagged `admin` are the admin API under "
+                       "/v1/admin (the admin key only).",
     },
     "servers": [{"url": "/v1/memory"}],
     "security": [{}, {"bearer": []}],
@@ -415,9 +417,10 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": SCHEMAS,
+        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS},
     },
-    "paths": PATHS,
+    # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
+    "paths": {**PATHS, **ADMIN_PATHS},
 }
 
 

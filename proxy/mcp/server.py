@@ -89,7 +89,7 @@ class McpEndpoint:
                 response = Response(status_code=405, headers={"Allow": "POST"})
                 await response(scope, receive, watch)
                 return
-            scope[CALLER] = authorise(request, state)
+            scope[CALLER] = await authorise(request, state)
             body = await read_body(request, self.body_limit)
         except ProxyError as exc:
             await exc.to_response()(scope, receive, watch)
@@ -105,10 +105,10 @@ class McpEndpoint:
             state.metrics.observe(ROUTE, status or 499, time.perf_counter() - started)
 
 
-def authorise(request: Request, state: AppState) -> McpCaller:
+async def authorise(request: Request, state: AppState) -> McpCaller:
     """The caller of an /mcp request, as /v1/memory authorises one: 401, 403 or 503."""
     settings = state.settings
-    principal = identify(request, settings, admin_allowed=True)
+    principal = await identify(request, settings, admin_allowed=True, stored=state.keys)
     headers = request.headers
     user_id = resolve_user(headers, {}, principal.key)
     org_id = resolve_org(headers, principal.key)
@@ -174,8 +174,10 @@ async def call_tool(
     started = time.perf_counter()
     outcome, result = "ok", None
     try:
-        if state.limits.enabled:
-            state.limits.admit(*who.limit_keys, stream=False)
+        key = who.principal.key
+        if state.limits.applies(key):
+            state.limits.admit(*who.limit_keys, stream=False,
+                               rate=key.rate_limit if key is not None else None)
         result = await handler(who, arguments(params.name, params.arguments))
         return types.CallToolResult(
             content=[types.TextContent(text=_json_text(result))], structured_content=result

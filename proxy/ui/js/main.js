@@ -4,11 +4,15 @@ import { access, api } from "./api.js";
 import { problem } from "./dom.js";
 import { loadFacts, setupFacts } from "./facts.js";
 import { setupInspector } from "./inspector.js";
+import { loadKeys, setupKeys } from "./keys.js";
 import { loadMetrics, setupMetrics } from "./metrics.js";
 import { loadSessions, setupSessions } from "./sessions.js";
 
 const $ = (id) => document.getElementById(id);
-const loaders = { facts: loadFacts, inspector: async () => {}, sessions: loadSessions, metrics: loadMetrics };
+const loaders = {
+  facts: loadFacts, inspector: async () => {}, sessions: loadSessions, metrics: loadMetrics,
+  keys: loadKeys,
+};
 
 function select(name) {
   for (const tab of document.querySelectorAll("[role=tab]")) {
@@ -46,6 +50,7 @@ async function start() {
   setupFacts();
   setupSessions();
   setupMetrics();
+  setupKeys();
   await boot();
 }
 

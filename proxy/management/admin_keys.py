@@ -1,0 +1,223 @@
+"""The admin API's keys (docs/keys.md): /v1/admin/keys, the admin key only.
+
+    POST   /v1/admin/keys         make a key; the answer holds its secret, once
+    GET    /v1/admin/keys         every key, stored and from MEMPROXY_API_KEYS, never a secret
+    GET    /v1/admin/keys/{id}    one key
+    PATCH  /v1/admin/keys/{id}    change expires_at, rate_limit, token_quota, org_writer
+    DELETE /v1/admin/keys/{id}    revoke (409 when it is already revoked)
+
+Keys from MEMPROXY_API_KEYS are listed with `source: "env"` and cannot change here (409).
+A stored key changed or revoked here is dropped from this replica's cache at once; other
+replicas see it within their cache's TTL (proxy/access/stored_keys.py). Bad input is refused
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from config import ApiKey
+from memory import KeyNotFound, KeyRevoked, KeyStore, StoredKey
+from proxy.access.decision import require_admin
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.access.stored_keys import StoredKeys
+from proxy.http.errors import Conflict, InvalidRequest, MemoryUnavailable, NotFound
+from proxy.management.access import respond
+from proxy.management.inputs import flag, json_object, number
+from proxy.state import AppState
+
+MAX_TIME = 32503680000.0  # the year 3000
+MAX_RATE = 1_000_000  # requests per minute
+MAX_QUOTA = 2**62  # tokens per month
+CREATE_FIELDS = ("user", "org", "org_writer", "expires_at", "rate_limit", "token_quota")
+CHANGE_FIELDS = ("expires_at", "rate_limit", "token_quota", "org_writer")
+
+
+def routes() -> list[BaseRoute]:
+    """The key routes, relative to /v1/admin."""
+    return [
+        Route("/keys", _methods(GET=list_keys, POST=create_key), methods=["GET", "POST"]),
+        Route("/keys/{key_id}", _methods(GET=get_key, PATCH=change_key, DELETE=revoke_key),
+              methods=["GET", "PATCH", "DELETE"]),
+    ]
+
+
+Handler = Callable[[Request, AppState, KeyStore, StoredKeys], Awaitable[Response]]
+
+
+def _methods(**handlers: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """One endpoint per path: the admin key first, then the handler of the method."""
+
+    async def dispatch(request: Request) -> Response:
+        state: AppState = request.app.state.memproxy
+        await require_admin(request, state.settings, state.keys)
+        if state.memory is None or state.keys is None:
+            raise MemoryUnavailable("stored keys need the memory database, which is off here")
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request, state, state.memory.keys, state.keys)
+
+    return dispatch
+
+
+async def create_key(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """POST /v1/admin/keys: 201 with the secret in `key` (never shown again)."""
+    body = await json_object(request, state.settings.max_body_bytes, CREATE_FIELDS)
+    # An optional field sent as null is absent; `user` is required, and null says "no user".
+    body = {name: value for name, value in body.items() if value is not None or name == "user"}
+    if "user" not in body:
+        raise InvalidRequest(
+            "user is required: the user id the key is bound to (null: bound to no user)",
+            param="user",
+        )
+    user_id, org_id = _id(body, "user"), _id(body, "org")
+    org_writer = bool(flag(body, "org_writer"))
+    if org_writer and org_id is None:
+        raise InvalidRequest("org_writer needs the key's organisation (org)", param="org_writer")
+    stored, secret = await store.create(
+        user_id=user_id, org_id=org_id, org_writer=org_writer,
+        expires_at=_expiry(body), rate_limit=_rate(body), token_quota=_quota(body),
+    )
+    cache.forget(stored.id)  # an org's members may have grown
+    return respond({**stored_json(stored), "key": secret}, 201)
+
+
+async def list_keys(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
+    listed = [env_json(key) for key in state.settings.api_keys]
+    listed += [stored_json(key) for key in await store.all()]
+    return respond({"object": "list", "data": listed})
+
+
+async def get_key(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """GET /v1/admin/keys/{key_id}"""
+    key_id = request.path_params["key_id"]
+    env = _env_key(state, key_id)
+    if env is not None:
+        return respond(env_json(env))
+    return respond(stored_json(await _stored(store.get(key_id))))
+
+
+async def change_key(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """PATCH /v1/admin/keys/{key_id}: null clears expires_at, rate_limit or token_quota."""
+    key_id = _changeable(state, request.path_params["key_id"])
+    body = await json_object(request, state.settings.max_body_bytes, CHANGE_FIELDS)
+    if not body:
+        raise InvalidRequest(f"give at least one of {', '.join(CHANGE_FIELDS)}")
+    changes: dict[str, Any] = {}
+    for name, read in (("expires_at", _expiry), ("rate_limit", _rate), ("token_quota", _quota)):
+        if name in body:
+            changes[name] = None if body[name] is None else read(body)
+    if "org_writer" in body:
+        changes["org_writer"] = bool(flag(body, "org_writer"))
+    current = await _stored(store.get(key_id))
+    if changes.get("org_writer") and current.org_id is None:
+        raise InvalidRequest("org_writer needs a key of an organisation", param="org_writer")
+    changed = await _stored(store.change(key_id, changes))
+    cache.forget(key_id)
+    return respond(stored_json(changed))
+
+
+async def revoke_key(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """DELETE /v1/admin/keys/{key_id}: revoke; 409 when already revoked, 404 unknown."""
+    key_id = _changeable(state, request.path_params["key_id"])
+    revoked = await _stored(store.revoke(key_id))
+    cache.forget(key_id)
+    return respond(stored_json(revoked))
+
+
+def stored_json(key: StoredKey) -> dict[str, Any]:
+    """A stored key as the API shows it (never its secret nor its digest)."""
+    now = time.time()
+    status = (
+        "revoked" if key.revoked_at is not None
+        else "expired" if key.expires_at is not None and key.expires_at <= now
+        else "active"
+    )
+    return {
+        "object": "api_key", "id": key.id, "source": "database", "prefix": key.prefix,
+        "user": key.user_id, "org": key.org_id, "org_writer": key.org_writer,
+        "expires_at": key.expires_at, "rate_limit": key.rate_limit,
+        "token_quota": key.token_quota, "created_at": key.created_at,
+        "last_used_at": key.last_used_at, "revoked_at": key.revoked_at, "status": status,
+    }
+
+
+def env_json(key: ApiKey) -> dict[str, Any]:
+    """A MEMPROXY_API_KEYS key as the API shows it: no prefix (it is part of the secret)."""
+    return {
+        "object": "api_key", "id": key.key_id, "source": "env", "prefix": None,
+        "user": key.user_id, "org": key.org_id, "org_writer": key.org_writer,
+        "expires_at": None, "rate_limit": None, "token_quota": None, "created_at": None,
+        "last_used_at": None, "revoked_at": None, "status": "active",
+    }
+
+
+def _env_key(state: AppState, key_id: str) -> ApiKey | None:
+    return next((k for k in state.settings.api_keys if k.key_id == key_id), None)
+
+
+def _changeable(state: AppState, key_id: str) -> str:
+    if _env_key(state, key_id) is not None:
+        raise Conflict(
+            f"key {key_id!r} comes from MEMPROXY_API_KEYS and is read-only here: change that"
+            " setting and restart, or make a stored key", param="key_id", code="env_key_read_only",
+        )
+    return key_id
+
+
+async def _stored(pending: Awaitable[StoredKey]) -> StoredKey:
+    """The key an operation answers; its failures as API errors."""
+    try:
+        return await pending
+    except KeyNotFound as exc:
+        raise NotFound(str(exc), param="key_id", code="key_not_found") from None
+    except KeyRevoked as exc:
+        raise Conflict(str(exc), param="key_id", code="key_revoked") from None
+
+
+def _id(body: dict[str, Any], name: str) -> str | None:
+    """A user or organisation id: null, or 1 to MAX_ID_LENGTH printable characters."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH
+            or not value.isprintable() or value != value.strip()):
+        raise InvalidRequest(
+            f"{name} must be 1 to {MAX_ID_LENGTH} printable characters, without spaces at"
+            " either end", param=name,
+        )
+    return value
+
+
+def _expiry(body: dict[str, Any]) -> float | None:
+    at = number(body, "expires_at", low=0, high=MAX_TIME)
+    if at is not None and at <= time.time():
+        raise InvalidRequest("expires_at is in the past: give a future time in unix seconds",
+                             param="expires_at")
+    return float(at) if at is not None else None
+
+
+def _rate(body: dict[str, Any]) -> int | None:
+    rate = number(body, "rate_limit", low=1, high=MAX_RATE, integer=True)
+    return int(rate) if rate is not None else None
+
+
+def _quota(body: dict[str, Any]) -> int | None:
+    quota = number(body, "token_quota", low=0, high=MAX_QUOTA, integer=True)
+    return int(quota) if quota is not None else None

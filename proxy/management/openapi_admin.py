@@ -1,0 +1,123 @@
+"""The admin API's part of the OpenAPI document (proxy/management/openapi.py): paths under
+/v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.management.admin_keys import MAX_QUOTA, MAX_RATE, MAX_TIME
+
+JSON = "application/json"
+ADMIN_SERVERS = [{"url": "/v1/admin"}]
+_ERROR_TEXT = {
+    "400": "Invalid input; `param` names the field. Nothing was changed.",
+    "401": "No key, or a wrong one.",
+    "403": "A valid key that is not the admin key, or no admin key is configured.",
+    "404": "No key with this id.",
+    "409": "The key is revoked, or comes from MEMPROXY_API_KEYS (read-only here).",
+    "413": "The body is larger than MEMPROXY_MAX_BODY_BYTES.",
+    "500": "A bug in memproxy.",
+    "503": "Memory, and so the key database, is off on this proxy; or it is unreachable.",
+}
+_ALWAYS = ("401", "403", "500", "503")
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _op(summary: str, ok: str, *errors: str, status: str = "200",
+        body: str | None = None) -> dict[str, Any]:
+    responses: dict[str, Any] = {status: {
+        "description": "OK", "content": {JSON: {"schema": _ref(ok)}}}}
+    for code in sorted({*errors, *_ALWAYS}):
+        responses[code] = {"description": _ERROR_TEXT[code],
+                           "content": {JSON: {"schema": _ref("Error")}}}
+    operation: dict[str, Any] = {"summary": summary, "tags": ["admin"], "responses": responses,
+                                 "security": [{"bearer": []}]}
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    return operation
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
+       "pattern": r"^\S(.*\S)?$"}
+_TIME = {"type": "number", "minimum": 0, "maximum": MAX_TIME}
+_RATE = {"type": "integer", "minimum": 1, "maximum": MAX_RATE,
+         "description": "Requests per minute (replaces MEMPROXY_RATE_LIMIT for this key)."}
+_QUOTA = {"type": "integer", "minimum": 0, "maximum": MAX_QUOTA,
+          "description": "Tokens per calendar month (UTC)."}
+_KEY_PROPERTIES: dict[str, Any] = {
+    "object": {"type": "string", "enum": ["api_key"]},
+    "id": {"type": "string"},
+    "source": {"type": "string", "enum": ["database", "env"]},
+    "prefix": _nullable({"type": "string", "description": "The secret's start, for display."}),
+    "user": _nullable({"type": "string"}),
+    "org": _nullable({"type": "string"}),
+    "org_writer": {"type": "boolean"},
+    "expires_at": _nullable({"type": "number"}),
+    "rate_limit": _nullable({"type": "integer"}),
+    "token_quota": _nullable({"type": "integer"}),
+    "created_at": _nullable({"type": "number"}),
+    "last_used_at": _nullable({"type": "number"}),
+    "revoked_at": _nullable({"type": "number"}),
+    "status": {"type": "string", "enum": ["active", "revoked", "expired"]},
+}
+
+ADMIN_SCHEMAS: dict[str, Any] = {
+    "ApiKey": {"type": "object", "required": list(_KEY_PROPERTIES),
+               "additionalProperties": False, "properties": _KEY_PROPERTIES},
+    "NewApiKey": {
+        "type": "object", "required": ["user"], "additionalProperties": False,
+        "properties": {
+            "user": _nullable({**_ID, "description": "The user the key is bound to (null: none)."}),
+            "org": _nullable(_ID), "org_writer": _nullable({"type": "boolean"}),
+            "expires_at": _nullable({**_TIME, "description": "Unix seconds, in the future."}),
+            "rate_limit": _nullable(_RATE), "token_quota": _nullable(_QUOTA),
+        },
+    },
+    "ApiKeyCreated": {
+        "type": "object", "required": [*_KEY_PROPERTIES, "key"], "additionalProperties": False,
+        "properties": {**_KEY_PROPERTIES, "key": {
+            "type": "string", "pattern": "^mp-[0-9a-f]{8}_[A-Za-z0-9_-]{43}$",
+            "description": "The secret: shown here once, never again."}},
+    },
+    "ApiKeyChanges": {
+        "type": "object", "minProperties": 1, "additionalProperties": False,
+        "properties": {
+            "expires_at": _nullable(_TIME), "rate_limit": _nullable(_RATE),
+            "token_quota": _nullable(_QUOTA), "org_writer": {"type": "boolean"},
+        },
+    },
+    "ApiKeyList": {
+        "type": "object", "required": ["object", "data"], "additionalProperties": False,
+        "properties": {"object": {"type": "string", "enum": ["list"]},
+                       "data": {"type": "array", "items": _ref("ApiKey")}},
+    },
+}
+
+_KEY_ID = {"name": "key_id", "in": "path", "required": True,
+           "schema": {"type": "string", "minLength": 1, "maxLength": 100}}
+
+ADMIN_PATHS: dict[str, Any] = {
+    "/keys": {
+        "servers": ADMIN_SERVERS,
+        "get": _op("Every key: MEMPROXY_API_KEYS's (source env) and the stored ones; never a"
+                   " secret", "ApiKeyList"),
+        "post": _op("Make a key; its secret is in `key`, shown this once", "ApiKeyCreated",
+                    "400", "413", status="201", body="NewApiKey"),
+    },
+    "/keys/{key_id}": {
+        "servers": ADMIN_SERVERS,
+        "parameters": [_KEY_ID],
+        "get": _op("One key", "ApiKey", "404"),
+        "patch": _op("Change expires_at, rate_limit, token_quota or org_writer (null clears)",
+                     "ApiKey", "400", "404", "409", "413", body="ApiKeyChanges"),
+        "delete": _op("Revoke a key (409: already revoked)", "ApiKey", "404", "409"),
+    },
+}
