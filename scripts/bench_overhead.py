@@ -518,7 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarise(phases)
     targets = report(summary["rows"])
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k != "json"}
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                  if k != "json"}
         document = {"config": config, **summary, "targets": targets}
         args.json.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     return 0

@@ -82,7 +82,15 @@ def source(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream)
         assert api.put("/profile", json={"fields": {"role": "staff engineer"},
                                          "text": "I maintain billing."}).status_code == 200
     wait_for_jobs(proxy)
+    # A stored key (docs/keys.md), written as the admin API would: its row moves too.
+    query(proxy.state.settings, "INSERT INTO api_keys (id, digest, prefix, user_id, org_id,"
+          " org_writer, expires_at, rate_limit, token_quota, created_at, last_used_at,"
+          " revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", STORED_KEY)
     return proxy
+
+
+STORED_KEY = ("key_00000000000000a1", "ab" * 32, "mp-0000abcd", "ada", "acme", 1, None, 60,
+              1000, 1_764_000_000.5, None, None)
 
 
 def search(proxy: RunningProxy) -> list[list[tuple[str, str]]]:
@@ -157,6 +165,7 @@ def test_a_migrated_install_has_the_same_rows_vectors_and_recall(
                           data_dir=tmp_path / "replica")
     moved = replica.state.settings
     assert counts(moved) == rows
+    assert query(moved, "SELECT * FROM api_keys") == [STORED_KEY]
     assert fts_mismatches(moved) == []
     assert replica.state.memory.vectors.count() == vectors
     assert search(replica) == before
