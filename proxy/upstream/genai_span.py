@@ -98,7 +98,6 @@ def start(
         "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
         "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
         "gen_ai.request.model": model if isinstance(model, str) else "",
-        "gen_ai.request.stream": body.get("stream") is True,
     }
     for field, name in _REQUEST_PARAMS:
         value = body.get(field)
@@ -194,7 +193,6 @@ class TracedReply:
             if self._first_at is not None and self._stream:
                 span.set_attribute("gen_ai.response.time_to_first_chunk", self._first_at - self._started)
                 span.add_event("gen_ai.first_chunk", timestamp=self._first_ns)
-            span.set_attribute("http.response.status_code", self.status_code)
             objects = self._objects()
             span.set_attributes(reply_attributes(objects))
             if self._call.tracing.capture_content:
