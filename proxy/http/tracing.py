@@ -101,10 +101,10 @@ class Tracing:
 
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
 
-    def start_client(self, name: str, attributes: Mapping[str, Any]) -> tuple[Span, dict[str, str]]:
+    def start_client(self, name: str) -> tuple[Span, dict[str, str]]:
         """A CLIENT span under the current one, not made current (it ends at the reply's
         last byte, after the handler returned), and the headers that carry it upstream."""
-        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, carrier
@@ -133,10 +133,10 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = _PROPAGATOR.extract(_trace_headers(scope["headers"]))
         method = scope["method"]
-        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
-            "http.request.method": method, "url.path": scope["path"],
-            "url.scheme": scope.get("scheme", "http"),
-        })
+        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+        if span.is_recording():  # sampled out: a span with nothing to say, at little cost
+            span.set_attributes({"http.request.method": method, "url.path": scope["path"],
+                                 "url.scheme": scope.get("scheme", "http")})
         status = 0
 
         async def send_status(message: Message) -> None:
@@ -158,12 +158,12 @@ class Tracing:
         finally:
             deactivate_tracer(active)
             otel_context.detach(attached)
-            route = getattr(scope.get("route"), "path", None)
+            route = getattr(scope.get("route"), "path", None) if span.is_recording() else None
             if isinstance(route, str):
                 route = scope.get("root_path", "")[len(base):] + route  # under a Mount
                 span.set_attribute("http.route", route)
                 span.update_name(f"{method} {route}")
-            if status:
+            if status and span.is_recording():
                 span.set_attribute("http.response.status_code", status)
                 if status >= 500:
                     span.set_attributes({"error.type": str(status)})

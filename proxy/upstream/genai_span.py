@@ -94,10 +94,14 @@ def start(
     """Open the CLIENT span of one upstream call; `messages` gives the conversation sent,
     captured only when contents are."""
     model = body.get("model")
+    model = model if isinstance(model, str) else ""
+    span, headers = tracing.start_client(f"{operation} {model}".strip())
+    if not span.is_recording():
+        return GenAICall(tracing, span, headers)  # sampled out: nothing to describe
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
         "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
-        "gen_ai.request.model": model if isinstance(model, str) else "",
+        "gen_ai.request.model": model,
     }
     for field, name in _REQUEST_PARAMS:
         value = body.get(field)
@@ -107,7 +111,7 @@ def start(
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
         attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
-    span, headers = tracing.start_client(f"{operation} {attributes['gen_ai.request.model']}".strip(), attributes)
+    span.set_attributes(attributes)
     return GenAICall(tracing, span, headers)
 
 
