@@ -39,6 +39,7 @@ TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _TRACE_HEADER_BYTES = frozenset(name.encode() for name in TRACE_HEADERS)
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _PROPAGATOR = TraceContextTextMapPropagator()
+_NOTHING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 Span = trace.Span
 
 
@@ -78,8 +79,14 @@ class Tracing:
 
     # -- memory's Tracer (memory/tracing.py)
 
-    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Span]:
-        """An INTERNAL child of the current span, current while open."""
+    def span(
+        self, name: str, attributes: Mapping[str, Any] | None = None
+    ) -> contextlib.AbstractContextManager[Span | None]:
+        """An INTERNAL child of the current span, current while open; nothing (None) under a
+        span sampled out, whose children would be too (work after a response goes on under
+        the request's span after it ended, so its sampled flag decides, not is_recording)."""
+        if not _sampled():
+            return _NOTHING
         return self.tracer.start_as_current_span(name, attributes=attributes)
 
     def linked(
@@ -94,7 +101,9 @@ class Tracing:
         )
 
     def traceparent(self) -> str | None:
-        """The current span's traceparent."""
+        """The current span's traceparent (None when it was sampled out: no link to make)."""
+        if not _sampled():
+            return None
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         return carrier.get("traceparent")
@@ -191,6 +200,11 @@ def span_context(traceparent: str) -> trace.SpanContext | None:
     context = _PROPAGATOR.extract({"traceparent": traceparent})
     found = trace.get_current_span(context).get_span_context()
     return found if found.is_valid else None
+
+
+def _sampled() -> bool:
+    """Whether the current span (ended or not) is sampled."""
+    return trace.get_current_span().get_span_context().trace_flags.sampled
 
 
 def _trace_headers(headers: Any) -> dict[str, str]:
