@@ -38,8 +38,10 @@ class Span(Protocol):
 class Tracer(Protocol):
     """What the proxy's tracing gives memory (proxy/http/tracing.py)."""
 
-    def span(self, name: str, attributes: Attributes | None = None) -> AbstractContextManager[Span]:
-        """A child of the current span, current while open."""
+    def span(
+        self, name: str, attributes: Attributes | None = None
+    ) -> AbstractContextManager[Span | None]:
+        """A child of the current span, current while open (None: not recorded)."""
         ...
 
     def linked(

@@ -21,7 +21,7 @@ from config import Route
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -166,7 +166,6 @@ def test_a_streamed_call_ends_its_span_at_the_last_byte(
 
     server = server_span(collector, "/v1/chat/completions", CLIENT_TRACE)
     upstream_call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.parent_id == server.span_id)[0]
-    assert upstream_call.attributes["gen_ai.request.stream"] is True
     assert upstream_call.attributes["gen_ai.response.time_to_first_chunk"] > 0
     assert [name for name, _ in upstream_call.events] == ["gen_ai.first_chunk"]
     assert upstream_call.attributes["gen_ai.response.finish_reasons"] == ["stop"]
@@ -396,3 +395,31 @@ def test_a_route_through_litellm_carries_memproxys_span_upstream(
     sent = upstream.history[-1]
     assert sent.path == "/v1/messages"  # translated by litellm
     assert sent.headers["traceparent"] == f"00-{CLIENT_TRACE}-{call.span_id}-01"
+
+
+def test_memory_tool_rounds_are_spans_of_the_request(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, memory_tool_prefetch=0)
+    note = json.dumps({"type": "turn", "session_id": "old", "role": "user",
+                       "content": "The billing service runs on Postgres 16."})
+    assert httpx.post(f"{proxy.url}/v1/memory/import", content=note, timeout=60).status_code == 200
+    wait_for_jobs(proxy)
+    search = {"name": "memory_search", "arguments": {"query": "billing service database"}}
+    upstream.enqueue(JSONReply(chat_completion(None, tool_calls=[search])),
+                     JSONReply(chat_completion("Postgres 16.")))
+    reply = chat_client(proxy, {**CLIENT_HEADERS, "X-Memory-Mode": "tool"}).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "Which database does billing use?"}])
+    assert reply.choices[0].message.content == "Postgres 16."
+
+    server = server_span(collector, "/v1/chat/completions", CLIENT_TRACE)
+    collector.wait_for(lambda s: s.name == "memproxy.remember.reply" and s.trace_id == CLIENT_TRACE)
+    spans = trace_of(collector, CLIENT_TRACE)
+    rounds = [s for s in spans if s.kind == "CLIENT" and s.parent_id == server.span_id]
+    assert len(rounds) == 2  # one CLIENT span per round with the model
+    assert rounds[0].attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    searched = one(spans, "memproxy.memory_tool.search", parent_id=server.span_id)
+    recall = one(spans, "memproxy.recall", parent_id=searched.span_id)
+    assert recall.attributes["memproxy.recall.items"] >= 1
+    # The search ran between the two rounds.
+    assert rounds[0].end_ns <= searched.start_ns <= searched.end_ns <= rounds[1].start_ns

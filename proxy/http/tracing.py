@@ -39,6 +39,7 @@ TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _TRACE_HEADER_BYTES = frozenset(name.encode() for name in TRACE_HEADERS)
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _PROPAGATOR = TraceContextTextMapPropagator()
+_NOTHING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 Span = trace.Span
 
 
@@ -78,8 +79,14 @@ class Tracing:
 
     # -- memory's Tracer (memory/tracing.py)
 
-    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Span]:
-        """An INTERNAL child of the current span, current while open."""
+    def span(
+        self, name: str, attributes: Mapping[str, Any] | None = None
+    ) -> contextlib.AbstractContextManager[Span | None]:
+        """An INTERNAL child of the current span, current while open; nothing (None) under a
+        span sampled out, whose children would be too (work after a response goes on under
+        the request's span after it ended, so its sampled flag decides, not is_recording)."""
+        if not _sampled():
+            return _NOTHING
         return self.tracer.start_as_current_span(name, attributes=attributes)
 
     def linked(
@@ -94,17 +101,19 @@ class Tracing:
         )
 
     def traceparent(self) -> str | None:
-        """The current span's traceparent."""
+        """The current span's traceparent (None when it was sampled out: no link to make)."""
+        if not _sampled():
+            return None
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         return carrier.get("traceparent")
 
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
 
-    def start_client(self, name: str, attributes: Mapping[str, Any]) -> tuple[Span, dict[str, str]]:
+    def start_client(self, name: str) -> tuple[Span, dict[str, str]]:
         """A CLIENT span under the current one, not made current (it ends at the reply's
         last byte, after the handler returned), and the headers that carry it upstream."""
-        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, carrier
@@ -133,10 +142,10 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = _PROPAGATOR.extract(_trace_headers(scope["headers"]))
         method = scope["method"]
-        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
-            "http.request.method": method, "url.path": scope["path"],
-            "url.scheme": scope.get("scheme", "http"),
-        })
+        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+        if span.is_recording():  # sampled out: a span with nothing to say, at little cost
+            span.set_attributes({"http.request.method": method, "url.path": scope["path"],
+                                 "url.scheme": scope.get("scheme", "http")})
         status = 0
 
         async def send_status(message: Message) -> None:
@@ -158,12 +167,12 @@ class Tracing:
         finally:
             deactivate_tracer(active)
             otel_context.detach(attached)
-            route = getattr(scope.get("route"), "path", None)
+            route = getattr(scope.get("route"), "path", None) if span.is_recording() else None
             if isinstance(route, str):
                 route = scope.get("root_path", "")[len(base):] + route  # under a Mount
                 span.set_attribute("http.route", route)
                 span.update_name(f"{method} {route}")
-            if status:
+            if status and span.is_recording():
                 span.set_attribute("http.response.status_code", status)
                 if status >= 500:
                     span.set_attributes({"error.type": str(status)})
@@ -191,6 +200,11 @@ def span_context(traceparent: str) -> trace.SpanContext | None:
     context = _PROPAGATOR.extract({"traceparent": traceparent})
     found = trace.get_current_span(context).get_span_context()
     return found if found.is_valid else None
+
+
+def _sampled() -> bool:
+    """Whether the current span (ended or not) is sampled."""
+    return trace.get_current_span().get_span_context().trace_flags.sampled
 
 
 def _trace_headers(headers: Any) -> dict[str, str]:

@@ -94,11 +94,14 @@ def start(
     """Open the CLIENT span of one upstream call; `messages` gives the conversation sent,
     captured only when contents are."""
     model = body.get("model")
+    model = model if isinstance(model, str) else ""
+    span, headers = tracing.start_client(f"{operation} {model}".strip())
+    if not span.is_recording():
+        return GenAICall(tracing, span, headers)  # sampled out: nothing to describe
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
         "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
-        "gen_ai.request.model": model if isinstance(model, str) else "",
-        "gen_ai.request.stream": body.get("stream") is True,
+        "gen_ai.request.model": model,
     }
     for field, name in _REQUEST_PARAMS:
         value = body.get(field)
@@ -108,7 +111,7 @@ def start(
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
         attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
-    span, headers = tracing.start_client(f"{operation} {attributes['gen_ai.request.model']}".strip(), attributes)
+    span.set_attributes(attributes)
     return GenAICall(tracing, span, headers)
 
 
@@ -194,7 +197,6 @@ class TracedReply:
             if self._first_at is not None and self._stream:
                 span.set_attribute("gen_ai.response.time_to_first_chunk", self._first_at - self._started)
                 span.add_event("gen_ai.first_chunk", timestamp=self._first_ns)
-            span.set_attribute("http.response.status_code", self.status_code)
             objects = self._objects()
             span.set_attributes(reply_attributes(objects))
             if self._call.tracing.capture_content:
