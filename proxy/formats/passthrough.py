@@ -57,7 +57,9 @@ async def relay(request: Request, state: AppState, target: Target) -> Response |
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
     headers = forward_headers(
-        request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False
+        request.headers.items(), target, strip_auth=bool(settings.api_keys), identity_encoding=False,
+        # While tracing, the upstream continues memproxy's SERVER span, not the client's.
+        trace=state.tracing.current_headers() if state.tracing is not None else None,
     )
     if declared.isdigit():
         headers.append(("content-length", declared))  # streamed through, so say how long
