@@ -60,6 +60,8 @@ async def relay(request: Request, state: AppState, target: Target) -> Response |
     headers = forward_headers(
         request.headers.items(), target, strip_auth=proxy_key_sent(request.headers, settings),
         identity_encoding=False,
+        # While tracing, the upstream continues memproxy's SERVER span, not the client's.
+        trace=state.tracing.current_headers() if state.tracing is not None else None,
     )
     if declared.isdigit():
         headers.append(("content-length", declared))  # streamed through, so say how long

@@ -108,6 +108,13 @@ class Tracing:
         _PROPAGATOR.inject(carrier)
         return carrier.get("traceparent")
 
+    def current_headers(self) -> dict[str, str]:
+        """The Trace Context headers of the current span (a pass-through request's SERVER
+        span), for the upstream to continue."""
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        return carrier
+
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
 
     def start_client(self, name: str) -> tuple[Span, dict[str, str]]:

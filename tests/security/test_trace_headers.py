@@ -99,3 +99,16 @@ def test_no_span_carries_a_key_a_user_id_or_message_text(
     dumped = json.dumps([(s.name, s.attributes, s.events) for s in collector.spans])
     for leaked in (key, "user-4711", "5821-red-otter", "echo:"):
         assert leaked not in dumped
+
+
+def test_a_pass_through_request_carries_memproxys_span_not_the_clients(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy()
+    reply = httpx.get(f"{proxy.base_url}/models", headers={"traceparent": VALID})
+    assert reply.status_code == 200
+    server = collector.wait_for(lambda s: s.kind == "SERVER")[0]
+    assert server.attributes["http.route"] == "/v1/{path:path}"
+    trace_id = VALID.split("-")[1]
+    assert server.trace_id == trace_id
+    assert upstream.history[-1].headers["traceparent"] == f"00-{trace_id}-{server.span_id}-01"
