@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
+    from memory.admin.usage import UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
     from memory.index.vectors import VectorIndex
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from memory.storage.injections import Injection
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
+    from memory.storage.usage import UsageCounts, UsageRow
     from memory.tokens import count_tokens, encoding_for_model
 
 # public name -> (module, name in that module)
@@ -115,6 +117,11 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "MigrateError": ("memory.admin.migrate", "MigrateError"),
     "MigrateResult": ("memory.admin.migrate", "MigrateResult"),
     "CopiedBatch": ("memory.storage.bulk_copy", "Batch"),
+    # usage per day, key and user (docs/usage.md)
+    "UsageLedger": ("memory.admin.usage", "UsageLedger"),
+    "UsageReport": ("memory.admin.usage", "UsageReport"),
+    "UsageCounts": ("memory.storage.usage", "UsageCounts"),
+    "UsageRow": ("memory.storage.usage", "UsageRow"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
     "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
@@ -168,6 +175,10 @@ __all__ = [
     "Spooled",
     "TurnLog",
     "Unavailable",
+    "UsageCounts",
+    "UsageLedger",
+    "UsageReport",
+    "UsageRow",
     "VectorIndex",
     "backup",
     "build_query",

@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from config import Settings
 from memory.admin.manage import Management
+from memory.admin.usage import UsageLedger
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
 from memory.index.quantized import int8_model_dir
@@ -69,6 +70,7 @@ class MemoryEngine:
         self.redact = Redactor(settings.redact)
         self.log = TurnLog(db, redact=self.redact)
         self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
+        self.usage = UsageLedger(db)  # requests and tokens per day, key and user
         self.vectors = vectors
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).
         self.shared_vectors = SharedVectors(db, vectors)

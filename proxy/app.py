@@ -19,6 +19,7 @@ from config import Settings
 from config.settings import describe_storage
 from memory import Embedder, MemoryEngine
 from proxy.access.edge import EdgeGuard
+from proxy.access.usage import UsageMeter
 from proxy.flow.exchange import endpoint
 from proxy.formats.chat import CHAT
 from proxy.formats.messages import MESSAGES, count_message_tokens
@@ -35,6 +36,7 @@ from proxy.http.metrics import Metrics, metrics_endpoint
 from proxy.http.relay import SHUTDOWN_STATE
 from proxy.http.shutdown import Shutdown
 from proxy.management import routes as management_routes
+from proxy.management.admin_usage import admin_usage_routes
 from proxy.management.panel import panel_routes
 from proxy.state import AppState
 from proxy.upstream.client import Upstream
@@ -84,6 +86,11 @@ def create_app(
                 jobs_stop = asyncio.get_running_loop().create_task(
                     _stop_jobs_at_shutdown(state.shutdown, state.memory)
                 )
+            if state.memory is not None:
+                # Usage lives in the memory database; a gateway without one counts nothing.
+                state.usage = UsageMeter(state.memory.usage,
+                                         flush_seconds=settings.usage_flush_seconds)
+                state.usage.start()
             if mcp is not None:
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
@@ -102,6 +109,8 @@ def create_app(
             await mcp_run.aclose()
             state.shutdown.begin()  # a no-op when the server began it as the signal came
             await state.drain()
+            if state.usage is not None:
+                await state.usage.close()  # the last counts, streams drained
             if jobs_stop is not None:
                 await jobs_stop
             if state.memory is not None and memory is None:
@@ -125,6 +134,8 @@ def create_app(
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
+        # The admin API (/v1/admin/, the admin key only): usage.
+        *admin_usage_routes(),
         *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
         *([Route("/mcp", mcp, methods=METHODS)] if mcp is not None else []),

@@ -10,6 +10,7 @@ from typing import Any
 from config import Settings
 from memory import MemoryEngine
 from proxy.access.limits import KeyLimits
+from proxy.access.usage import UsageMeter
 from proxy.http.metrics import Metrics
 from proxy.http.shutdown import Shutdown
 from proxy.upstream.client import Upstream
@@ -25,6 +26,7 @@ class AppState:
     metrics: Metrics
     memory: MemoryEngine | None = None
     llm: LLMClient | None = None
+    usage: UsageMeter | None = None  # with the database only (docs/usage.md)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     limits: KeyLimits = field(init=False)
     shutdown: Shutdown = field(init=False)

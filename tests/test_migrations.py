@@ -38,6 +38,7 @@ EXPECTED_TABLES = {
     "injections",
     "memory_versions",
     "vector_generations",
+    "usage_daily",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 

@@ -1,0 +1,177 @@
+"""Token counts from the upstream's own `usage`, in every format's replies and streams.
+
+    format      whole reply                        stream
+    chat        usage.prompt/completion_tokens     the last chunk (`choices: []`), sent only
+                                                   with stream_options.include_usage
+    responses   usage.input/output_tokens          response.completed / incomplete / failed
+    messages    usage.input(+cache)/output_tokens  message_start (input), message_delta (output)
+
+A chat stream gets `include_usage` from memproxy where its client did not ask
+(`proxy.flow.exchange`); then the tap takes the usage chunk out, and the `"usage":null`
+OpenAI adds to every other chunk, so the client sees the stream it asked for. A chunk that
+carries usage next to real choices (some providers send it on the finish chunk) is never
+taken out. The tap reads only events that hold `"usage":{`, a byte search per chunk: a
+stream costs one JSON parse or two (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.http.sse import SSEDecoder
+
+MAX_TOKENS = 10**12  # a count beyond this is not a count
+# Where a stream holds usage: compact JSON and Python's json.dumps spacing.
+_MARKS = (b'"usage":{', b'"usage": {')
+_NULLS = ((b',"usage":null', b""), (b', "usage": null', b""))
+# A stream that never ends an event would otherwise be held whole: past this it goes through.
+MAX_HELD = 1024 * 1024
+_EVENT_END = re.compile(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))")
+_ASK = b'{"stream_options":{"include_usage":true},'
+
+
+def ask_stream_usage(payload: bytes, body: dict[str, Any]) -> tuple[bytes, dict[str, Any], bool]:
+    """A streamed chat completion's bytes and body asking for the usage chunk, and whether
+    memproxy asked (then the client must not see it). A client that asked itself, or sent
+    an include_usage the upstream must judge (not a boolean), goes as it came."""
+    options = body.get("stream_options")
+    if options is None:
+        asked: dict[str, Any] = {"include_usage": True}
+    elif isinstance(options, dict) and options.get("include_usage") in (None, False):
+        asked = {**options, "include_usage": True}
+    else:
+        return payload, body, False
+    changed = {**body, "stream_options": asked}
+    start = payload.lstrip()
+    if "stream_options" not in body and start.startswith(b"{"):
+        # Two short copies instead of encoding the whole body again.
+        return _ASK + start[1:], changed, True
+    return orjson.dumps(changed), changed, True
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one reply or event said about tokens (None: nothing)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    only_usage: bool = False  # a chat chunk with no choices: the usage chunk itself
+
+
+Reader = Callable[[Mapping[str, Any]], Seen | None]
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def _sum(*values: Any) -> int | None:
+    counts = [c for c in map(_count, values) if c is not None]
+    return sum(counts) if counts else None
+
+
+def chat_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A chat.completion or chat.completion.chunk's usage."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    choices = payload.get("choices")
+    return Seen(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+                only_usage=not choices and payload.get("object") != "chat.completion")
+
+
+def responses_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A response object's usage, or a `response.completed|incomplete|failed` event's."""
+    response = payload.get("response") if "type" in payload else payload
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    return Seen(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")))
+
+
+def messages_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A message's usage, or a `message_start` / `message_delta` event's. Anthropic counts
+    cached input apart: input is input_tokens plus the cache's creation and reads."""
+    kind = payload.get("type")
+    holder = payload.get("message") if kind == "message_start" else payload
+    usage = holder.get("usage") if isinstance(holder, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    return Seen(
+        _sum(usage.get("input_tokens"), usage.get("cache_creation_input_tokens"),
+             usage.get("cache_read_input_tokens")),
+        _count(usage.get("output_tokens")),
+    )
+
+
+class UsageTap:
+    """Reads a relayed event stream's token counts; with `strip`, takes out the usage chunk
+    and fields memproxy asked for and the client did not.
+
+    It passes on whole events only (a partial one waits for its end, at most MAX_HELD bytes)."""
+
+    def __init__(self, read: Reader, *, strip: bool = False) -> None:
+        self.read = read
+        self.strip = strip
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take upstream bytes; return what goes to the client now."""
+        data = self._held + chunk if self._held else chunk
+        self._held = b""
+        if not data.endswith(b"\n\n"):  # the usual case ends an event: no search
+            data, self._held = _whole_events(data)
+            if len(self._held) > MAX_HELD:
+                data, self._held = data + self._held, b""
+        return self._look(data) if data else data
+
+    def end(self) -> bytes:
+        """The bytes still held when the upstream's stream ended."""
+        rest, self._held = self._held, b""
+        return self._look(rest) if rest else rest
+
+    def _look(self, data: bytes) -> bytes:
+        if self.strip and b'"usage":' in data:
+            for null, nothing in _NULLS:
+                data = data.replace(null, nothing)
+        if _MARKS[0] not in data and _MARKS[1] not in data:
+            return data
+        kept = []
+        for event in _EVENT_END.split(data):
+            if event and (_MARKS[0] in event or _MARKS[1] in event) and self._usage_only(event):
+                continue
+            kept.append(event)
+        return b"".join(kept)
+
+    def _usage_only(self, event: bytes) -> bool:
+        """Read the event's counts; whether it is a usage chunk the client did not ask for."""
+        for sse in SSEDecoder().feed(event if event.endswith((b"\n", b"\r")) else event + b"\n\n"):
+            try:
+                payload = orjson.loads(sse.data)
+            except orjson.JSONDecodeError:
+                continue
+            seen = self.read(payload) if isinstance(payload, dict) else None
+            if seen is None:
+                continue
+            if seen.input_tokens is not None:
+                self.input_tokens = seen.input_tokens
+            if seen.output_tokens is not None:
+                self.output_tokens = seen.output_tokens
+            return self.strip and seen.only_usage
+        return False
+
+
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """(the whole events of `data`, the start of the next)."""
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) != -1]
+    end = max(ends, default=0)
+    return data[:end], data[end:]
