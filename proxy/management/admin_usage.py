@@ -15,11 +15,12 @@ from starlette.routing import BaseRoute, Route
 from memory import UsageCounts
 from proxy.access.decision import require_admin
 from proxy.access.identity import MAX_ID_LENGTH
-from proxy.http.errors import InvalidRequest, MemoryUnavailable
+from proxy.http.errors import InvalidRequest, MemoryUnavailable, MethodNotAllowed
 from proxy.management.access import respond
 from proxy.management.inputs import query_limit
 from proxy.state import AppState
 
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 PARAMS = frozenset({"from", "to", "key_id", "user", "limit"})
 MAX_DAYS = 366  # the longest range one call reports
 MAX_ROWS = 10_000
@@ -29,12 +30,16 @@ _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # what fromisoformat takes bes
 
 def admin_usage_routes() -> list[BaseRoute]:
     """The usage half of the admin API (proxy/app.py mounts it before the pass-through)."""
-    return [Route("/v1/admin/usage", usage, methods=["GET"])]
+    # Every method: another one gets 405 here instead of the pass-through's forwarding.
+    return [Route("/v1/admin/usage", usage, methods=METHODS)]
 
 
 async def usage(request: Request) -> Response:
     """GET /v1/admin/usage?from=&to=&key_id=&user=&limit="""
     state: AppState = request.app.state.memproxy
+    if request.method not in ("GET", "HEAD"):
+        raise MethodNotAllowed(f"{request.method} is not allowed on /v1/admin/usage; use GET",
+                               headers={"Allow": "GET, HEAD"})
     require_admin(request, state.settings)
     if state.usage is None or state.memory is None:
         raise MemoryUnavailable("usage is kept in the memory database, which this proxy runs without")
