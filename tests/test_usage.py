@@ -282,3 +282,32 @@ def test_filters_and_bad_parameters(served: RunningProxy) -> None:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_the_litellm_transport_is_counted_and_stripped_too(
+    start_proxy: Starter, upstream: ScriptedUpstream
+) -> None:
+    from config import Route
+
+    proxy = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN, upstream_api_key="sk-up", routes=(
+        Route("via-litellm-*", base_url=upstream.base_url, api_key="sk-route", provider="openai"),
+    ))
+    with sdk(proxy, ALICE) as client:
+        chunks = list(client.chat.completions.create(
+            model="via-litellm-4o", messages=[{"role": "user", "content": "hello there"}],
+            stream=True))
+    assert upstream.history[-1].json["stream_options"]["include_usage"] is True
+    assert all(chunk.choices and chunk.usage is None for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "echo: hello there"
+    # Messages without an Anthropic upstream: litellm translates to chat completions.
+    with anthropic.Anthropic(base_url=proxy.url, api_key=ALICE, max_retries=0, timeout=20) as claude:
+        claude.messages.create(model="gpt-4o-mini", max_tokens=20,
+                               messages=[{"role": "user", "content": "hi"}])
+        with claude.messages.stream(model="gpt-4o-mini", max_tokens=20,
+                                    messages=[{"role": "user", "content": "hi"}]) as stream:
+            final = stream.get_final_message()
+    mine = row(usage_of(proxy), key_id(proxy, ALICE), "alice")
+    assert mine["requests"] == 3
+    assert final.usage.output_tokens > 0  # litellm asked the upstream for a stream's usage too
+    assert mine["input_tokens"] > 0 and mine["output_tokens"] > echo_completion_tokens(
+        "echo: hello there") + final.usage.output_tokens
