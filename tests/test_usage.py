@@ -60,13 +60,14 @@ def usage_of(proxy: RunningProxy, **params: str) -> dict[str, Any]:
 
 
 def key_id(proxy: RunningProxy, secret: str) -> str:
-    return next(k.key_id for k in proxy.state.settings.api_keys if k.key == secret)
+    return str(next(k.key_id for k in proxy.state.settings.api_keys if k.key == secret))
 
 
 def row(report: dict[str, Any], key: str, user: str) -> dict[str, Any]:
     rows = [r for r in report["data"] if r["key_id"] == key and r["user_id"] == user]
     assert len(rows) == 1, report["data"]
-    return rows[0]
+    found: dict[str, Any] = rows[0]
+    return found
 
 
 def sdk(proxy: RunningProxy, key: str, **headers: str) -> openai.OpenAI:
@@ -150,7 +151,7 @@ def test_responses_and_messages_are_counted_streamed_or_not(
         whole = client.responses.create(model="gpt-4o-mini", input="hi")
         upstream.enqueue(SSEReply(response_events("streamed ok", input_tokens=50), done=False))
         events = list(client.responses.create(model="gpt-4o-mini", input="hi", stream=True))
-    completed = [e for e in events if e.type == "response.completed"][0].response
+    completed = next(e for e in events if e.type == "response.completed").response
     assert whole.usage is not None and completed.usage is not None
     rita = row(usage_of(served, user="rita"), team, "rita")
     assert rita["requests"] == 2

@@ -16,6 +16,7 @@ from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
+from proxy.management.openapi_usage import USAGE_PATHS, USAGE_SCHEMAS
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -412,9 +413,10 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": SCHEMAS,
+        "schemas": {**SCHEMAS, **USAGE_SCHEMAS},
     },
-    "paths": PATHS,
+    # The admin API's paths name their own server (/v1/admin).
+    "paths": {**PATHS, **USAGE_PATHS},
 }
 
 

@@ -4,16 +4,24 @@ query parameters, and quota evasion through other ways in."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import openai
 import orjson
 import pytest
+import schemathesis
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+from schemathesis import Case
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from config import load_settings
+from memory.index.embeddings import LocalEmbedder
 from proxy.formats.usage import MAX_HELD, UsageTap, chat_usage, messages_usage
-from tests.conftest import RunningProxy
+from proxy.management.openapi import DOCUMENT
+from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.formats import message_events
 from tests.support.scripted_upstream import (
     JSONReply,
@@ -187,3 +195,37 @@ def test_a_spent_key_gets_through_no_other_way(
             assert refused.status_code == 429, (path, refused.text)
             assert refused.json()["error"]["code"] == "token_quota_exceeded"
     assert upstream.history == []
+
+
+@pytest.fixture(scope="module")
+def fuzzed(embedder: LocalEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with ScriptedUpstream(keep_history=False) as upstream:
+        running = serve(load_settings(env={
+            "MEMPROXY_UPSTREAM_BASE_URL": upstream.base_url,
+            "MEMPROXY_DATA_DIR": str(tmp_path_factory.mktemp("fuzz-usage")),
+            "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR), "MEMPROXY_LOG_LEVEL": "error",
+            "MEMPROXY_MEMORY": "off", "MEMPROXY_API_KEYS": KEYS, "MEMPROXY_ADMIN_KEY": ADMIN,
+        }), with_memory=True, embedder=embedder)
+        try:
+            httpx.post(f"{running.base_url}/chat/completions", timeout=20,
+                       json={"model": "m", "messages": MESSAGES},
+                       headers={"Authorization": f"Bearer {KEY}"})
+            yield running
+        finally:
+            running.stop()
+
+
+admin_schema = schemathesis.openapi.from_dict(DOCUMENT).include(
+    path=[path for path, item in DOCUMENT["paths"].items() if "servers" in item])
+
+
+@admin_schema.parametrize()
+@hypothesis_settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(HealthCheck))
+def test_the_admin_usage_api_conforms_to_its_document(case: Case[Any], fuzzed: RunningProxy) -> None:
+    """Every answer, to any parameters, is one the document describes (400s included). A
+    schema-valid request may still be a 400: from after to, or 2026-02-30, are beyond what
+    the schema says."""
+    case.call_and_validate(base_url=f"{fuzzed.url}/v1/admin", timeout=30,
+                           headers={"Authorization": f"Bearer {ADMIN}"},
+                           excluded_checks=[positive_data_acceptance])
