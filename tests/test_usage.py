@@ -6,6 +6,7 @@ upstream (which sends a chat stream's usage chunk only when asked, as OpenAI doe
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -312,3 +313,23 @@ def test_the_litellm_transport_is_counted_and_stripped_too(
     assert final.usage.output_tokens > 0  # litellm asked the upstream for a stream's usage too
     assert mine["input_tokens"] > 0 and mine["output_tokens"] > echo_completion_tokens(
         "echo: hello there") + final.usage.output_tokens
+
+
+def test_the_usage_command(served: RunningProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli.main import main
+
+    chat(served, "a", api_key=TEAM, user="u1")
+    chat(served, "b", api_key=ALICE)
+    assert main(["usage", "--url", served.url, "--key", ADMIN]) == 0
+    shown = capsys.readouterr().out
+    assert "DAY" in shown and "u1" in shown and "alice" in shown and "2 requests" in shown
+    assert main(["usage", "--url", served.url, "--key", ADMIN, "--by", "user", "--json",
+                 "--user", "u1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["user_id"] for r in report["data"]] == ["u1"] and report["totals"]["requests"] == 1
+    assert main(["usage", "--url", served.url, "--key", ADMIN, "--by", "key"]) == 0
+    assert key_id(served, TEAM) in capsys.readouterr().out
+    assert main(["usage", "--url", served.url, "--key", ALICE]) == 1
+    assert "admin" in capsys.readouterr().err
+    assert main(["usage", "--url", served.url, "--key", ADMIN, "--from", "nope"]) == 1
+    assert "YYYY-MM-DD" in capsys.readouterr().err
