@@ -6,9 +6,11 @@ import { loadFacts, setupFacts } from "./facts.js";
 import { setupInspector } from "./inspector.js";
 import { loadMetrics, setupMetrics } from "./metrics.js";
 import { loadSessions, setupSessions } from "./sessions.js";
+import { loadUsage, setupUsage } from "./usage.js";
 
 const $ = (id) => document.getElementById(id);
-const loaders = { facts: loadFacts, inspector: async () => {}, sessions: loadSessions, metrics: loadMetrics };
+const loaders = { facts: loadFacts, inspector: async () => {}, sessions: loadSessions, metrics: loadMetrics,
+  usage: loadUsage };
 
 function select(name) {
   for (const tab of document.querySelectorAll("[role=tab]")) {
@@ -46,6 +48,7 @@ async function start() {
   setupFacts();
   setupSessions();
   setupMetrics();
+  setupUsage();
   await boot();
 }
 
