@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -333,3 +334,28 @@ def test_the_usage_command(served: RunningProxy, capsys: pytest.CaptureFixture[s
     assert "admin" in capsys.readouterr().err
     assert main(["usage", "--url", served.url, "--key", ADMIN, "--from", "nope"]) == 1
     assert "YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_counts_wait_out_a_database_outage(start_proxy: Starter) -> None:
+    """Nothing accepted is lost: counts the database cannot take are written once it is back."""
+    from tests.support.servers import PostgresServer
+
+    with PostgresServer() as server:
+        proxy = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN,
+                            database_url=server.create_database(), usage_flush_seconds=0.1)
+        chat(proxy, "before", api_key=TEAM, user="olga", headers={"X-Memory": "off"})
+        assert usage_of(proxy, user="olga")["totals"]["requests"] == 1
+        server.stop()
+        for text in ("during", "the outage"):  # the chat goes on; its counts wait
+            assert chat(proxy, text, api_key=TEAM, user="olga",
+                        headers={"X-Memory": "off"}).status == 200
+        time.sleep(0.5)  # several flushes fail meanwhile
+        server.start()
+        deadline = time.monotonic() + 30
+        while True:
+            response = admin_usage(proxy, user="olga")
+            if response.status_code == 200 and response.json()["totals"]["requests"] == 3:
+                break
+            assert time.monotonic() < deadline, response.text
+            time.sleep(0.2)
+        assert response.json()["totals"]["input_tokens"] > 0

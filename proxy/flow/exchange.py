@@ -292,7 +292,7 @@ def _relay_stream(
     # but for the usage tap's byte search (proxy/formats/usage.py).
     fmt = call.fmt
     tee = fmt.tee() if step.writing else None
-    tap = UsageTap(fmt.read_usage, strip=call.strip_usage) if state.usage is not None else None
+    tap = fmt.usage_tap(strip=call.strip_usage) if state.usage is not None else None
     last_sent = [b""]  # the last chunk relayed, for formats that number their events
 
     async def chunks() -> Any:

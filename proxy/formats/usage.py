@@ -7,11 +7,12 @@
     messages    usage.input(+cache)/output_tokens  message_start (input), message_delta (output)
 
 A chat stream gets `include_usage` from memproxy where its client did not ask
-(`proxy.flow.exchange`); then the tap takes the usage chunk out, and the `"usage":null`
-OpenAI adds to every other chunk, so the client sees the stream it asked for. A chunk that
-carries usage next to real choices (some providers send it on the finish chunk) is never
-taken out. The tap reads only events that hold `"usage":{`, a byte search per chunk: a
-stream costs one JSON parse or two (docs/usage.md).
+(`proxy.flow.exchange`); then the tap takes the usage chunk out, so the client sees no chunk
+it did not ask for. (The `"usage": null` OpenAI then adds to every other chunk stays: the
+SDKs read it as absent, and taking it out would cost a rewrite of every chunk.) A chunk
+that carries usage next to real choices (some providers send it on the finish chunk) is
+never taken out. The tap reads only events that hold its format's mark, a byte search per
+chunk: a stream costs one JSON parse or two (docs/usage.md).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import orjson
 from proxy.http.sse import SSEDecoder
 
 MAX_TOKENS = 10**12  # a count beyond this is not a count
-# Where a stream holds usage: compact JSON and Python's json.dumps spacing.
-_MARKS = (b'"usage":{', b'"usage": {')
-_NULLS = ((b',"usage":null', b""), (b', "usage": null', b""))
+# A key every usage object of the format holds (whatever the JSON's spacing): the tap's mark.
+CHAT_MARK = b'"completion_tokens"'
+RESPONSES_MARK = MESSAGES_MARK = b'"output_tokens"'
 # A stream that never ends an event would otherwise be held whole: past this it goes through.
 MAX_HELD = 1024 * 1024
 _EVENT_END = re.compile(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))")
@@ -113,12 +114,17 @@ def messages_usage(payload: Mapping[str, Any]) -> Seen | None:
 
 class UsageTap:
     """Reads a relayed event stream's token counts; with `strip`, takes out the usage chunk
-    and fields memproxy asked for and the client did not.
+    memproxy asked for and the client did not.
 
-    It passes on whole events only (a partial one waits for its end, at most MAX_HELD bytes)."""
+    `mark` is a key every usage object of the format holds and nothing else does (a quote
+    inside a JSON string is escaped, so content cannot hold it): one byte search per chunk
+    finds the events to read. Whole events only pass on (an event split between two reads
+    waits for its end, at most MAX_HELD bytes): the usual chunk is one or more whole events.
+    """
 
-    def __init__(self, read: Reader, *, strip: bool = False) -> None:
+    def __init__(self, read: Reader, mark: bytes, *, strip: bool = False) -> None:
         self.read = read
+        self.mark = mark
         self.strip = strip
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
@@ -126,28 +132,23 @@ class UsageTap:
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return what goes to the client now."""
-        data = self._held + chunk if self._held else chunk
-        self._held = b""
-        if not data.endswith(b"\n\n"):  # the usual case ends an event: no search
-            data, self._held = _whole_events(data)
-            if len(self._held) > MAX_HELD:
-                data, self._held = data + self._held, b""
-        return self._look(data) if data else data
+        if not self._held and chunk.endswith(b"\n\n") and self.mark not in chunk:
+            return chunk  # the usual chunk: two byte checks
+        data = self._held + chunk
+        data, self._held = _whole_events(data)
+        if len(self._held) > MAX_HELD:
+            data, self._held = data + self._held, b""
+        return self._look(data) if self.mark in data else data
 
     def end(self) -> bytes:
         """The bytes still held when the upstream's stream ended."""
         rest, self._held = self._held, b""
-        return self._look(rest) if rest else rest
+        return self._look(rest) if self.mark in rest else rest
 
     def _look(self, data: bytes) -> bytes:
-        if self.strip and b'"usage":' in data:
-            for null, nothing in _NULLS:
-                data = data.replace(null, nothing)
-        if _MARKS[0] not in data and _MARKS[1] not in data:
-            return data
         kept = []
         for event in _EVENT_END.split(data):
-            if event and (_MARKS[0] in event or _MARKS[1] in event) and self._usage_only(event):
+            if event and self.mark in event and self._usage_only(event):
                 continue
             kept.append(event)
         return b"".join(kept)
