@@ -17,14 +17,11 @@ chunk: a stream costs one JSON parse or two (docs/usage.md).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from proxy.http.sse import SSEDecoder
 
 MAX_TOKENS = 10**12  # a count beyond this is not a count
 # A key every usage object of the format holds (whatever the JSON's spacing): the tap's mark.
@@ -32,7 +29,7 @@ CHAT_MARK = b'"completion_tokens"'
 RESPONSES_MARK = MESSAGES_MARK = b'"output_tokens"'
 # A stream that never ends an event would otherwise be held whole: past this it goes through.
 MAX_HELD = 1024 * 1024
-_EVENT_END = re.compile(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))")
+_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # an event's end (WHATWG event streams)
 _ASK = b'{"stream_options":{"include_usage":true},'
 
 
@@ -146,33 +143,48 @@ class UsageTap:
         return self._look(rest) if self.mark in rest else rest
 
     def _look(self, data: bytes) -> bytes:
-        kept = []
-        for event in _EVENT_END.split(data):
-            if event and self.mark in event and self._usage_only(event):
-                continue
-            kept.append(event)
+        """Read every event that holds the mark; drop the usage chunk when stripping."""
+        kept: list[bytes] = []
+        done, at = 0, data.find(self.mark)
+        while at != -1:
+            begin, end = _event_around(data, at)
+            if self._usage_only(data[begin:end]):
+                kept.append(data[done:begin])
+                done = end
+            at = data.find(self.mark, end)
+        if not kept:
+            return data
+        kept.append(data[done:])
         return b"".join(kept)
 
     def _usage_only(self, event: bytes) -> bool:
         """Read the event's counts; whether it is a usage chunk the client did not ask for."""
-        for sse in SSEDecoder().feed(event if event.endswith((b"\n", b"\r")) else event + b"\n\n"):
-            try:
-                payload = orjson.loads(sse.data)
-            except orjson.JSONDecodeError:
-                continue
-            seen = self.read(payload) if isinstance(payload, dict) else None
-            if seen is None:
-                continue
-            if seen.input_tokens is not None:
-                self.input_tokens = seen.input_tokens
-            if seen.output_tokens is not None:
-                self.output_tokens = seen.output_tokens
-            return self.strip and seen.only_usage
-        return False
+        lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+        try:
+            payload = orjson.loads(b"\n".join(line[1:] if line[:1] == b" " else line for line in lines))
+        except orjson.JSONDecodeError:
+            return False
+        seen = self.read(payload) if isinstance(payload, dict) else None
+        if seen is None:
+            return False
+        if seen.input_tokens is not None:
+            self.input_tokens = seen.input_tokens
+        if seen.output_tokens is not None:
+            self.output_tokens = seen.output_tokens
+        return self.strip and seen.only_usage
+
+
+def _event_around(data: bytes, at: int) -> tuple[int, int]:
+    """Where the event holding byte `at` begins and ends (after its blank line)."""
+    begin = max((found + len(sep) for sep in _SEPARATORS if (found := data.rfind(sep, 0, at)) != -1),
+                default=0)
+    end = min((found + len(sep) for sep in _SEPARATORS if (found := data.find(sep, at)) != -1),
+              default=len(data))
+    return begin, end
 
 
 def _whole_events(data: bytes) -> tuple[bytes, bytes]:
     """(the whole events of `data`, the start of the next)."""
-    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) != -1]
+    ends = [at + len(sep) for sep in _SEPARATORS if (at := data.rfind(sep)) != -1]
     end = max(ends, default=0)
     return data[:end], data[end:]
