@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from memory.storage import usage_schema
 from memory.storage.rebuild import rebuild_table
 
 if TYPE_CHECKING:
@@ -386,23 +387,6 @@ def _fact_provenance(conn: sqlite3.Connection) -> None:
     rebuild_table(conn, "facts", change)
 
 
-# Usage per day (UTC), key and user (memory/storage/usage.py); the quota reads a key's
-# month through usage_by_key.
-_USAGE = """
-CREATE TABLE usage_daily (
-    day TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    requests INTEGER NOT NULL DEFAULT 0,
-    input_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    memory_tokens INTEGER NOT NULL DEFAULT 0,
-    errors INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (day, key_id, user_id)
-);
-CREATE INDEX usage_by_key ON usage_daily (key_id, day);
-"""
-
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -432,8 +416,8 @@ MIGRATIONS: list[Migration] = [
     # Provenance (docs/mcp.md): a fact added over MCP has source 'mcp' and the name the
     # client gave itself.
     ("0012_fact_provenance", _fact_provenance),
-    # Usage and quotas (docs/usage.md). 0013 is the stored keys' (issue 24's other half).
-    ("0014_usage", _USAGE),
+    # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
+    ("0014_usage", usage_schema.SQLITE),
 ]
 
 

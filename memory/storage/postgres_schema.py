@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from memory.storage import usage_schema
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -460,20 +462,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
     CHECK (source IN ('extracted', 'manual', 'import', 'mcp'));
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
-    ("0014_usage", """
-CREATE TABLE usage_daily (
-    day TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    requests BIGINT NOT NULL DEFAULT 0,
-    input_tokens BIGINT NOT NULL DEFAULT 0,
-    output_tokens BIGINT NOT NULL DEFAULT 0,
-    memory_tokens BIGINT NOT NULL DEFAULT 0,
-    errors BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (day, key_id, user_id)
-);
-CREATE INDEX usage_by_key ON usage_daily (key_id, day);
-"""),
+    ("0014_usage", usage_schema.POSTGRES),
 ]
 
 
