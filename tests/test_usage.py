@@ -127,7 +127,7 @@ def test_chat_tokens_json_and_streamed_per_key_and_user(
 
 
 @pytest.mark.both_backends
-def test_counts_survive_a_restart_and_replicas_add_to_the_same_rows(
+def test_counts_survive_a_restart_and_the_next_process_adds_to_the_same_rows(
     start_proxy: Starter, upstream: ScriptedUpstream
 ) -> None:
     first = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN)
@@ -359,3 +359,31 @@ def test_counts_wait_out_a_database_outage(start_proxy: Starter) -> None:
             assert time.monotonic() < deadline, response.text
             time.sleep(0.2)
         assert response.json()["totals"]["input_tokens"] > 0
+
+
+def test_a_quota_spent_on_one_replica_is_refused_on_another(
+    start_proxy: Starter, upstream: ScriptedUpstream, postgres_server: Any, tmp_path: Any
+) -> None:
+    """Replicas share the month's tokens through the database: within the flush interval
+    and the quota cache (2 s), another replica refuses the spent key."""
+    url = postgres_server.create_database()
+    first = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN, database_url=url,
+                        usage_flush_seconds=0.2)
+    second = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN, database_url=url,
+                         usage_flush_seconds=0.2, data_dir=tmp_path / "second")
+    assert chat(second, "warm the cache", api_key=QUOTA).status == 200  # carol's month: 0 read
+    upstream.enqueue(JSONReply(chat_completion("big", usage={
+        "prompt_tokens": 80, "completion_tokens": 30, "total_tokens": 110})))
+    chat(first, "spend it", api_key=QUOTA)
+    started, slipped = time.monotonic(), 0
+    with sdk(second, QUOTA) as client:
+        while True:
+            try:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                slipped += 1
+            except openai.RateLimitError as refused:
+                assert refused.response.json()["error"]["code"] == "token_quota_exceeded"
+                break
+            assert time.monotonic() - started < 5, "the other replica never saw the spent quota"
+            time.sleep(0.1)
+    assert time.monotonic() - started < 3.5  # flush (0.2 s) + the quota cache (2 s) + slack
