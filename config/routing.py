@@ -96,12 +96,15 @@ def parse_routes(value: Any) -> tuple[Route, ...]:
 def parse_api_keys(value: Any) -> tuple[ApiKey, ...]:
     """Keys from `k1,k2:user` (env) or a TOML list of such strings.
 
-    Each entry is `key[:user][:org=ORG][:org-writer]`: the optional parts after the user
-    put the key in an organisation and let it write the organisation's shared memory.
+    Each entry is `key[:user][:org=ORG][:org-writer][:quota=N]`: the optional parts after
+    the user put the key in an organisation, let it write the organisation's shared memory,
+    and give it a monthly token quota (docs/usage.md).
     """
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, Sequence):
-        raise ValueError("must be a comma-separated list of key[:user][:org=ORG][:org-writer]")
+        raise ValueError(
+            "must be a comma-separated list of key[:user][:org=ORG][:org-writer][:quota=N]"
+        )
     keys = []
     for raw in items:
         text = str(raw).strip()
@@ -110,16 +113,25 @@ def parse_api_keys(value: Any) -> tuple[ApiKey, ...]:
         key, *rest = text.split(":")
         if len(key) < 8:
             raise ValueError("every key must be at least 8 characters")
-        org_id, writer = None, False
-        while rest and (rest[-1].startswith("org=") or rest[-1] == "org-writer"):
+        org_id, writer, quota = None, False, None
+        while rest and (rest[-1].startswith(("org=", "quota=")) or rest[-1] == "org-writer"):
             part = rest.pop()
             if part == "org-writer":
                 writer = True
+            elif part.startswith("quota="):
+                quota = _quota(part.removeprefix("quota="))
             else:
                 org_id = part.removeprefix("org=").strip() or None
         if writer and org_id is None:
             raise ValueError("org-writer needs the key's organisation (:org=ORG)")
         if org_id is not None and (len(org_id) > 256 or not org_id.isprintable()):
             raise ValueError("an organisation id is 1 to 256 printable characters")
-        keys.append(ApiKey(key, ":".join(rest) or None, org_id, writer))
+        keys.append(ApiKey(key, ":".join(rest) or None, org_id, writer, token_quota=quota))
     return tuple(keys)
+
+
+def _quota(text: str) -> int:
+    """A monthly token quota: a whole number of tokens, 0 or more."""
+    if not text.isdigit() or len(text) > 15:
+        raise ValueError(f"quota= takes a whole number of tokens, 0 or more, not {text!r}")
+    return int(text)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
+    from memory.admin.usage import UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
     from memory.index.vectors import VectorIndex
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from memory.storage.injections import Injection
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
+    from memory.storage.usage import UsageCounts, UsageRow
     from memory.tokens import count_tokens, encoding_for_model
     from memory.tracing import activate as activate_tracer
     from memory.tracing import deactivate as deactivate_tracer
@@ -137,6 +139,11 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "SECRET_PREFIX": ("memory.admin.api_keys", "SECRET_PREFIX"),
     "StoredKey": ("memory.storage.api_keys", "StoredKey"),
     "key_digest": ("memory.admin.api_keys", "digest"),
+    # usage per day, key and user (docs/usage.md)
+    "UsageLedger": ("memory.admin.usage", "UsageLedger"),
+    "UsageReport": ("memory.admin.usage", "UsageReport"),
+    "UsageCounts": ("memory.storage.usage", "UsageCounts"),
+    "UsageRow": ("memory.storage.usage", "UsageRow"),
     # the parts, for benchmarks that time one of them alone
     "Database": ("memory.storage.database", "Database"),
     "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
@@ -198,6 +205,10 @@ __all__ = [
     "TurnLog",
     "Unavailable",
     "UnsavedStamp",
+    "UsageCounts",
+    "UsageLedger",
+    "UsageReport",
+    "UsageRow",
     "VectorIndex",
     "activate_tracer",
     "backup",

@@ -21,6 +21,7 @@ from config.settings import describe_storage
 from memory import Embedder, MemoryEngine, Redactor, activate_tracer, deactivate_tracer
 from proxy.access.edge import EdgeGuard
 from proxy.access.stored_keys import StoredKeys
+from proxy.access.usage import UsageMeter
 from proxy.flow.exchange import endpoint
 from proxy.formats.chat import CHAT
 from proxy.formats.messages import MESSAGES, count_message_tokens
@@ -38,6 +39,7 @@ from proxy.http.relay import SHUTDOWN_STATE
 from proxy.http.shutdown import Shutdown
 from proxy.management import admin_keys
 from proxy.management import routes as management_routes
+from proxy.management.admin_usage import admin_usage_routes
 from proxy.management.panel import panel_routes
 from proxy.state import AppState
 from proxy.upstream.client import Upstream
@@ -94,6 +96,10 @@ def create_app(
                 )
             if state.memory is not None:
                 state.keys = StoredKeys(state.memory.keys)
+                # Usage lives in the memory database; a gateway without one counts nothing.
+                state.usage = UsageMeter(state.memory.usage,
+                                         flush_seconds=settings.usage_flush_seconds)
+                state.usage.start()
             if mcp is not None:
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
@@ -113,6 +119,8 @@ def create_app(
             await mcp_run.aclose()
             state.shutdown.begin()  # a no-op when the server began it as the signal came
             await state.drain()
+            if state.usage is not None:
+                await state.usage.close()  # the last counts, streams drained
             if jobs_stop is not None:
                 await jobs_stop
             if state.keys is not None:
@@ -143,8 +151,9 @@ def create_app(
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         # The memory API is memproxy's own: it must match before the pass-through.
         Mount("/v1/memory", routes=management_routes()),
-        # The admin API (docs/keys.md): the admin key only, before the pass-through too.
-        Mount("/v1/admin", routes=[*admin_keys.routes()]),
+        # The admin API (docs/keys.md, docs/usage.md): the admin key only, before the
+        # pass-through too.
+        Mount("/v1/admin", routes=[*admin_keys.routes(), *admin_usage_routes()]),
         *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
         *([Route("/mcp", mcp, methods=METHODS)] if mcp is not None else []),

@@ -11,6 +11,7 @@ from config import Settings
 from memory import MemoryEngine
 from proxy.access.limits import KeyLimits
 from proxy.access.stored_keys import StoredKeys
+from proxy.access.usage import UsageMeter
 from proxy.http.metrics import Metrics
 from proxy.http.shutdown import Shutdown
 from proxy.upstream.client import Upstream
@@ -31,6 +32,7 @@ class AppState:
     llm: LLMClient | None = None
     tracing: Tracing | None = None  # OpenTelemetry, when an OTLP endpoint is set
     keys: StoredKeys | None = None  # keys in the database (None: memory, so the database, off)
+    usage: UsageMeter | None = None  # with the database only (docs/usage.md)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     limits: KeyLimits = field(init=False)
     shutdown: Shutdown = field(init=False)

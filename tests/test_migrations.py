@@ -39,6 +39,7 @@ EXPECTED_TABLES = {
     "memory_versions",
     "vector_generations",
     "api_keys",
+    "usage_daily",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 
@@ -232,6 +233,17 @@ def old_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
     with closing(sqlite3.connect(path)) as conn:
         return {table: conn.execute(f"SELECT {columns} FROM {table} ORDER BY rowid").fetchall()
                 for table, columns in OLD_TABLES.items()}
+
+
+def test_0014_adds_usage_to_a_database_that_has_data(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0014"])
+    conn.execute(FACT, ("Ada likes green tea", "manual"))
+    assert "usage_daily" not in tables(conn)
+    assert migrations.apply(conn) == ["0014_usage"]
+    assert conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0] == 1
+    conn.execute("INSERT INTO usage_daily (day, key_id, user_id, requests) VALUES ('2026-11-26', 'k', 'u', 1)")
+    with pytest.raises(sqlite3.IntegrityError):  # one row per day, key and user
+        conn.execute("INSERT INTO usage_daily (day, key_id, user_id) VALUES ('2026-11-26', 'k', 'u')")
 
 
 async def test_a_0002_database_from_disk_is_upgraded_without_loss(

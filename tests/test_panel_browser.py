@@ -23,6 +23,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
 KEY = "panel-key-000001"
 KIM = {"Authorization": f"Bearer {KEY}"}
+ADMIN = "panel-admin-00001"
 
 if not CHROMIUM.exists():
     message = f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
@@ -69,13 +70,13 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"ui-{name}.png"), full_page=True)
 
 
-def open_panel(browser: Browser, proxy: RunningProxy, width: int = 1100) -> Page:
+def open_panel(browser: Browser, proxy: RunningProxy, width: int = 1100, key: str = KEY) -> Page:
     page = browser.new_page(viewport={"width": width, "height": 900})
     errors: list[Any] = []
     page.on("pageerror", lambda error: errors.append(error))
     page.goto(f"{proxy.url}/ui")
     expect(page.locator("#problem")).to_contain_text("enter a proxy key")  # keys are on
-    page.get_by_label("Proxy key").fill(KEY)
+    page.get_by_label("Proxy key").fill(key)
     page.get_by_role("button", name="Use").click()
     expect(page.locator("body")).to_have_attribute("data-ready", "true")
     expect(page.locator("#problem")).to_be_hidden()
@@ -221,6 +222,31 @@ def test_panel_fits_360_pixels_and_labels_every_control(browser: Browser, panel_
     headers = httpx.get(f"{panel_proxy.url}/ui/").headers
     assert "default-src 'self'" in headers["content-security-policy"]
     assert httpx.get(f"{panel_proxy.url}/ui", follow_redirects=False).status_code == 308
+
+
+def test_usage_view_for_the_admin_only(browser: Browser, start_proxy: Starter) -> None:
+    proxy = start_proxy(memory=True, api_keys=f"{KEY}:kim", admin_key=ADMIN, **QUIET)
+    with httpx.Client(base_url=f"{proxy.url}/v1", headers=KIM, timeout=60) as http:
+        for text in ("one", "two"):
+            assert http.post("/chat/completions", json={
+                "model": "gpt-4o", "messages": [{"role": "user", "content": text}]}).status_code == 200
+    kims = open_panel(browser, proxy)
+    kims.get_by_role("tab", name="Usage").click()
+    expect(kims.locator("#usage-note")).to_contain_text("admin key only")
+    expect(kims.locator("#usage-table tr")).to_have_count(0)
+    page = open_panel(browser, proxy, key=ADMIN)
+    page.get_by_role("tab", name="Usage").click()
+    body = page.locator("#usage-table tbody tr")
+    expect(body).to_have_count(1)
+    expect(body.first).to_contain_text("kim")
+    expect(page.locator("#usage-totals")).to_contain_text("Requests2")
+    page.get_by_label("Rows").select_option("key")
+    expect(page.locator("#usage-table thead")).to_contain_text("Key")
+    expect(body.first).to_contain_text("env-")
+    shot(page, "usage")
+    page.set_viewport_size({"width": 360, "height": 800})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360
+    assert page.errors == []  # type: ignore[attr-defined]
 
 
 def _until(check: Any, timeout: float = 10) -> None:

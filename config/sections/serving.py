@@ -94,8 +94,10 @@ class ServingSettings:
         tuple,
         "Proxy keys, comma-separated; `key:user` binds a key to a user id, `:org=ORG` puts "
         "it in an organisation and `:org-writer` lets it change that organisation's shared "
-        "memory (`key[:user][:org=ORG][:org-writer]`). Each key must be at least 8 characters "
-        "(a shorter one stops start-up). When set, a request without a valid key gets 401.",
+        "memory (`key[:user][:org=ORG][:org-writer][:quota=N]`); `:quota=N` gives the key a "
+        "monthly token quota (input plus output tokens, UTC months; over it: 429). Each key "
+        "must be at least 8 characters (a shorter one stops start-up). When set, a request "
+        "without a valid key gets 401.",
         secret=True,
     )
     auth: str = setting(
@@ -145,6 +147,19 @@ class ServingSettings:
         "Requests a key may send at once before rate_limit paces it (the bucket's size; "
         "0: one minute's worth, rate_limit).",
         min=0,
+    )
+    usage_flush_seconds: float = setting(
+        1.0,
+        "How often each process adds its usage counts (requests, tokens, errors per day, key "
+        "and user) to the database; a crash loses at most this long's counts.",
+        min=0.05, max=60.0,
+    )
+    usage_stream_options: bool = setting(
+        True,
+        "Ask the upstream for `stream_options.include_usage` on streamed chat completions "
+        "whose client did not (the usage chunk is taken out of what the client sees), so "
+        "their tokens are counted. Off for an upstream that rejects stream_options: those "
+        "streams then count as requests without tokens.",
     )
     max_streams_per_key: int = setting(
         64,

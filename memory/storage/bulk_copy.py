@@ -41,7 +41,7 @@ Source = sqlite3.Connection  # the snapshot() being copied
 TABLES = (
     "sessions", "turns", "chunks", "jobs", "request_metrics", "facts", "summaries",
     "profiles", "consent", "clears", "clear_records", "injections", "memory_versions",
-    "vector_generations", "api_keys",
+    "vector_generations", "api_keys", "usage_daily",
 )
 # Not copied: the schema's own record (the destination has its own) and FTS5's tables, whose
 # work PostgreSQL's triggers do.

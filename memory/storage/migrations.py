@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
+from memory.storage import usage_schema
 from memory.storage.rebuild import rebuild_table
 
 if TYPE_CHECKING:
@@ -417,6 +418,8 @@ MIGRATIONS: list[Migration] = [
     # client gave itself.
     ("0012_fact_provenance", _fact_provenance),
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
+    # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
+    ("0014_usage", usage_schema.SQLITE),
 ]
 
 

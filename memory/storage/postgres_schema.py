@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from memory.storage.api_keys import POSTGRES_TABLE as _API_KEYS
+from memory.storage import usage_schema
 
 if TYPE_CHECKING:
     import asyncpg
@@ -463,6 +464,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", _API_KEYS),
+    ("0014_usage", usage_schema.POSTGRES),
 ]
 
 

@@ -41,6 +41,10 @@ class MemoryClient:
             headers["X-Memory-Org-Id"] = args.org
         self.http = httpx.Client(base_url=f"{url}/v1/memory", headers=headers, timeout=300)
 
+    def admin_url(self, path: str) -> str:
+        """The absolute URL of an admin API path (/v1/admin/...)."""
+        return str(self.http.base_url).removesuffix("/").removesuffix("/v1/memory") + "/v1/admin" + path
+
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request; the JSON answer, or CliError with the server's message."""
         try:

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from proxy.cli.client import CliError, MemoryClient, UsageError, emit, upload
 from proxy.cli.render import Progress, table, when
+from proxy.cli.usage import usage_show
 
 PAGE = 200
 
@@ -249,4 +250,5 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("sessions", "show"): sessions_show,
     ("sessions", "delete"): sessions_delete,
     ("stats", None): stats_show,
+    ("usage", None): usage_show,
 }

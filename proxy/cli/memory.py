@@ -1,4 +1,5 @@
-"""`memproxy memories|sessions|stats`: the memory API from the command line.
+"""`memproxy memories|sessions|stats|usage`: the memory API (and the admin API's usage)
+from the command line.
 
 Talks to a running memproxy (`--url` or MEMPROXY_URL, `--key` or MEMPROXY_KEY, `--user`,
 `--org` for an organisation's shared memory).
@@ -17,6 +18,7 @@ from typing import Any
 
 from config.choices import SCOPES
 from memory import CATEGORIES
+from proxy.cli import usage as cli_usage
 from proxy.cli.client import DEFAULT_URL, CliError, MemoryClient, UsageError
 from proxy.cli.commands import COMMANDS
 
@@ -86,6 +88,7 @@ def add_commands(commands: Any) -> None:
     delete.add_argument("session_id")
 
     commands.add_parser("stats", parents=[common], help="counts, index sizes, job queue")
+    cli_usage.add_command(commands)
 
 
 # The status of a command whose output pipe was closed (`memproxy stats | head -1`): what a

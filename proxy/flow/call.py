@@ -9,6 +9,7 @@ from typing import Any
 from config import Flags
 from proxy.access.identity import Identity
 from proxy.access.limits import StreamSlot
+from proxy.access.usage import Tally
 from proxy.formats.base import ApiFormat, Parsed
 from proxy.upstream.client import Target
 
@@ -26,6 +27,9 @@ class Call:
     request_id: str
     headers: dict[str, str] = field(default_factory=dict)
     slot: StreamSlot | None = None  # the key's stream slot (MEMPROXY_MAX_STREAMS_PER_KEY)
+    tally: Tally = field(default_factory=Tally)  # its usage (proxy/access/usage.py)
+    # memproxy asked for the stream's usage chunk: the client does not see it
+    strip_usage: bool = False
 
     @property
     def body(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -33,11 +33,14 @@ from proxy.access.identity import (
 )
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import previous_response_not_found, stored_elsewhere
+from proxy.access.usage import Tally, count_usage
 from proxy.flow.call import Call
 from proxy.flow.compaction import compact
 from proxy.flow.memory_step import MemoryStep
 from proxy.flow.memory_tool.loop import MemoryTool
 from proxy.formats.base import ApiFormat, ReplyTee
+from proxy.formats.chat import CHAT
+from proxy.formats.usage import UsageTap, ask_stream_usage
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
@@ -94,6 +97,9 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         call: Call | None = getattr(request.state, "call", None)
         if call is not None and call.slot is not None:
             call.slot.hand_over(response)  # held until a stream ends, else freed now
+        if state.usage is not None:
+            count_usage(state.usage, request, call.tally if call else Tally(),
+                        call.identity.user_id if call else "", response, status)
         elapsed = time.perf_counter() - started
         state.metrics.observe(fmt.route, status, elapsed)
         log = get_logger(fmt.route)
@@ -121,6 +127,9 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     # The key first: a wrong one must not cost reading and parsing a body of up to 32 MB.
     principal = await identify(request, settings, admin_allowed=False, stored=state.keys)
     key = principal.key
+    request.state.usage_key = key
+    if key is not None and key.token_quota is not None and state.usage is not None:
+        await state.usage.check_quota(key)  # before the body: a spent key costs nothing
     raw = await read_body(request, settings.max_body_bytes)
     parsed = fmt.parse(raw)
     body = parsed.body
@@ -163,6 +172,11 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     step.start_remembering()
     # Without a change the client's own bytes go out: nothing re-encoded.
     payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
+    if recalled is not None and recalled.items:
+        call.tally.memory_tokens = recalled.tokens  # as X-Memory-Injected-Tokens says
+    if tool is None and fmt is CHAT and body.get("stream") is True and state.usage is not None \
+            and settings.usage_stream_options:
+        payload, body, call.strip_usage = ask_stream_usage(payload, body)
     try:
         if tool is None:
             upstream = await _send(request, state, call, payload, body)
@@ -276,7 +290,7 @@ async def _relay(
     await step.stored()
     out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-        return _relay_stream(state, call.fmt, upstream, out_headers, step)
+        return _relay_stream(state, call, upstream, out_headers, step)
     try:
         content = await read_upstream_body(upstream)
     finally:
@@ -285,6 +299,9 @@ async def _relay(
         step.remember_reply(None, incomplete=False)
         return Response(content, upstream.status_code, out_headers)
     reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
+    if (seen := call.fmt.read_usage(reply_body)) is not None:
+        call.tally.input_tokens = seen.input_tokens or 0
+        call.tally.output_tokens = seen.output_tokens or 0
     reply = call.fmt.read_reply(reply_body) if step.writing else None
     step.remember_reply(
         reply.text if reply else None, incomplete=not (reply is None or reply.complete),
@@ -296,22 +313,34 @@ async def _relay(
 
 
 def _relay_stream(
-    state: AppState, fmt: ApiFormat, upstream: UpstreamReply, headers: dict[str, str],
+    state: AppState, call: Call, upstream: UpstreamReply, headers: dict[str, str],
     step: MemoryStep,
 ) -> RelayResponse:
     # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
-    # checks) it only when it remembers the reply; otherwise the bytes go through as sent.
+    # checks) it only when it remembers the reply; otherwise the bytes go through as sent,
+    # but for the usage tap's byte search (proxy/formats/usage.py).
+    fmt = call.fmt
     tee = fmt.tee() if step.writing else None
+    tap = fmt.usage_tap(strip=call.strip_usage) if state.usage is not None else None
     last_sent = [b""]  # the last chunk relayed, for formats that number their events
 
     async def chunks() -> Any:
-        if tee is None:
+        if tee is None and tap is None:
             async for chunk in upstream.aiter_raw():
                 last_sent[0] = chunk
                 yield chunk
             return
+        if tee is None:
+            assert tap is not None
+            async for chunk in upstream.aiter_raw():
+                if out := tap.feed(chunk):
+                    last_sent[0] = out
+                    yield out
+            if out := tap.end():
+                yield out
+            return
         held = b""
-        async for chunk in upstream.aiter_raw():
+        async for chunk in (upstream.aiter_raw() if tap is None else _tapped(upstream, tap)):
             # Whole events only, so a malformed one can be replaced by an error event.
             ready, held = _whole_events(held + chunk)
             if ready:
@@ -335,6 +364,9 @@ def _relay_stream(
 
     def done(outcome: StreamOutcome) -> None:
         state.metrics.inflight_streams.dec()
+        if tap is not None:
+            call.tally.input_tokens = tap.input_tokens or 0
+            call.tally.output_tokens = tap.output_tokens or 0
         if outcome.error is not None:
             state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
         if tee is not None:
@@ -347,6 +379,15 @@ def _relay_stream(
         on_error=map_transport_error, on_done=done,
         error_event=lambda error: fmt.error_event(error, last_sent[0]),
     )
+
+
+async def _tapped(upstream: UpstreamReply, tap: UsageTap) -> AsyncIterator[bytes]:
+    """The upstream's stream through the usage tap."""
+    async for chunk in upstream.aiter_raw():
+        if out := tap.feed(chunk):
+            yield out
+    if out := tap.end():
+        yield out
 
 
 def _json_object(content: bytes) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from memory import Placed
 from proxy.formats.shape import Shape
+from proxy.formats.usage import Seen, UsageTap
 from proxy.http.errors import ProxyError
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
@@ -105,6 +106,15 @@ class ApiFormat(Protocol):
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """What a whole successful reply said."""
+        ...
+
+    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
+        """The tokens a whole reply, or one event of its stream, reports."""
+        ...
+
+    def usage_tap(self, *, strip: bool) -> UsageTap:
+        """A reader of this format's stream for its usage (`strip`: take out the usage
+        chunk memproxy asked for)."""
         ...
 
     def tee(self) -> ReplyTee:

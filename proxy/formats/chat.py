@@ -11,6 +11,7 @@ from memory import Placed, inject, place
 from proxy.formats.base import Parsed, Reply, ReplyTee
 from proxy.formats.chat_body import CHAT_PARAMS, parse_chat_body
 from proxy.formats.shape import Shape, pairs_by_id
+from proxy.formats.usage import CHAT_MARK, Seen, UsageTap, chat_usage
 from proxy.http.errors import ProxyError, sse_error_event
 from proxy.http.sse import ChatReplyTee, reply_text
 from proxy.upstream.client import Target, Upstream, UpstreamReply
@@ -65,6 +66,14 @@ class ChatFormat:
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """Choice 0's content and tool calls."""
         return Reply(reply_text(body))
+
+    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
+        """The tokens a reply or one of its stream's events reports (`proxy.formats.usage`)."""
+        return chat_usage(payload)
+
+    def usage_tap(self, *, strip: bool) -> UsageTap:
+        """A reader of this format's streamed usage (`proxy.formats.usage`)."""
+        return UsageTap(chat_usage, CHAT_MARK, strip=strip)
 
     def tee(self) -> ReplyTee:
         """A chat.completion.chunk reader."""

@@ -32,6 +32,7 @@ from proxy.formats.messages_body import (
 )
 from proxy.formats.passthrough import relay
 from proxy.formats.shape import Shape, pairs_by_id
+from proxy.formats.usage import MESSAGES_MARK, Seen, UsageTap, messages_usage
 from proxy.http.body import read_body
 from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
@@ -116,6 +117,14 @@ class MessagesFormat:
             elif isinstance(block, dict) and block.get("type") == "tool_use":
                 gathered.calls.append(tool_call_line(block.get("name"), _json(block.get("input"))))
         return Reply(gathered.text(), complete=body.get("stop_reason") != "max_tokens")
+
+    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
+        """The tokens a reply or one of its stream's events reports (`proxy.formats.usage`)."""
+        return messages_usage(payload)
+
+    def usage_tap(self, *, strip: bool) -> UsageTap:
+        """A reader of this format's streamed usage (`proxy.formats.usage`)."""
+        return UsageTap(messages_usage, MESSAGES_MARK, strip=strip)
 
     def tee(self) -> ReplyTee:
         """A Messages event reader."""

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from proxy.access.identity import DEFAULT_USER, authenticate, proxy_key_sent
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import check_response_path
+from proxy.access.usage import Tally, count_usage
 from proxy.http.errors import PayloadTooLarge, ProxyError
 from proxy.http.relay import RelayResponse
 from proxy.state import AppState
@@ -31,6 +32,7 @@ async def passthrough(request: Request) -> Response | RelayResponse:
     state: AppState = request.app.state.memproxy
     started = time.perf_counter()
     status = 500
+    response: Response | RelayResponse | None = None
     try:
         response = await relay(request, state, state.upstream.default)
         status = response.status_code if isinstance(response, Response) else response.status
@@ -42,12 +44,17 @@ async def passthrough(request: Request) -> Response | RelayResponse:
         raise
     finally:
         state.metrics.observe(ROUTE, status, time.perf_counter() - started)
+        if state.usage is not None:  # requests and errors; the body is not read for tokens
+            count_usage(state.usage, request, Tally(), "", response, status)
 
 
 async def relay(request: Request, state: AppState, target: Target) -> Response | RelayResponse:
     """Forward `request` to `target` (same path, query and body) and stream the reply back."""
     settings = state.settings
     key = await authenticate(request.headers, settings, state.keys)
+    request.state.usage_key = key
+    if key is not None and key.token_quota is not None and state.usage is not None:
+        await state.usage.check_quota(key)  # a spent key reaches no upstream path
     await check_response_path(request, key, state.memory)
     if state.limits.applies(key):
         # Only a request without any key counts against its user (the body is not parsed here).

@@ -23,6 +23,7 @@ from memory import Placed, placing_order
 from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.shape import Shape, pairs_by_id
+from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
 from proxy.http.sse import ServerSentEvent, SSEDecoder
 from proxy.upstream.client import Target, Upstream, UpstreamReply
@@ -128,6 +129,14 @@ class ResponsesFormat:
         reply_id = body.get("id")
         return Reply(output_text(body), reply_id if isinstance(reply_id, str) else None,
                      complete=body.get("status") in (None, "completed"))
+
+    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
+        """The tokens a reply or one of its stream's events reports (`proxy.formats.usage`)."""
+        return responses_usage(payload)
+
+    def usage_tap(self, *, strip: bool) -> UsageTap:
+        """A reader of this format's streamed usage (`proxy.formats.usage`)."""
+        return UsageTap(responses_usage, RESPONSES_MARK, strip=strip)
 
     def tee(self) -> ReplyTee:
         """A `response.*` event reader."""

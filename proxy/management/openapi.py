@@ -17,6 +17,7 @@ from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.openapi_admin import ADMIN_PATHS, ADMIN_SCHEMAS
 from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
+from proxy.management.openapi_usage import USAGE_PATHS, USAGE_SCHEMAS
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -417,10 +418,10 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS},
+        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS, **USAGE_SCHEMAS},
     },
     # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
-    "paths": {**PATHS, **ADMIN_PATHS},
+    "paths": {**PATHS, **ADMIN_PATHS, **USAGE_PATHS},
 }
 
 

@@ -27,8 +27,9 @@ function headers(extra = {}) {
   return out;
 }
 
-export async function api(method, path, { body, query, keepalive = false } = {}) {
-  const url = new URL(BASE + path, location.origin);
+// `base`: the admin API's /v1/admin for the usage view; the memory API's otherwise.
+export async function api(method, path, { body, query, keepalive = false, base = BASE } = {}) {
+  const url = new URL(base + path, location.origin);
   for (const [name, value] of Object.entries(query || {})) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
   }

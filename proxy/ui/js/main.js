@@ -7,11 +7,12 @@ import { setupInspector } from "./inspector.js";
 import { loadKeys, setupKeys } from "./keys.js";
 import { loadMetrics, setupMetrics } from "./metrics.js";
 import { loadSessions, setupSessions } from "./sessions.js";
+import { loadUsage, setupUsage } from "./usage.js";
 
 const $ = (id) => document.getElementById(id);
 const loaders = {
   facts: loadFacts, inspector: async () => {}, sessions: loadSessions, metrics: loadMetrics,
-  keys: loadKeys,
+  keys: loadKeys, usage: loadUsage,
 };
 
 function select(name) {
@@ -51,6 +52,7 @@ async function start() {
   setupSessions();
   setupMetrics();
   setupKeys();
+  setupUsage();
   await boot();
 }
 

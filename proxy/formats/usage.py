@@ -1,0 +1,190 @@
+"""Token counts from the upstream's own `usage`, in every format's replies and streams.
+
+    format      whole reply                        stream
+    chat        usage.prompt/completion_tokens     the last chunk (`choices: []`), sent only
+                                                   with stream_options.include_usage
+    responses   usage.input/output_tokens          response.completed / incomplete / failed
+    messages    usage.input(+cache)/output_tokens  message_start (input), message_delta (output)
+
+A chat stream gets `include_usage` from memproxy where its client did not ask
+(`proxy.flow.exchange`); then the tap takes the usage chunk out, so the client sees no chunk
+it did not ask for. (The `"usage": null` OpenAI then adds to every other chunk stays: the
+SDKs read it as absent, and taking it out would cost a rewrite of every chunk.) A chunk
+that carries usage next to real choices (some providers send it on the finish chunk) is
+never taken out. The tap reads only events that hold its format's mark, a byte search per
+chunk: a stream costs one JSON parse or two (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAX_TOKENS = 10**12  # a count beyond this is not a count
+# A key every usage object of the format holds (whatever the JSON's spacing): the tap's mark.
+CHAT_MARK = b'"completion_tokens"'
+RESPONSES_MARK = MESSAGES_MARK = b'"output_tokens"'
+# A stream that never ends an event would otherwise be held whole: past this it goes through.
+MAX_HELD = 1024 * 1024
+_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # an event's end (WHATWG event streams)
+_ASK = b'{"stream_options":{"include_usage":true},'
+
+
+def ask_stream_usage(payload: bytes, body: dict[str, Any]) -> tuple[bytes, dict[str, Any], bool]:
+    """A streamed chat completion's bytes and body asking for the usage chunk, and whether
+    memproxy asked (then the client must not see it). A client that asked itself, or sent
+    an include_usage the upstream must judge (not a boolean), goes as it came."""
+    options = body.get("stream_options")
+    if options is None:
+        asked: dict[str, Any] = {"include_usage": True}
+    elif isinstance(options, dict) and options.get("include_usage") in (None, False):
+        asked = {**options, "include_usage": True}
+    else:
+        return payload, body, False
+    changed = {**body, "stream_options": asked}
+    start = payload.lstrip()
+    if "stream_options" not in body and start.startswith(b"{"):
+        # Two short copies instead of encoding the whole body again.
+        return _ASK + start[1:], changed, True
+    return orjson.dumps(changed), changed, True
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one reply or event said about tokens (None: nothing)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    only_usage: bool = False  # a chat chunk with no choices: the usage chunk itself
+
+
+Reader = Callable[[Mapping[str, Any]], Seen | None]
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def _sum(*values: Any) -> int | None:
+    counts = [c for c in map(_count, values) if c is not None]
+    return sum(counts) if counts else None
+
+
+def chat_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A chat.completion or chat.completion.chunk's usage."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    choices = payload.get("choices")
+    return Seen(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+                only_usage=not choices and payload.get("object") != "chat.completion")
+
+
+def responses_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A response object's usage, or a `response.completed|incomplete|failed` event's."""
+    response = payload.get("response") if "type" in payload else payload
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    return Seen(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")))
+
+
+def messages_usage(payload: Mapping[str, Any]) -> Seen | None:
+    """A message's usage, or a `message_start` / `message_delta` event's. Anthropic counts
+    cached input apart: input is input_tokens plus the cache's creation and reads."""
+    kind = payload.get("type")
+    holder = payload.get("message") if kind == "message_start" else payload
+    usage = holder.get("usage") if isinstance(holder, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    return Seen(
+        _sum(usage.get("input_tokens"), usage.get("cache_creation_input_tokens"),
+             usage.get("cache_read_input_tokens")),
+        _count(usage.get("output_tokens")),
+    )
+
+
+class UsageTap:
+    """Reads a relayed event stream's token counts; with `strip`, takes out the usage chunk
+    memproxy asked for and the client did not.
+
+    `mark` is a key every usage object of the format holds and nothing else does (a quote
+    inside a JSON string is escaped, so content cannot hold it): one byte search per chunk
+    finds the events to read. Whole events only pass on (an event split between two reads
+    waits for its end, at most MAX_HELD bytes): the usual chunk is one or more whole events.
+    """
+
+    def __init__(self, read: Reader, mark: bytes, *, strip: bool = False) -> None:
+        self.read = read
+        self.mark = mark
+        self.strip = strip
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take upstream bytes; return what goes to the client now."""
+        if not self._held and chunk.endswith(b"\n\n") and self.mark not in chunk:
+            return chunk  # the usual chunk: two byte checks
+        data = self._held + chunk
+        data, self._held = _whole_events(data)
+        if len(self._held) > MAX_HELD:
+            data, self._held = data + self._held, b""
+        return self._look(data) if self.mark in data else data
+
+    def end(self) -> bytes:
+        """The bytes still held when the upstream's stream ended."""
+        rest, self._held = self._held, b""
+        return self._look(rest) if self.mark in rest else rest
+
+    def _look(self, data: bytes) -> bytes:
+        """Read every event that holds the mark; drop the usage chunk when stripping."""
+        kept: list[bytes] = []
+        done, at = 0, data.find(self.mark)
+        while at != -1:
+            begin, end = _event_around(data, at)
+            if self._usage_only(data[begin:end]):
+                kept.append(data[done:begin])
+                done = end
+            at = data.find(self.mark, end)
+        if not kept:
+            return data
+        kept.append(data[done:])
+        return b"".join(kept)
+
+    def _usage_only(self, event: bytes) -> bool:
+        """Read the event's counts; whether it is a usage chunk the client did not ask for."""
+        lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+        try:
+            payload = orjson.loads(b"\n".join(line[1:] if line[:1] == b" " else line for line in lines))
+        except orjson.JSONDecodeError:
+            return False
+        seen = self.read(payload) if isinstance(payload, dict) else None
+        if seen is None:
+            return False
+        if seen.input_tokens is not None:
+            self.input_tokens = seen.input_tokens
+        if seen.output_tokens is not None:
+            self.output_tokens = seen.output_tokens
+        return self.strip and seen.only_usage
+
+
+def _event_around(data: bytes, at: int) -> tuple[int, int]:
+    """Where the event holding byte `at` begins and ends (after its blank line)."""
+    begin = max((found + len(sep) for sep in _SEPARATORS if (found := data.rfind(sep, 0, at)) != -1),
+                default=0)
+    end = min((found + len(sep) for sep in _SEPARATORS if (found := data.find(sep, at)) != -1),
+              default=len(data))
+    return begin, end
+
+
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """(the whole events of `data`, the start of the next)."""
+    ends = [at + len(sep) for sep in _SEPARATORS if (at := data.rfind(sep)) != -1]
+    end = max(ends, default=0)
+    return data[:end], data[end:]
