@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import pty
+import re
 import shlex
 import subprocess
 import sys

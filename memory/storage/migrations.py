@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
 from memory.storage import usage_schema
+from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
 from memory.storage.rebuild import rebuild_table
 
 if TYPE_CHECKING:

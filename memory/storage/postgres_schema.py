@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage.api_keys import POSTGRES_TABLE as _API_KEYS
 from memory.storage import usage_schema
+from memory.storage.api_keys import POSTGRES_TABLE as _API_KEYS
 
 if TYPE_CHECKING:
     import asyncpg
