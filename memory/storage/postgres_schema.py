@@ -22,8 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage import usage_schema
-from memory.storage.api_keys import POSTGRES_TABLE as _API_KEYS
+from memory.storage import api_keys, usage_schema
 
 if TYPE_CHECKING:
     import asyncpg
@@ -463,7 +462,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
     CHECK (source IN ('extracted', 'manual', 'import', 'mcp'));
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
-    ("0013_api_keys", _API_KEYS),
+    ("0013_api_keys", api_keys.POSTGRES_TABLE),
     ("0014_usage", usage_schema.POSTGRES),
 ]
 
