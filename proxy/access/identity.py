@@ -67,12 +67,18 @@ async def authenticate(
 
 
 def proxy_key_sent(headers: Mapping[str, str], settings: Settings) -> bool:
-    """Whether the client's credential is memproxy's own (a proxy key), so it must not go
-    upstream nor be lent to learning: keys are required, or it has a stored key's form."""
+    """Whether the client's credential is memproxy's own (a proxy key or the admin key), so
+    it must not go upstream nor be lent to learning: keys are required, it has a stored
+    key's form, or it is the admin key (which a chat does not take, but must not leak)."""
     if settings.keys_required:
         return True
     presented = presented_key(headers)
-    return bool(presented and presented.startswith(SECRET_PREFIX))
+    if not presented:
+        return False
+    if presented.startswith(SECRET_PREFIX):
+        return True
+    admin = settings.admin_key
+    return admin is not None and hmac.compare_digest(presented.encode(), admin.encode())
 
 
 def resolve_user(headers: Mapping[str, str], body: Mapping[str, Any], key: ApiKey | None) -> str:

@@ -76,3 +76,23 @@ def test_a_proxy_key_is_never_a_learning_credential(
     assert "pk-proxy-secret-01" not in secrets_seen(upstream)
     ready = httpx.get(f"{proxy.url}/readyz").json()["parts"]["learning"]
     assert ready == "ok"  # a loopback upstream may take no key
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/models"])
+def test_the_admin_key_never_reaches_an_upstream(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, route: str
+) -> None:
+    """With only the admin key configured a chat is bring-your-own-key, but a client (or a
+    tool copying its admin configuration) that sends the admin key must not hand it to the
+    model provider: it is memproxy's own credential, as a proxy key is."""
+    upstream.respond_with(DemoModel())
+    admin = "admin-key-secret-0001"
+    proxy = start_proxy(memory=True, admin_key=admin, extract_every=1)
+    headers = {"Authorization": f"Bearer {admin}", "X-Memory-User-Id": "ada"}
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        if route == "/v1/models":
+            http.get(route, headers=headers)
+        else:
+            http.post(route, headers=headers, json={"model": "gpt-4o", "messages": SAID})
+    wait_for_jobs(proxy)
+    assert upstream.history and admin not in secrets_seen(upstream)
