@@ -28,6 +28,8 @@ from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.sql import query
 
 SECRET = "The locker code of the victim is 4417."
+# What shows the secret got through: the code alone can turn up in a random hex id.
+LEAK = "victim is 4417"
 QUESTION = "What is the locker code?"
 LOOPBACK, REMOTE = "127.0.0.1", "203.0.113.9"
 ADMIN = "key-admin-000001"
@@ -99,13 +101,13 @@ async def assert_no_memory_reaches(
         reply = await http.post(path, json={**body, **body_user}, headers={**headers, **extra})
         assert reply.status_code == 200, (path, reply.text)
         assert reply.headers["x-memory-error"] == f"access: {why}", (path, extra)
-        assert "4417" not in reply.text
+        assert LEAK not in reply.text
         assert len(upstream.history) > sent and all(
-            "4417" not in r.body.decode() for r in upstream.history[sent:]), (path, extra)
+            LEAK not in r.body.decode() for r in upstream.history[sent:]), (path, extra)
         dry = await http.post(path, json={**body, **body_user},
                               headers={**headers, **extra, "X-Memory-Dry-Run": "on"})
         assert dry.status_code == (401 if why == "AuthenticationFailed" else 403), (path, dry.text)
-        assert "4417" not in dry.text
+        assert LEAK not in dry.text
 
 
 async def assert_memory_reaches(http: httpx.AsyncClient, user: str) -> None:
@@ -115,7 +117,7 @@ async def assert_memory_reaches(http: httpx.AsyncClient, user: str) -> None:
     ):
         dry = await http.post(path, json=body, headers={"X-Memory-User-Id": user,
                                                           "X-Memory-Dry-Run": "on"})
-        assert dry.status_code == 200 and "4417" in dry.json()["block"], dry.text
+        assert dry.status_code == 200 and LEAK in dry.json()["block"], dry.text
 
 
 def stored_users(settings: Settings) -> set[str]:
@@ -214,7 +216,7 @@ async def test_an_unbound_key_and_the_admin_key_reach_any_user(
             await assert_memory_reaches(plain, "victim")
         async with client(app, REMOTE, ADMIN) as admin:
             exported = await admin.get("/v1/memory/export", headers={"X-Memory-User-Id": "victim"})
-            assert exported.status_code == 200 and "4417" in exported.text
+            assert exported.status_code == 200 and LEAK in exported.text
             # The admin key is the memory API's: a chat does not take it.
             reply = await admin.post("/v1/chat/completions", json={
                 "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
