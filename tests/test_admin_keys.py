@@ -19,7 +19,7 @@ from proxy.management import admin_keys
 from proxy.management.openapi_admin import ADMIN_PATHS
 from tests.conftest import RunningProxy
 from tests.support.memory import QUIET, assert_error, check_schema, db_rows
-from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
 
 pytestmark = pytest.mark.both_backends
 
@@ -269,3 +269,31 @@ def test_the_document_describes_every_admin_route() -> None:
               if isinstance(route, Route) for method in route.methods or () if method != "HEAD"}
     assert described == served
     assert all(item["servers"] == [{"url": "/v1/admin"}] for item in ADMIN_PATHS.values())
+
+
+def test_a_stored_key_s_tokens_show_in_the_usage_its_quota_holds_and_it_is_revoked(
+    keyed: RunningProxy, upstream: ScriptedUpstream,
+) -> None:
+    """The whole walk of a team's key: made with a quota, used, seen in the usage under its
+    id, refused once the quota is spent (429), refused once revoked (401)."""
+    created = make_key(keyed, token_quota=100)
+    upstream.enqueue(JSONReply(chat_completion("big", usage={
+        "prompt_tokens": 80, "completion_tokens": 30, "total_tokens": 110})))
+    assert ask(keyed, created["key"]) == "big"
+    deadline = time.monotonic() + 10  # counts are flushed every MEMPROXY_USAGE_FLUSH_SECONDS
+    while True:
+        with admin(keyed) as api:
+            rows = api.get("/usage", params={"key_id": created["id"]}).json()["data"]
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [(r["user_id"], r["requests"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        ("bob", 1, 80, 30)]
+    sent = len(upstream.history)
+    with pytest.raises(openai.RateLimitError, match="monthly token quota is spent"):
+        ask(keyed, created["key"])
+    assert len(upstream.history) == sent
+    with admin(keyed) as api:
+        assert api.delete(f"/keys/{created['id']}").status_code == 200
+    with pytest.raises(openai.AuthenticationError, match="revoked"):
+        ask(keyed, created["key"])
