@@ -476,9 +476,14 @@ def targets(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
          f"{audit_['jobs_dead']}; writes and queue drained in {result.drain_seconds:.1f} s "
          f"(bound {args.drain_timeout:.0f} s)"),
         (audit_["turns_unindexed"] == 0, f"turns without an index entry: {audit_['turns_unindexed']}"),
+    ] + ([] if args.quick else [
+        # A quick run's 20 warm-up requests never reach the steady state this bound is
+        # defined against (the full run warms up with 1000): its growth is the first drain's
+        # high-water mark of the embedding batches, +27 to +61 MB from run to run on the
+        # same code. It is printed above, and bounded by the full soak only.
         (growth < RSS_GROWTH_LIMIT_MB,
          f"proxy RSS growth after warm-up: {growth:+.1f} MB (target < {RSS_GROWTH_LIMIT_MB:.0f})"),
-    ]
+    ])
 
 
 def failed_turns(audit_: dict[str, int]) -> str:
