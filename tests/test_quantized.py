@@ -3,6 +3,7 @@ model, and kept in a collection of its own (a change of model re-indexes from th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Callable
@@ -73,6 +74,13 @@ async def test_switching_to_int8_indexes_again_into_its_own_collection(
     try:
         assert not isinstance(engine.embedder, UnavailableEmbedder)
         assert engine.vectors.name == collection_name(int8_settings)
+        # No worker runs here, so /readyz's progress holds still at the jobs left (one batch).
+        for _ in range(1000):
+            progress = await engine.rebuild.progress()
+            if not (progress and progress.endswith("queueing the jobs")):
+                break
+            await asyncio.sleep(0.01)
+        assert progress is not None and progress.endswith("; 1 job(s) left"), progress
         await engine.worker.run_until_idle(timeout=60)
         assert engine.vectors.count() == 2
         assert await engine.rebuild.progress() is None
