@@ -8,6 +8,8 @@ history resent with a short reply (10-20 tokens) after each question, and every 
 request asking only for what the session's earlier blocks do not show (`shown`). The blocks
 are placed as memproxy places them (memory.recall.inject.place) and each request's prompt is
 priced under OpenAI's rule with the ~1.2k-token system prompt (scripts/bench_prompt_cache).
+``--oracle`` gives the bound on any relevance rule: a later block only where the question's
+evidence is in memory.
 
 Two kinds of session: `kept`, consecutive questions about the user's own conversation, and
 `hopping`, where every other question is about another dev conversation, which the user's
@@ -17,11 +19,13 @@ prints the curve: the session's input cost against the same sessions without mem
 per request, and the evidence anywhere in the prompt (bench_prompt_cache's measure: the
 share of a question's evidence turns whose text is in its prompt). Leave-one-conversation-out
 then picks, for each conversation, the cheapest configuration whose evidence on the other
-conversations (both kinds pooled) is at most 0.01 below today's rule (share 0.25, no threshold), and reports it
-on the held-out one::
+conversations (both kinds pooled) is at most 0.01 below the rule without a threshold (share
+0.25, no relevance cut, no similarity gate), and reports it on the held-out one::
 
     .venv/bin/python -m scripts.tune_delta --data-dir /tmp/memproxy-delta-store
-    .venv/bin/python -m scripts.tune_delta --data-dir DIR --relevance 0,0.8,0.9 --shares 0.25,1
+    .venv/bin/python -m scripts.tune_delta --data-dir DIR --relevance 0,0.2,0.3 \
+        --shares 0.2,0.25 --similarity 0,0.3,0.35
+    .venv/bin/python -m scripts.tune_delta --data-dir DIR --relevance 0 --shares 0.25,0.35 --oracle
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 import httpx
 
 from config import load_settings
-from memory import LocalEmbedder, MemoryEngine, Placed, RecallRequest, place
+from memory import LocalEmbedder, MemoryEngine, Placed, Recalled, RecallRequest, place
 from scripts.bench_overhead import BenchError, child_env, free_port, serving
 from scripts.bench_prompt_cache import (
     SYSTEM_TOKENS,
@@ -55,9 +59,10 @@ from scripts.eval_locomo import DATASET, MODEL_DIR, Conversation, load, wait_ind
 from scripts.tune_locomo import CachedEmbedder
 
 MODEL = "gpt-4o"
-BASELINE = (0.0, 0.25)  # today's rule: no threshold, a quarter of the budget
+BASELINE = (0.0, 0.25, 0.0)  # the rule before: no threshold, a quarter of the budget, no gate
 MAX_EVIDENCE_DROP = 0.01
 KINDS = ("kept", "hopping")
+Config = tuple[float, float, float]  # relevance threshold, share cap, similarity gate
 
 
 @dataclass
@@ -94,9 +99,11 @@ def sessions_of(
 
 async def run_session(
     engine: MemoryEngine, user: str, session: str, system: str, asked: Sequence[Asked], *,
-    budget: int, relevance: float, share: float,
+    budget: int, relevance: float, share: float, similarity: float, oracle: bool = False,
 ) -> Run:
-    """One session as memproxy's stable injection runs it (proxy/flow/memory_step.py)."""
+    """One session as memproxy's stable injection runs it (proxy/flow/memory_step.py).
+    `oracle`: a later block only for questions whose evidence the user's memory holds (a
+    gate no rule can beat: the bound on what any relevance rule can save)."""
     run = Run()
     history: list[dict[str, Any]] = []
     blocks: dict[int, tuple[Placed, frozenset[str]]] = {}  # user message number -> block
@@ -107,8 +114,10 @@ async def run_session(
         shown = frozenset(k for _, keys in blocks.values() for k in keys)
         recalled = await engine.recall(RecallRequest(
             user, session, messages, MODEL, budget, "user", shown=shown,
-            add_budget=round(budget * share), relevance=relevance,
+            add_budget=round(budget * share), relevance=relevance, similarity=similarity,
         ))
+        if oracle and n and not question.evidence:
+            recalled = Recalled()
         if recalled.items:
             blocks[n] = (Placed(n, recalled.block, "system" if n == 0 else "last_user"),
                          frozenset(i.id for i in recalled.items))
@@ -150,8 +159,8 @@ async def import_store(conversations: Sequence[Conversation], data: Path) -> Non
 
 async def measure(
     args: argparse.Namespace, conversations: Sequence[Conversation],
-    configs: Sequence[tuple[float, float]],
-) -> dict[tuple[float, float], dict[str, Run]]:
+    configs: Sequence[Config],
+) -> dict[Config, dict[str, Run]]:
     """{configuration: {conversation: its sessions summed}}."""
     model = LocalEmbedder(MODEL_DIR / "onnx" if (MODEL_DIR / "onnx").is_dir() else MODEL_DIR)
     embedder = CachedEmbedder(model, args.cache)
@@ -160,7 +169,7 @@ async def measure(
            "MEMPROXY_RECALL_CACHE_ENTRIES": "0", "MEMPROXY_EMBEDDING_MODEL_DIR": str(MODEL_DIR)}
     engine = await MemoryEngine.open(load_settings(env), embedder=embedder)
     system = system_prompt(SYSTEM_TOKENS["short"])
-    runs: dict[tuple[float, float], dict[str, Run]] = {}
+    runs: dict[Config, dict[str, Run]] = {}
     try:
         for config in configs:
             started = time.perf_counter()
@@ -171,12 +180,13 @@ async def measure(
                     for i, asked in enumerate(sessions):
                         run = await run_session(
                             engine, conv.sample_id, f"tune-{kind}-{i}", system, asked,
-                            budget=args.budget, relevance=config[0], share=config[1])
+                            budget=args.budget, relevance=config[0], share=config[1],
+                            similarity=config[2], oracle=args.oracle)
                         for name in vars(total):
                             setattr(total, name, getattr(total, name) + getattr(run, name))
                     runs.setdefault(config, {})[f"{conv.sample_id}/{kind}"] = total
             embedder.save()
-            print(f"relevance {config[0]:g}, share {config[1]:g}: "
+            print(f"{describe(config)}: "
                   f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
     finally:
         await engine.close()
@@ -194,8 +204,11 @@ def pooled(by_conv: Mapping[str, Run], names: Sequence[str],
     return cost / none, tokens / max(requests, 1), evidence / max(questions, 1)
 
 
-def choose(runs: Mapping[tuple[float, float], Mapping[str, Run]],
-           names: Sequence[str]) -> tuple[float, float]:
+def describe(config: Config) -> str:
+    return f"relevance {config[0]:g}, share {config[1]:g}, similarity {config[2]:g}"
+
+
+def choose(runs: Mapping[Config, Mapping[str, Run]], names: Sequence[str]) -> Config:
     """The cheapest configuration on `names` whose evidence is within MAX_EVIDENCE_DROP of
     the baseline's (ties: more evidence)."""
     floor = pooled(runs[BASELINE], names)[2] - MAX_EVIDENCE_DROP
@@ -204,24 +217,25 @@ def choose(runs: Mapping[tuple[float, float], Mapping[str, Run]],
     return min(allowed, key=lambda c: (round(scored[c][0], 4), -scored[c][2]))
 
 
-def report(runs: Mapping[tuple[float, float], Mapping[str, Run]], names: Sequence[str]) -> list[str]:
+def report(runs: Mapping[Config, Mapping[str, Run]], names: Sequence[str]) -> list[str]:
     """The curve over all conversations, then the leave-one-conversation-out choices."""
-    lines = ["| relevance | share cap | sessions | cost vs no memory (OpenAI, ~1.2k) | memory "
-             "tokens per request | evidence in the prompt |", "|---|---|---|---|---|---|"]
-    for (relevance, share), by_conv in sorted(runs.items()):
+    lines = ["| relevance | share cap | similarity | sessions | cost vs no memory (OpenAI, "
+             "~1.2k) | memory tokens per request | evidence in the prompt |",
+             "|---|---|---|---|---|---|---|"]
+    for (relevance, share, similarity), by_conv in sorted(runs.items()):
         for kinds in ([kind] for kind in KINDS):
             cost, tokens, evidence = pooled(by_conv, names, kinds)
-            lines.append(f"| {relevance:g} | {share:g} | {kinds[0]} | x{cost:.2f} | {tokens:.0f} "
-                         f"| {evidence:.3f} |")
+            lines.append(f"| {relevance:g} | {share:g} | {similarity:g} | {kinds[0]} "
+                         f"| x{cost:.2f} | {tokens:.0f} | {evidence:.3f} |")
     lines += ["", "| held out | chosen on the others | its cost | baseline cost | its evidence "
               "| baseline evidence |", "|---|---|---|---|---|---|"]
-    chosen: list[tuple[float, float]] = []
+    chosen: list[Config] = []
     for held in names:
         config = choose(runs, [n for n in names if n != held])
         chosen.append(config)
         cost, _, evidence = pooled(runs[config], [held])
         base_cost, _, base_evidence = pooled(runs[BASELINE], [held])
-        lines.append(f"| {held} | relevance {config[0]:g}, share {config[1]:g} | x{cost:.2f} "
+        lines.append(f"| {held} | {describe(config)} | x{cost:.2f} "
                      f"| x{base_cost:.2f} | {evidence:.3f} | {base_evidence:.3f} |")
     held_out = [runs[c][f"{h}/{k}"] for c, h in zip(chosen, names, strict=True) for k in KINDS]
     pooled_cost = sum(r.cost for r in held_out)
@@ -231,8 +245,7 @@ def report(runs: Mapping[tuple[float, float], Mapping[str, Run]], names: Sequenc
     base = pooled(runs[BASELINE], names)
     lines.append(f"| all, held out | | x{pooled_cost / pooled_none:.2f} | x{base[0]:.2f} "
                  f"| {found / asked:.3f} | {base[2]:.3f} |")
-    lines.append(f"\nchosen on all conversations: relevance {choose(runs, names)[0]:g}, "
-                 f"share {choose(runs, names)[1]:g}")
+    lines.append(f"\nchosen on all conversations: {describe(choose(runs, names))}")
     return lines
 
 
@@ -245,8 +258,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if not (args.data_dir / "memproxy.db").exists():
         args.data_dir.mkdir(parents=True, exist_ok=True)
         await import_store(conversations, args.data_dir)
-    configs = sorted({BASELINE, *((r, s) for r in floats(args.relevance)
-                                  for s in floats(args.shares))})
+    configs = sorted({BASELINE, *((r, s, g) for r in floats(args.relevance)
+                                  for s in floats(args.shares) for g in floats(args.similarity))})
     runs = await measure(args, conversations, configs)
     print("\n".join(report(runs, [c.sample_id for c in conversations])))
     return 0
@@ -260,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--relevance", default="0,0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.7",
                         help="thresholds to try (comma-separated)")
     parser.add_argument("--shares", default="0.25", help="share caps to try (comma-separated)")
+    parser.add_argument("--similarity", default="0",
+                        help="raw cosine gates to try (comma-separated)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="the bound: later blocks only for questions memory holds")
     parser.add_argument("--conversations", type=int, default=5)
     parser.add_argument("--sessions", type=int, default=3, help="sessions per conversation")
     parser.add_argument("--rounds", type=int, default=20, help="requests per session")

@@ -14,6 +14,8 @@ import openai
 import orjson
 import pytest
 
+from memory.recall.render import LATER_PREAMBLE, PREAMBLE
+from memory.tokens import count_tokens
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
@@ -234,11 +236,13 @@ def cache_counts(proxy: RunningProxy) -> tuple[float, float]:
 # -- the delta rule (memory_delta_relevance) and writing off (issue 26) ----------------------
 
 
-@pytest.mark.parametrize("relevance", [0.0, 0.2])
+@pytest.mark.parametrize(("relevance", "similarity"), [(0.0, 0.0), (0.2, 0.0), (0.0, 0.3)])
 def test_a_later_block_holds_only_new_items_that_clear_the_relevance_threshold(
-    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, relevance: float
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, relevance: float,
+    similarity: float,
 ) -> None:
-    memproxy = seeded(start_proxy(memory=True, memory_delta_relevance=relevance))
+    memproxy = seeded(start_proxy(memory=True, memory_delta_relevance=relevance,
+                                  memory_delta_similarity=similarity))
     reply = chat(memproxy, [SYSTEM, {"role": "user", "content": FIRST}], session="s1", user="ada")
     sent_first = upstream.history[-1].json["messages"]
     # Something new, and unrelated to billing, reaches the user's memory after the first block.
@@ -249,12 +253,36 @@ def test_a_later_block_holds_only_new_items_that_clear_the_relevance_threshold(
     second = chat(memproxy, history, session="s1", user="ada")
     sent_second = upstream.history[-1].json["messages"]
     assert sent_second[: len(sent_first)] == sent_first
-    if relevance == 0:  # the old rule: any new item that fits goes in
+    if relevance == similarity == 0:  # the old rule: any new item that fits goes in
         assert "Miso" in sent_second[-2]["content"]
         return
-    # Far below the ceiling of the fused score: no block at all, not an empty one.
+    # Far below the fused score's ceiling, or far from the question by meaning: no block at
+    # all, not an empty one.
     assert len(sent_second) == len(history) and "Miso" not in str(sent_second)
     assert second.headers["x-memory-injected-tokens"] == "0"
+
+
+def test_a_new_item_close_to_the_question_gets_a_later_block_under_the_short_preamble(
+    memproxy: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    seeded(memproxy)
+    reply = chat(memproxy, [SYSTEM, {"role": "user", "content": FIRST}], session="s1", user="ada")
+    first_block = upstream.history[-1].json["messages"][0]["content"]
+    chat(memproxy, "The billing service moved from Rust to Go last week.", session="s2",
+         user="ada")
+    wait_for_jobs(memproxy)
+    history = [SYSTEM, {"role": "user", "content": FIRST},
+               {"role": "assistant", "content": reply.text}, {"role": "user", "content": SECOND}]
+    second = chat(memproxy, history, session="s1", user="ada")
+    sent = upstream.history[-1].json["messages"]
+    later = sent[-2]
+    assert later["role"] == "system" and "moved from Rust to Go" in later["content"], sent
+    # The first block says what memory is in full; a later one, in one short line.
+    assert first_block.startswith(f"Be brief.\n\n<memory>\n{PREAMBLE}\n")
+    assert later["content"].startswith(f"<memory>\n{LATER_PREAMBLE}\n")
+    assert later["content"].endswith("</memory>")
+    assert int(second.headers["x-memory-injected-tokens"]) == count_tokens(later["content"],
+                                                                          "gpt-4o")
 
 
 OFF = {"X-Memory-Write": "off"}

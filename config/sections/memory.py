@@ -104,6 +104,15 @@ class MemorySettings(ServingSettings):
         "leave-one-conversation-out, docs/benchmarks.md). 0: every new item that fits.",
         min=0.0, max=1.0,
     )
+    memory_delta_similarity: float = setting(
+        0.3,
+        "Stable injection: a later block of a session is added only when the new item most "
+        "similar to the request by meaning has at least this raw cosine similarity to it "
+        "(the embedding model's scale, the same for every query); below it, nothing new "
+        "matters and no block is added (chosen with memory_delta_relevance, "
+        "docs/benchmarks.md). 0: no such gate.",
+        min=0.0, max=1.0,
+    )
     compact: bool = setting(
         False,
         "Compact a conversation that, with its memory block, would pass compact_at of the "

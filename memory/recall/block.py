@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.render import (
     MAX_SKIPPED,
+    PREAMBLE,
     Entry,
     ExcerptCost,
     excerpts,
@@ -72,17 +73,17 @@ class BlockPack:
 
 def pack_block(
     learned: Learned, entries: Sequence[Entry], budget: int, count: Count, *,
-    shared_share: float = 0.0,
+    shared_share: float = 0.0, preamble: str = PREAMBLE,
 ) -> BlockPack:
-    """Fill and render the block (see the module docstring)."""
+    """Fill and render the block (see the module docstring) under `preamble`."""
     if not learned:
-        packed = pack(entries, budget, count)
+        packed = pack(entries, budget, count, preamble=preamble)
         return BlockPack(packed.block, packed.tokens, turns=packed.included,
                          truncated=packed.truncated)
     result = BlockPack(truncated=True)
-    if budget <= 0 or count(wrap([])) > budget:
+    if budget <= 0 or count(wrap([], preamble)) > budget:
         return result
-    room = budget - count(wrap([]))
+    room = budget - count(wrap([], preamble))
     used = 0
 
     def take(cost: int, cap: float) -> bool:
@@ -138,12 +139,13 @@ def pack_block(
         cost = count(line) + 1 + (0 if result.shared else heading)
         if i not in result.shared and take(cost, room):
             result.shared.append(i)
-    return _finish(result, learned, [*fact_lines, *shared_lines], entries, budget, count)
+    return _finish(result, learned, [*fact_lines, *shared_lines], entries, budget, count,
+                   preamble)
 
 
 def _finish(
     result: BlockPack, learned: Learned, lines_of_facts: list[str], entries: Sequence[Entry],
-    budget: int, count: Count,
+    budget: int, count: Count, preamble: str,
 ) -> BlockPack:
     """Render, then drop the lowest-priority line while the block is over the budget.
     `lines_of_facts`: the rendered lines of the user's facts, then of the shared ones."""
@@ -151,7 +153,7 @@ def _finish(
         lines = _render(result, learned, lines_of_facts, entries)
         if not lines:
             return BlockPack(truncated=True)
-        block = wrap(lines)
+        block = wrap(lines, preamble)
         tokens = count(block)
         if tokens <= budget:
             shown = (len(result.facts) + len(result.turns) + (result.summary is not None)

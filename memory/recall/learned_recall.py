@@ -49,6 +49,7 @@ class LearnedItem:
     turn_ids: list[int]
     score: float = 0.0
     signals: dict[str, float] = field(default_factory=dict)
+    similarity: float = 0.0  # the raw cosine to the query (0: dense search did not find it)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class LearnedRecall:
                       now=time.time())
         return [
             LearnedItem("summary", c.key, c.text, "", c.session_id, c.created_at,
-                        found[c.key].source_turn_ids, c.score, c.signals)
+                        found[c.key].source_turn_ids, c.score, c.signals, c.dense)
             for c in ranked
         ]
 
@@ -220,7 +221,7 @@ class LearnedRecall:
 
 def _fact_item(fact: Fact, c: Candidate) -> LearnedItem:
     return LearnedItem("fact", c.key, fact.text, fact.category, fact.source_session or "",
-                       fact.last_seen, fact.source_turn_ids, c.score, c.signals)
+                       fact.last_seen, fact.source_turn_ids, c.score, c.signals, c.dense)
 
 
 async def _empty() -> list[tuple[int, float]]:

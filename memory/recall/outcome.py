@@ -11,7 +11,7 @@ from typing import Any
 from memory.recall.block import BlockPack, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.ranking import Candidate, Weights
-from memory.recall.render import Entry
+from memory.recall.render import LATER_PREAMBLE, PREAMBLE, Entry
 from memory.scopes import organization_memory
 from memory.tokens import count_tokens
 
@@ -33,6 +33,9 @@ class RecallRequest:
     # With `shown`: a new item goes in only when its fused score is at least this share of
     # the ceiling the weights allow (`new_relevant`, `score_ceiling`); 0: every new item may.
     relevance: float = 0.0
+    # With `shown`: new items go in only when the best of them by meaning has at least this
+    # raw cosine similarity to the query (`new_relevant`); 0: no such gate.
+    similarity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,15 @@ def shared_memory(request: RecallRequest) -> str | None:
 
 
 def pack_ranked(
-    learned: Learned, ranked: list[Candidate], budget: int, model: str, shared_share: float
+    learned: Learned, ranked: list[Candidate], budget: int, model: str, shared_share: float,
+    *, later: bool = False,
 ) -> BlockPack:
     """Pack the ranked turns (as dated excerpts) with the learned items, counted as `model`
-    counts."""
+    counts; `later`: as a later block of a stable injection, under the short preamble."""
     entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, candidate_chunk(c)) for c in ranked]
     return pack_block(
-        learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share
+        learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share,
+        preamble=LATER_PREAMBLE if later else PREAMBLE,
     )
 
 
@@ -110,18 +115,25 @@ def score_ceiling(weights: Weights) -> float:
 
 def new_relevant(
     learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str],
-    cut: float,
+    cut: float, similarity: float = 0.0,
 ) -> tuple[Learned, list[Candidate]]:
     """What a later block of a stable injection may carry: the items `packed` chose that the
-    earlier blocks do not show (`unshown`) and whose fused score is at least `cut`.
+    earlier blocks do not show (`unshown`), when the best of them by meaning has a raw cosine
+    similarity of at least `similarity` to the query, and of those, the ones whose fused
+    score is at least `cut`.
 
-    Each signal of a fused score is in [0, 1] and the dense and lexical ones are scaled to
-    the query's best, so a score near the ceiling says the signals agree on the item (the
-    best by meaning is also the best by words, in a session that matches as a whole); a
-    question about something memory does not hold has no such item. Nothing new clears
-    the cut: an empty block, where a fixed share would have been filled anyway.
+    The fused score ranks, but it cannot say whether anything matches at all: its dense and
+    lexical signals are scaled to the query's best candidate, so some item always scores
+    high. The raw cosine is on one scale for every query (the same model embeds both), so
+    it is the gate: a question about something memory does not hold finds nothing new that
+    close, and adds no block, where a fixed share would have been filled anyway. The cut
+    then keeps, of a gated-in delta, the items the signals agree on.
     """
     new, turns = unshown(learned, ranked, packed, shown)
+    if similarity > 0:
+        best = max((i.similarity for i in [*new.facts, *new.summaries, *new.shared]), default=0.0)
+        if max([best, *(c.dense for c in turns)]) < similarity:
+            return Learned(), []
     if cut <= 0:
         return new, turns
 

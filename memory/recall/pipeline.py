@@ -100,7 +100,7 @@ class RecallPipeline:
         org = shared_memory(request)
         key = cache_key(
             request.user_id, request.session_id, request.model, request.budget, request.scope,
-            org, sorted(request.shown), request.add_budget, request.relevance,
+            org, sorted(request.shown), request.add_budget, request.relevance, request.similarity,
             messages=request.messages,
         )
         with tracing.db_span(self.db.dialect, "stamp", "memory_versions"):
@@ -251,8 +251,11 @@ class RecallPipeline:
         if request.shown:  # a later block of a stable injection (outcome.new_relevant)
             add = request.budget if request.add_budget is None else request.add_budget
             cut = request.relevance * score_ceiling(self.weights)
-            learned, ranked = new_relevant(learned, ranked, packed, request.shown, cut)
-            packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share)
+            learned, ranked = new_relevant(
+                learned, ranked, packed, request.shown, cut, request.similarity
+            )
+            packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share,
+                                 later=True)
         items = [
             *map(learned_item, packed.chosen(learned)), *(turn_item(ranked[i]) for i in packed.turns)
         ]

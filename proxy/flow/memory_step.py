@@ -103,6 +103,7 @@ class MemoryStep:
                 shown=frozenset(k for user, b in placed.items() if user < last for k in b.items),
                 add_budget=round(self.flags.budget * self.state.settings.memory_stable_share),
                 relevance=self.state.settings.memory_delta_relevance,
+                similarity=self.state.settings.memory_delta_similarity,
             ))
             if self.placed is not None:
                 self._place(placed, self.recalled)
