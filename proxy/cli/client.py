@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,9 @@ from proxy.cli.render import Progress
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 UPLOAD_CHUNK = 256 * 1024
+# The status of a command whose output pipe was closed (`memproxy stats | head -1`): what a
+# shell reports for a tool ended by SIGPIPE, 128 + 13.
+CLOSED_PIPE = 141
 
 
 class CliError(Exception):
@@ -105,3 +108,25 @@ def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
 
     return chunks(), progress
 
+
+
+def run_command(client: MemoryClient, command: Callable[[], None]) -> int:
+    """Run one command of `client`'s and close it: its exit status, errors on stderr (0
+    done, 1 the server said no or could not be reached, 2 usage, CLOSED_PIPE quietly)."""
+    try:
+        command()
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
+    except BrokenPipeError:
+        # The reader has gone, as `head` does: stop quietly. Python would flush stdout again
+        # at exit and print the error, so stdout now writes to nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE
+    except UsageError as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 2
+    except (CliError, OSError) as exc:
+        print(f"memproxy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.http.close()
+    return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from proxy.cli.client import DEFAULT_URL, CliError, MemoryClient, UsageError, emit
+from proxy.cli.client import DEFAULT_URL, MemoryClient, UsageError, emit, run_command
 from proxy.cli.render import table, when
 
 
@@ -59,17 +58,7 @@ def add_commands(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run a keys command; print errors to stderr."""
     client = AdminClient(args)
-    try:
-        ACTIONS[args.action](client, args)
-    except UsageError as exc:
-        print(f"memproxy: {exc}", file=sys.stderr)
-        return 2
-    except CliError as exc:
-        print(f"memproxy: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.http.close()
-    return 0
+    return run_command(client, lambda: ACTIONS[args.action](client, args))
 
 
 def create(client: AdminClient, args: argparse.Namespace) -> None:

@@ -11,15 +11,13 @@ imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from config.choices import SCOPES
 from memory import CATEGORIES
 from proxy.cli import usage as cli_usage
-from proxy.cli.client import DEFAULT_URL, CliError, MemoryClient, UsageError
+from proxy.cli.client import DEFAULT_URL, MemoryClient, run_command
 from proxy.cli.commands import COMMANDS
 
 
@@ -91,32 +89,8 @@ def add_commands(commands: Any) -> None:
     cli_usage.add_command(commands)
 
 
-# The status of a command whose output pipe was closed (`memproxy stats | head -1`): what a
-# shell reports for a tool ended by SIGPIPE, 128 + 13.
-CLOSED_PIPE = 141
-
-
 def run(args: argparse.Namespace) -> int:
     """Run a memory command; print errors to stderr."""
     handler = COMMANDS[(args.command, getattr(args, "action", None))]
     client = MemoryClient(args)
-    try:
-        handler(client, args)
-        sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
-    except BrokenPipeError:
-        # The reader has gone, as `head` does: stop quietly. Python would flush stdout again
-        # at exit and print the error, so stdout now writes to nowhere.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return CLOSED_PIPE
-    except UsageError as exc:
-        print(f"memproxy: {exc}", file=sys.stderr)
-        return 2
-    except CliError as exc:
-        print(f"memproxy: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"memproxy: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.http.close()
-    return 0
+    return run_command(client, lambda: handler(client, args))
