@@ -60,16 +60,18 @@ async def test_expired_facts_are_not_recalled_and_are_deleted_after_retention(
     engine: MemoryEngine,
 ) -> None:
     now = time.time()
+    # Both expired, neither yet past the 90 days' retention: the engine's own hourly round,
+    # which may start at any await here, deletes neither. Pruning as of 85 days on does.
     recent = await engine.facts.add("ada", "User is travelling to Kyoto", "context",
-                                    source="extracted", expires_at=now - 10 * DAY)
+                                    source="extracted", expires_at=now - 1 * DAY)
     old = await engine.facts.add("ada", "User is travelling to Quito", "context",
-                                 source="extracted", expires_at=now - 100 * DAY)
+                                 source="extracted", expires_at=now - 10 * DAY)
     live = await engine.facts.add("ada", "User is travelling to Lima", "context",
                                   source="extracted")
     await engine.worker.run_until_idle(timeout=20)
     result = await ask(engine, "Where is the user travelling to?", 1000)
     assert "Lima" in result.block and "Kyoto" not in result.block and "Quito" not in result.block
-    assert (await engine.prune(now))["expired_facts"] == 1
+    assert (await engine.prune(now + 85 * DAY))["expired_facts"] == 1
     assert await engine.facts.get("ada", old.id) is None
     assert await engine.facts.get("ada", recent.id) is not None
     assert (await engine.facts.get("ada", live.id)) is not None
