@@ -205,6 +205,22 @@ def case_counts(pytestconfig: pytest.Config) -> Counter[str]:
     return pytestconfig.stash.setdefault(CASE_COUNTS, Counter())
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its case counts to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        counts: Counter[str] = session.config.stash.get(CASE_COUNTS, Counter())
+        output["case_counts"] = dict(counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller adds up what each worker counted (pytest-xdist's hook)."""
+    counts = getattr(node, "workeroutput", {}).get("case_counts")
+    if counts:
+        node.config.stash.setdefault(CASE_COUNTS, Counter()).update(counts)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Print the case counts, so the CI log shows how much the fuzz tests covered."""
     counts = config.stash.get(CASE_COUNTS, None)
