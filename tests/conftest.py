@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-import uvicorn
 
 from config import Settings, load_settings
 from memory.index.embeddings import LocalEmbedder
@@ -22,6 +21,7 @@ from proxy.app import create_app
 from proxy.http.serving import uvicorn_config
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer, ServerUnavailable
+from tests.support.threaded_server import ThreadedServer
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -114,7 +114,7 @@ def make_settings(
 class RunningProxy:
     """memproxy served by uvicorn in a thread."""
 
-    server: uvicorn.Server
+    server: ThreadedServer
     thread: threading.Thread
     port: int
 
@@ -135,7 +135,7 @@ class RunningProxy:
 
     def stop(self) -> None:
         """Shut uvicorn down and wait for the lifespan to close everything."""
-        self.server.should_exit = True
+        self.server.stop_soon()
         self.thread.join(timeout=30)
 
 
@@ -148,7 +148,7 @@ def serve(settings: Settings, **app_kwargs: Any) -> RunningProxy:
     config = uvicorn_config(
         create_app(settings, **app_kwargs), settings, log_level="warning", lifespan="on"
     )
-    server = uvicorn.Server(config)
+    server = ThreadedServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -203,6 +203,22 @@ CASE_COUNTS = pytest.StashKey[Counter[str]]()
 def case_counts(pytestconfig: pytest.Config) -> Counter[str]:
     """How many generated cases each property-based or fuzz test ran (printed at the end)."""
     return pytestconfig.stash.setdefault(CASE_COUNTS, Counter())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its case counts to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        counts: Counter[str] = session.config.stash.get(CASE_COUNTS, Counter())
+        output["case_counts"] = dict(counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller adds up what each worker counted (pytest-xdist's hook)."""
+    counts = getattr(node, "workeroutput", {}).get("case_counts")
+    if counts:
+        node.config.stash.setdefault(CASE_COUNTS, Counter()).update(counts)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

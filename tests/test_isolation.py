@@ -34,7 +34,6 @@ from tests.support.jobs import wait_for_jobs
 from tests.support.memory import QUIET, assert_error
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.sql import query as sql_query
-from tests.support.sql import scalar
 
 pytestmark = pytest.mark.both_backends
 
@@ -230,15 +229,19 @@ def check_reads(api: httpx.Client, user: User, users: list[User]) -> int:
     return checks + 1
 
 
-def counts(proxy: RunningProxy, user: User) -> tuple[int, ...]:
-    """Rows and vectors a user owns, straight from storage."""
-    rows = tuple(
-        scalar(proxy.state.settings, f"SELECT count(*) FROM {table} WHERE user_id = ?",
-               (user.resolved,))
+def counts(proxy: RunningProxy, users: list[User]) -> dict[str, tuple[int, ...]]:
+    """Rows and vectors each user owns, straight from storage (one query a table: on
+    PostgreSQL every query is a connection of its own)."""
+    per_table = [
+        dict(sql_query(proxy.state.settings,
+                       f"SELECT user_id, count(*) FROM {table} GROUP BY user_id"))
         for table in ("turns", "chunks", "sessions", "facts")
-    )
-    vectors = proxy.state.memory.vectors.count({"user_id": user.resolved})
-    return (*rows, vectors)
+    ]
+    return {
+        user.uid: (*(rows.get(user.resolved, 0) for rows in per_table),
+                   proxy.state.memory.vectors.count({"user_id": user.resolved}))
+        for user in users
+    }
 
 
 def check_fts_layer(proxy: RunningProxy, users: list[User]) -> int:
@@ -264,22 +267,30 @@ def check_postgres_text_layer(proxy: RunningProxy, users: list[User]) -> int:
     """The same on PostgreSQL, through the search functions recall calls."""
     from memory.storage import facts, turns
 
-    async def search(user: User) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-        db = await PostgresDatabase.open(str(proxy.state.settings.database_url))
+    async def search_all() -> dict[str, tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]:
+        """The owners of the rows each user's search found (one pool for them all)."""
+        db = await PostgresDatabase.open(str(proxy.state.settings.database_url), connections=1)
+
+        async def owners(table: str, hits: list[tuple[int, float]]) -> list[tuple[Any, ...]]:
+            rows = await db.fetch(f"SELECT user_id FROM {table} WHERE id = ANY(?)",
+                                  ([i for i, _ in hits],))
+            return [tuple(row) for row in rows]
+
         try:
-            return (await turns.search_chunks(db, user.resolved, search_terms(QUERY), k=50),
-                    await facts.search(db, user.resolved, QUERY, k=50, now=time.time()))
+            return {user.uid: (
+                await owners("chunks", await turns.search_chunks(
+                    db, user.resolved, search_terms(QUERY), k=50)),
+                await owners("facts", await facts.search(
+                    db, user.resolved, QUERY, k=50, now=time.time())),
+            ) for user in users}
         finally:
             await db.close()
 
+    found = asyncio.run(search_all())
     for user in users:
-        chunk_hits, fact_hits = asyncio.run(search(user))
-        owners = sql_query(proxy.state.settings, "SELECT user_id FROM chunks WHERE id = ANY(?)",
-                       ([i for i, _ in chunk_hits],))
-        assert len(owners) == 4 and {o for (o,) in owners} == {user.resolved}, user.uid
-        owners = sql_query(proxy.state.settings, "SELECT user_id FROM facts WHERE id = ANY(?)",
-                       ([i for i, _ in fact_hits],))
-        assert owners == ([] if user.via_body else [(user.uid,)]), user.uid
+        chunk_owners, fact_owners = found[user.uid]
+        assert len(chunk_owners) == 4 and {o for (o,) in chunk_owners} == {user.resolved}, user.uid
+        assert fact_owners == ([] if user.via_body else [(user.uid,)]), user.uid
     return 2 * len(users)
 
 
@@ -308,7 +319,7 @@ def test_lexical_path_isolates_every_read_and_delete(
     cases += sum(check_recall(proxy, upstream, u) for u in users)
     cases += sum(check_search(client, u) + check_reads(client, u, header_users)
                  for u in header_users)
-    before = {u.uid: counts(proxy, u) for u in users}
+    before = counts(proxy, users)
     assert all(c[0] == 4 and c[1] >= 4 and c[4] >= 4 for c in before.values()), before
     # Every other user deletes a fact, a session, then everything.
     doomed, survivors = header_users[::2], header_users[1::2]
@@ -329,9 +340,10 @@ def test_lexical_path_isolates_every_read_and_delete(
     response = client.post("/import", headers=importer.headers, content=exported)
     assert response.status_code == 200, response.text
     wait_for_jobs(proxy)
-    assert counts(proxy, importer)[:4] == before[survivors[0].uid][:4]
+    assert counts(proxy, [importer])[importer.uid][:4] == before[survivors[0].uid][:4]
+    now = counts(proxy, users)
     for user in users:
-        after = counts(proxy, user)
+        after = now[user.uid]
         if user in doomed:
             assert after == (0, 0, 0, 0, 0), (user.uid, after)
         else:

@@ -32,6 +32,24 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
+@pytest.fixture
+def start_proxy(
+    postgres: PostgresServer, start_proxy: Callable[..., RunningProxy]
+) -> Iterator[Callable[..., RunningProxy]]:
+    """conftest's start_proxy, its proxies stopped before this test's PostgreSQL is: stopped
+    after it, a proxy waited out its whole shutdown grace (4-5 s) on index jobs that could
+    no longer reach the database."""
+    started: list[RunningProxy] = []
+
+    def start(**changes: Any) -> RunningProxy:
+        started.append(start_proxy(**changes))
+        return started[-1]
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
 def drained(proxy: RunningProxy, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while proxy.state.memory.spool_status()[0]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -131,9 +132,22 @@ def canonical(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_schema(name: str, payload: Any) -> None:
-    """`payload` matches the OpenAPI document's schema `name`."""
+    """`payload` matches the OpenAPI document's schema `name` (what jsonschema.validate
+    raises: the best match of the errors)."""
+    error = jsonschema.exceptions.best_match(_validator(name).iter_errors(payload))
+    if error is not None:
+        raise error
+
+
+@functools.cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    """A validator of the document's schema `name`, the schema itself checked once:
+    jsonschema.validate checks it again on every call (0.14 s each, 20 calls a test)."""
     schemas = {key: _json_schema(value) for key, value in DOCUMENT["components"]["schemas"].items()}
-    jsonschema.validate(payload, {**schemas[name], "$defs": schemas})
+    schema = {**schemas[name], "$defs": schemas}
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
 
 
 def _json_schema(node: Any) -> Any:

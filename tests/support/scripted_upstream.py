@@ -47,6 +47,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from tests.support import formats
+from tests.support.threaded_server import ThreadedServer
 
 FINGERPRINT = "fp_scripted"
 CAPTURED_MAX = 50  # requests /control/captured keeps
@@ -585,7 +586,7 @@ class ScriptedUpstream:
         self._history: list[Received] = []
         self._captured: deque[Received] = deque(maxlen=CAPTURED_MAX)
         self._responder: Callable[[Received], Reply | None] | None = None
-        self._server: uvicorn.Server | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -668,7 +669,7 @@ class ScriptedUpstream:
         if self._thread is not None:
             raise RuntimeError("already started")
         sock = self._listen()
-        server = self._server = _server(self._app, standalone=False)
+        server = self._server = _Server(_config(self._app, standalone=False))
         self._thread = threading.Thread(target=self._run, args=(server, sock), daemon=True,
                                         name=f"scripted-upstream-{self._port}")
         self._thread.start()
@@ -684,10 +685,10 @@ class ScriptedUpstream:
         server, thread, loop = self._server, self._thread, self._loop
         if server is None or thread is None:
             return
-        server.should_exit = True
         if loop is not None and not loop.is_closed():
             # Cut open connections so paused replies (Hang, delays) end now.
             loop.call_soon_threadsafe(_disconnect_all, server)
+        server.stop_soon()
         thread.join(timeout=10)
         self._server = self._thread = self._loop = None
 
@@ -695,7 +696,8 @@ class ScriptedUpstream:
         """Serve in this thread until SIGINT/SIGTERM: the standalone benchmark mode."""
         sock = self._listen()
         print(f"scripted upstream listening on {self.base_url}", flush=True)
-        self._run(_server(self._app, standalone=True), sock)
+        # Standalone, uvicorn's own shutdown drains the clients' connections on SIGTERM.
+        self._run(uvicorn.Server(_config(self._app, standalone=True)), sock)
 
     def __enter__(self) -> ScriptedUpstream:
         return self.start()
@@ -727,12 +729,24 @@ class ScriptedUpstream:
             sock.close()
 
 
-def _server(app: _App, *, standalone: bool) -> uvicorn.Server:
+class _Server(ThreadedServer):
+    """The fake's uvicorn, in a thread. stop() has cut every connection, so the shutdown
+    only waits for the requests to see it: uvicorn's own first sleeps 0.1 s to let open
+    connections finish, which cost most tests 0.1 s."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        await asyncio.gather(*self.server_state.tasks, return_exceptions=True)
+        for server in self.servers:
+            await server.wait_closed()
+
+
+def _config(app: _App, *, standalone: bool) -> uvicorn.Config:
     # In a thread, leave the process's logging alone; standalone, log warnings only.
     log_options: dict[str, Any] = {"log_level": "warning"} if standalone else {"log_config": None}
-    config = uvicorn.Config(app, lifespan="off", ws="none", proxy_headers=False,
-                            server_header=False, access_log=False, **log_options)
-    return uvicorn.Server(config)
+    return uvicorn.Config(app, lifespan="off", ws="none", proxy_headers=False,
+                          server_header=False, access_log=False, **log_options)
 
 
 def _disconnect_all(server: uvicorn.Server) -> None:
