@@ -111,6 +111,8 @@ def create_app(
             })
             if learning not in ("ok", "off"):
                 log.warning(f"learning cannot reach a model: {learning}")
+            if state.tracing is not None:
+                state.tracing.freeze_startup_heap()
             # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py)
             # and the tracing (proxy/http/tracing.py).
             yield {SHUTDOWN_STATE: state.shutdown, **_tracing_state(state.tracing)}
