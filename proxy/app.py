@@ -87,8 +87,9 @@ def create_app(
             elif with_memory:
                 chosen = embedder
                 if chosen is None and settings.embedding_backend == "upstream":
-                    chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model)
-                state.llm = LLMClient(settings, state.upstream)
+                    chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model,
+                                              tracing=state.tracing)
+                state.llm = LLMClient(settings, state.upstream, state.tracing)
                 state.memory = await MemoryEngine.open(settings, embedder=chosen, llm=state.llm)
                 # Jobs stop when the shutdown begins, while streams drain, not after them.
                 jobs_stop = asyncio.get_running_loop().create_task(

@@ -131,6 +131,13 @@ class GenAICall:
         """The call failed before a reply: end the span so."""
         self.tracing.fail(self.span, exc)
 
+    def finished(self, reply: Mapping[str, Any]) -> None:
+        """The call answered `reply`, a whole JSON body memproxy read itself (a learning
+        call, embeddings): record what it said and end the span."""
+        if self.span.is_recording():
+            self.span.set_attributes(reply_attributes([dict(reply)]))
+        self.span.end()
+
 
 class TracedReply:
     """An `UpstreamReply` that keeps what its call's span needs of what passes (a whole
