@@ -100,10 +100,16 @@ def db_span(dialect: str, operation: str, table: str) -> AbstractContextManager[
     tracer = _ACTIVE.get()
     if tracer is None:
         return _OFF
-    return tracer.span(f"{operation} {table}", {
+    return tracer.span(*_db_step(dialect, operation, table))
+
+
+@functools.lru_cache(maxsize=64)
+def _db_step(dialect: str, operation: str, table: str) -> tuple[str, Attributes]:
+    """A database step's span name and attributes: a few steps, made once each."""
+    return f"{operation} {table}", {
         "db.system.name": "postgresql" if dialect == "postgres" else dialect,
         "db.operation.name": operation, "db.collection.name": table,
-    })
+    }
 
 
 def traceparent() -> str | None:

@@ -87,8 +87,9 @@ def create_app(
             elif with_memory:
                 chosen = embedder
                 if chosen is None and settings.embedding_backend == "upstream":
-                    chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model)
-                state.llm = LLMClient(settings, state.upstream)
+                    chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model,
+                                              tracing=state.tracing)
+                state.llm = LLMClient(settings, state.upstream, state.tracing)
                 state.memory = await MemoryEngine.open(settings, embedder=chosen, llm=state.llm)
                 # Jobs stop when the shutdown begins, while streams drain, not after them.
                 jobs_stop = asyncio.get_running_loop().create_task(
@@ -111,6 +112,8 @@ def create_app(
             })
             if learning not in ("ok", "off"):
                 log.warning(f"learning cannot reach a model: {learning}")
+            if state.tracing is not None:
+                state.tracing.freeze_startup_heap()
             # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py)
             # and the tracing (proxy/http/tracing.py).
             yield {SHUTDOWN_STATE: state.shutdown, **_tracing_state(state.tracing)}

@@ -18,9 +18,13 @@ With `--tracing` it runs four memproxy processes instead, chat completions only:
 and on, each without and with OpenTelemetry traces (the batch exporter, its default 5 s delay,
 sending to a local OTLP/HTTP receiver), alternating the pair of each (ABBA), and prints the
 CPU each request costs more with tracing on (docs/tracing.md). Recall runs in full on every
-request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). `--baseline-src DIR` adds the
-two arms without tracing run from another checkout (the code before tracing), against this
-code with tracing off::
+request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase the arm is left
+to settle until its process is idle again, at least 5.5 s (past the exporter's 5 s delay), and
+the CPU it spends meanwhile counts to the phase, less its idle rate: the exporter's last batch
+and memory's jobs are work the phase's requests made, and none of it runs into the next
+phase of another arm. The load average is printed with each round. `--baseline-src DIR`
+adds the two arms without tracing run from another checkout (the code before tracing),
+against this code with tracing off::
 
     git archive <commit> | tar -x -C /tmp/base
     .venv/bin/python -m scripts.bench_overhead --tracing --baseline-src /tmp/base
@@ -49,7 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +353,32 @@ BASELINE_ARMS = {"before": (False, False), "before+memory": (True, False)}
 BASELINE_PAIRS = (("before", "off"), ("before+memory", "memory"))
 
 
+SETTLE_SECONDS = 5.5  # past the batch exporter's default 5 s delay: its last batch counts
+IDLE_TICK = 0.25
+
+
+async def settle(pid: int, at_least: float, cap: float = 30.0) -> tuple[float, float]:
+    """Wait until process `pid` is idle (no CPU for a tick), and at least `at_least` seconds;
+    the CPU seconds it spent meanwhile, and the seconds waited."""
+    began, start = time.monotonic(), cpu_seconds(pid)
+    last = start
+    while True:
+        await asyncio.sleep(IDLE_TICK)
+        now, waited = cpu_seconds(pid), time.monotonic() - began
+        if (waited >= at_least and now == last) or waited >= cap:
+            return now - start, waited
+        last = now
+
+
+async def idle_rates(pids: dict[str, int], arms: Sequence[str], seconds: float = 3.0) -> dict[str, float]:
+    """Each settled arm's CPU seconds per second while idle (timers, the job worker's polls)."""
+    for arm in arms:
+        await settle(pids[arm], 0.0)
+    before = {arm: cpu_seconds(pids[arm]) for arm in arms}
+    await asyncio.sleep(seconds)
+    return {arm: (cpu_seconds(pids[arm]) - before[arm]) / seconds for arm in arms}
+
+
 async def bench_tracing(
     args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int]
 ) -> dict[str, list[Phase]]:
@@ -362,6 +392,7 @@ async def bench_tracing(
     }
     for (_kind, arm), request in requests.items():
         await run_phase(ports[arm], request, 8, args.warmup, args.cap, (pids[arm], pids["upstream"]))
+    idle = await idle_rates(pids, list(arms))
     phases: dict[str, list[Phase]] = {}
     for round_no in range(args.rounds):
         for kind in kinds:
@@ -371,9 +402,13 @@ async def bench_tracing(
                     total = args.requests * (1 if c == 1 else 2)
                     phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap,
                                             (pids[arm], pids["upstream"]))
+                    spent, waited = await settle(pids[arm], SETTLE_SECONDS)
+                    after = max(0.0, spent - idle[arm] * waited) * 1000 / phase.requests
+                    phase = replace(phase, proxy_cpu_ms=phase.proxy_cpu_ms + after)
                     phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
                     print(f"  round {round_no + 1} {kind:11} c={c:<3} {arm:13} p50 {phase.p50_ms:7.2f}"
-                          f" ms  proxy cpu {phase.proxy_cpu_ms:5.2f} ms/req", file=sys.stderr)
+                          f" ms  proxy cpu {phase.proxy_cpu_ms:5.2f} ms/req ({after:.2f} after it)"
+                          f"  load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     return phases
 
 
@@ -399,7 +434,7 @@ def report_tracing(phases: dict[str, list[Phase]], pairs: tuple[tuple[str, str],
             what = "tracing off, this code against the baseline" if off.startswith("before") \
                 else "tracing on (target <= 0.3)"
             lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}: {added:+.3f} ms")
-    print("cpu: ms per request of the memproxy process; medians of rounds\n")
+    print("cpu: ms per request of the memproxy process, until it settled; medians of rounds\n")
     print("\n".join(lines))
     return lines
 
@@ -462,12 +497,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.requests, args.rounds, args.warmup, args.cap = 100, 1, 50, 1.5
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
     if args.tracing:
+        load = os.getloadavg()[0]
         try:
             phases = run_tracing(args)
         except (BenchError, KeyboardInterrupt) as exc:
             print(f"bench_overhead: {exc if isinstance(exc, BenchError) else 'interrupted'}", file=sys.stderr)
             return 1
         targets = report_tracing(phases, _pairs(args))
+        targets.append(f"load average (1 min) at the start {load:.2f}, at the end {os.getloadavg()[0]:.2f}")
+        print(targets[-1])
         if args.json:
             rows = {key: [asdict(p) for p in runs] for key, runs in phases.items()}
             config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}

@@ -187,10 +187,14 @@ class RecallPipeline:
                     )
                 vector = embedded[0]
             embed_ms = _ms(embedding) if vector is not None else 0.0
+            # Facts, summaries and the profile that match: no span of their own (they are
+            # searched beside the turns; how many were found is on the rank span).
             dense, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
-                self._learned(request, query, vector, session_only=session is not None,
-                              present=present),
+                self.learned_recall.gather(
+                    request.user_id, request.session_id, query, vector,
+                    session_only=session is not None, present=present,
+                ),
                 self.learned_recall.shared(org, query, vector, present=present)
                 if org is not None else _no_items(),
             )
@@ -212,12 +216,15 @@ class RecallPipeline:
         (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
             by_meaning(), by_words()
         )
+        # Ranking and packing: one span (a span costs more CPU than packing takes); what
+        # was packed is on the recall span.
         with tracing.span("memproxy.recall.rank") as ranking:
             ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
+            recalled = self._pack(request, learned, ranked, started, embed_ms)
             if ranking is not None:
-                ranking.set_attribute("memproxy.recall.candidates", len(ranked) + len(learned))
-        with tracing.span("memproxy.recall.pack"):  # what it packed is on the recall span
-            return self._pack(request, learned, ranked, started, embed_ms)
+                ranking.set_attributes({"memproxy.recall.candidates": len(ranked) + len(learned),
+                                        "memproxy.recall.learned": len(learned)})
+            return recalled
 
     async def _rank(
         self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
@@ -278,20 +285,6 @@ class RecallPipeline:
             if span is not None:
                 span.set_attribute("memproxy.recall.candidates", len(found))
             return found
-
-    async def _learned(
-        self, request: RecallRequest, query: str, vector: np.ndarray | None, *,
-        session_only: bool, present: str,
-    ) -> Learned:
-        """Facts, summaries and the profile that match (their rows and their vectors)."""
-        with tracing.span("memproxy.recall.learned") as span:
-            learned = await self.learned_recall.gather(
-                request.user_id, request.session_id, query, vector,
-                session_only=session_only, present=present,
-            )
-            if span is not None:
-                span.set_attribute("memproxy.recall.candidates", len(learned))
-            return learned
 
     async def _chunks(self, ids: list[int]) -> list[ChunkRow]:
         """The chunks `ids` name, read from the database (a database step of recall)."""

@@ -4,20 +4,29 @@ client's W3C `traceparent`, and the spans of its steps, exported over OTLP/HTTP 
 The only module that imports OpenTelemetry, and only imported when
 OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (proxy/app.py):
 off, no request pays for tracing, not even the import. Only the SDK's own OTEL_* variables
-configure it (service name, resource attributes, headers, sampler, batch delay, timeouts).
+configure it (service name, resource attributes, headers, sampler, batch delay, timeouts,
+OTEL_PROPAGATORS).
 
 Each app holds its own TracerProvider instead of the process-wide one: litellm's and
 Chroma's OpenTelemetry callbacks set the global provider when they are configured, and the
 tests build many apps in one process; neither can clobber the other this way.
+
+The SDK's span costs 30-40 µs of CPU to make and 15 µs plus 3 µs an attribute to export
+(docs/tracing.md#what-it-costs), so what wraps it here is kept thinner still: attributes go in
+one dict at the span's start, spans are made current by a small class instead of the SDK's
+two generator context managers, and the `traceparent` going upstream is formatted from the
+span's context instead of through a propagator and a carrier.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -31,6 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memory import activate_tracer, deactivate_tracer
+from proxy.http.logs import get_logger
 
 TRACING_STATE = "memproxy.tracing"  # the lifespan state key of the app's Tracing
 # The W3C Trace Context headers (https://www.w3.org/TR/trace-context/): the client's are
@@ -38,22 +48,29 @@ TRACING_STATE = "memproxy.tracing"  # the lifespan state key of the app's Tracin
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _TRACE_HEADER_BYTES = frozenset(name.encode() for name in TRACE_HEADERS)
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# OTEL_PROPAGATORS names memproxy speaks: W3C Trace Context, read and written; W3C Baggage,
+# which it never reads nor changes (the header goes upstream as any other does); none.
+PROPAGATORS = ("tracecontext", "baggage", "none")
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NOTHING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+_ROOT = otel_context.Context()  # no parent: a trace of its own
 Span = trace.Span
+log = get_logger("tracing")
 
 
 class Tracing:
     """The app's tracer, its batch exporter, and the spans memproxy opens."""
 
     def __init__(self, provider: TracerProvider, processor: BatchSpanProcessor, *,
-                 capture: bool, redact: Callable[[str], str]) -> None:
+                 capture: bool, redact: Callable[[str], str], propagate: bool = True) -> None:
         self.provider = provider
         self.processor = processor
         self.tracer = provider.get_tracer("memproxy")
         # Message contents on the GenAI spans, redacted as stored turns are: only when asked.
         self.capture_content = capture
         self.redact = redact
+        # W3C Trace Context in (the client's) and out (to the upstream): OTEL_PROPAGATORS.
+        self.propagate = propagate
 
     @classmethod
     def from_env(cls, redact: Callable[[str], str]) -> Tracing:
@@ -63,16 +80,29 @@ class Tracing:
         # The sampler comes from OTEL_TRACES_SAMPLER(_ARG) inside TracerProvider.
         # shutdown_on_exit=False: the lifespan shuts it down, bounded (an atexit hook would
         # wait for a collector that is down).
-        provider = TracerProvider(resource=Resource.create(own), shutdown_on_exit=False)
+        resource = _SettledResource.of(Resource.create(own))
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         processor = BatchSpanProcessor(OTLPSpanExporter())  # OTEL_BSP_*, OTEL_EXPORTER_OTLP_*
         provider.add_span_processor(processor)
         capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
-        return cls(provider, processor, capture=capture, redact=redact)
+        propagate = propagates_trace_context(os.environ.get("OTEL_PROPAGATORS", ""))
+        return cls(provider, processor, capture=capture, redact=redact, propagate=propagate)
+
+    @staticmethod
+    def freeze_startup_heap() -> None:
+        """Leave what start-up made out of the garbage collector's full collections, once
+        memproxy is ready. Spans wait in the batch exporter's queue (up to 5 s), long enough
+        to reach the oldest generation, and so make full collections several times as
+        frequent; each walks the whole start-up heap (the embedding model, Chroma, litellm:
+        about 90 ms on the benchmark machine) unless that heap is frozen (docs/tracing.md)."""
+        gc.collect()  # not to freeze garbage with it
+        gc.freeze()
 
     async def shutdown(self, timeout: float) -> None:
         """Export what is left, waiting up to `timeout` seconds: a collector that is down or
         slow costs the shutdown no more (the export goes on in a daemon thread, which the
-        process does not wait for at exit)."""
+        process does not wait for at exit). Unfreezes the start-up heap."""
+        gc.unfreeze()
         stopping = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
         stopping.start()
         await asyncio.to_thread(stopping.join, timeout)
@@ -87,7 +117,7 @@ class Tracing:
         the request's span after it ended, so its sampled flag decides, not is_recording)."""
         if not _sampled():
             return _NOTHING
-        return self.tracer.start_as_current_span(name, attributes=attributes)
+        return _Current(self.tracer.start_span(name, attributes=attributes))
 
     def linked(
         self, name: str, links: Sequence[str], attributes: Mapping[str, Any] | None = None
@@ -95,35 +125,32 @@ class Tracing:
         """A CONSUMER span that starts a trace of its own, linked to the spans in `links`
         (W3C traceparents): a background job and the requests that queued it."""
         found = [Link(context) for parent in links if (context := span_context(parent)) is not None]
-        return self.tracer.start_as_current_span(
-            name, context=otel_context.Context(), kind=SpanKind.CONSUMER, links=found,
-            attributes=attributes,
-        )
+        return _Current(self.tracer.start_span(
+            name, context=_ROOT, kind=SpanKind.CONSUMER, links=found, attributes=attributes,
+        ))
 
     def traceparent(self) -> str | None:
         """The current span's traceparent (None when it was sampled out: no link to make)."""
-        if not _sampled():
-            return None
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier)
-        return carrier.get("traceparent")
+        found = trace.get_current_span().get_span_context()
+        return traceparent(found) if found.trace_flags.sampled else None
 
-    def current_headers(self) -> dict[str, str]:
+    def current_headers(self) -> dict[str, str] | None:
         """The Trace Context headers of the current span (a pass-through request's SERVER
-        span), for the upstream to continue."""
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier)
-        return carrier
+        span), for the upstream to continue; None when memproxy propagates none (then the
+        client's go upstream as they came)."""
+        return _headers(trace.get_current_span().get_span_context()) if self.propagate else None
 
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
 
-    def start_client(self, name: str) -> tuple[Span, dict[str, str]]:
+    def start_client(
+        self, name: str, attributes: Mapping[str, Any] | None = None, *, start_ns: int | None = None,
+    ) -> tuple[Span, dict[str, str] | None]:
         """A CLIENT span under the current one, not made current (it ends at the reply's
-        last byte, after the handler returned), and the headers that carry it upstream."""
-        span = self.tracer.start_span(name, kind=SpanKind.CLIENT)
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        return span, carrier
+        last byte, after the handler returned), and the headers that carry it upstream
+        (None when memproxy propagates none)."""
+        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes,
+                                      start_time=start_ns)
+        return span, _headers(span.get_span_context()) if self.propagate else None
 
     def fail(self, span: Span, exc: BaseException | None, *, error_type: str | None = None) -> None:
         """Mark `span` failed (by `exc`, or as `error_type`) and end it."""
@@ -140,26 +167,27 @@ class Tracing:
         found = trace.get_current_span().get_span_context()
         if not found.is_valid:
             return {}
-        return {"trace_id": trace.format_trace_id(found.trace_id),
-                "span_id": trace.format_span_id(found.span_id)}
+        return {"trace_id": f"{found.trace_id:032x}", "span_id": f"{found.span_id:016x}"}
 
     # -- the SERVER span
 
     async def serve(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
-        parent = _PROPAGATOR.extract(_trace_headers(scope["headers"]))
+        parent = self._parent(scope["headers"])
         method = scope["method"]
-        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
-        if span.is_recording():  # sampled out: a span with nothing to say, at little cost
-            span.set_attributes({"http.request.method": method, "url.path": scope["path"],
-                                 "url.scheme": scope.get("scheme", "http")})
+        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
+            "http.request.method": method, "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+        })
         status = 0
 
-        async def send_status(message: Message) -> None:
+        def send_status(message: Message) -> Awaitable[None]:
+            # A plain function handing back send's awaitable: no coroutine of its own per
+            # message (a stream sends one a chunk).
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            await send(message)
+            return send(message)
 
         base = scope.get("root_path", "")
         attached = otel_context.attach(trace.set_span_in_context(span, parent))
@@ -174,17 +202,76 @@ class Tracing:
         finally:
             deactivate_tracer(active)
             otel_context.detach(attached)
-            route = getattr(scope.get("route"), "path", None) if span.is_recording() else None
-            if isinstance(route, str):
-                route = scope.get("root_path", "")[len(base):] + route  # under a Mount
-                span.set_attribute("http.route", route)
-                span.update_name(f"{method} {route}")
-            if status and span.is_recording():
-                span.set_attribute("http.response.status_code", status)
-                if status >= 500:
-                    span.set_attributes({"error.type": str(status)})
-                    span.set_status(Status(StatusCode.ERROR))
+            if span.is_recording():  # sampled out: a span with nothing to say
+                _describe(span, scope, base, method, status)
             span.end()
+
+    def _parent(self, headers: Any) -> otel_context.Context:
+        """The client's span (its Trace Context headers), else none: a new trace."""
+        if not self.propagate:
+            return _ROOT
+        found = _trace_headers(headers)
+        return _PROPAGATOR.extract(found) if found else _ROOT
+
+
+class _SettledResource(Resource):
+    """The SDK's Resource with its hash worked out once: the OTLP encoder groups every span
+    it exports by resource, and Resource hashes itself by a JSON dump of its attributes
+    each time (8 µs a span on the benchmark machine), though it never changes."""
+
+    def __init__(self, attributes: Mapping[str, Any], schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    @classmethod
+    def of(cls, resource: Resource) -> _SettledResource:
+        """`resource`, settled."""
+        return cls(resource.attributes, resource.schema_url)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class _Current:
+    """A span made current while a `with` block runs, and ended after it: the SDK's
+    `start_as_current_span` in a class instead of two generator context managers, with its
+    rule for exceptions (an Exception is recorded and marks the span failed; a
+    cancellation is not an error)."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        otel_context.detach(self._token)
+        if isinstance(exc, Exception):
+            self._span.record_exception(exc)
+            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        self._span.end()
+
+
+def _describe(span: Span, scope: Scope, base: str, method: str, status: int) -> None:
+    """What the SERVER span learned once the request ran: its route and status."""
+    route = getattr(scope.get("route"), "path", None)
+    found: dict[str, Any] = {}
+    if isinstance(route, str):
+        route = scope.get("root_path", "")[len(base):] + route  # under a Mount
+        found["http.route"] = route
+        span.update_name(f"{method} {route}")
+    if status:
+        found["http.response.status_code"] = status
+        if status >= 500:
+            found["error.type"] = str(status)
+            span.set_status(Status(StatusCode.ERROR))
+    if found:
+        span.set_attributes(found)
 
 
 class TracingMiddleware:
@@ -202,11 +289,38 @@ class TracingMiddleware:
         await tracing.serve(self.app, scope, receive, send)
 
 
-def span_context(traceparent: str) -> trace.SpanContext | None:
+def span_context(parent: str) -> trace.SpanContext | None:
     """The span a W3C traceparent names, None when it names none validly."""
-    context = _PROPAGATOR.extract({"traceparent": traceparent})
+    context = _PROPAGATOR.extract({"traceparent": parent})
     found = trace.get_current_span(context).get_span_context()
     return found if found.is_valid else None
+
+
+def traceparent(context: trace.SpanContext) -> str:
+    """The W3C `traceparent` of a span, as the SDK's propagator writes it (version 00)."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def _headers(context: trace.SpanContext) -> dict[str, str]:
+    """The Trace Context headers that continue the span `context` ({} for no span)."""
+    if not context.is_valid:
+        return {}
+    if context.trace_state:
+        return {"traceparent": traceparent(context), "tracestate": context.trace_state.to_header()}
+    return {"traceparent": traceparent(context)}
+
+
+def propagates_trace_context(configured: str) -> bool:
+    """Whether OTEL_PROPAGATORS (unset: `tracecontext,baggage`) asks for W3C Trace Context;
+    `none` anywhere turns propagation off, as in the SDK. Propagators memproxy does not
+    speak (b3, jaeger, xray, ...) are named in a warning and left out."""
+    names = [name.strip().lower() for name in configured.split(",") if name.strip()]
+    if not names:
+        return True
+    if unknown := [name for name in names if name not in PROPAGATORS]:
+        log.warning("OTEL_PROPAGATORS: memproxy propagates only tracecontext (and passes"
+                    f" baggage through), not {', '.join(unknown)}")
+    return "tracecontext" in names and "none" not in names
 
 
 def _sampled() -> bool:

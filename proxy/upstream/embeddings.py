@@ -2,11 +2,15 @@
 
 An upstream that cannot be reached, times out, or whose gateway answers 502/503/504 is an
 outage (memory's Unavailable): an index job waits it out without spending its attempts
-(memory/jobs/worker.py). Any other error status is the call's own failure and counts."""
+(memory/jobs/worker.py). Any other error status is the call's own failure and counts.
+
+While tracing, each call is a CLIENT span with the GenAI conventions (operation
+`embeddings`, docs/tracing.md), and the upstream gets its `traceparent`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -14,7 +18,11 @@ import orjson
 from memory import Unavailable
 from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.upstream.client import Upstream, is_upstream_outage, raise_for_status, read_body, url_for
+from proxy.upstream.genai_span import start
 from proxy.upstream.llm_client import scrub
+
+if TYPE_CHECKING:
+    from proxy.http.tracing import Tracing
 
 
 class EmbeddingsUpstreamUnavailable(Unavailable):
@@ -31,10 +39,14 @@ class UpstreamEmbedder:
     the upstream is keyless (a local server).
     """
 
-    def __init__(self, upstream: Upstream, model: str, *, batch_size: int = 256) -> None:
+    def __init__(
+        self, upstream: Upstream, model: str, *, batch_size: int = 256,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.upstream = upstream
         self.model = model
         self.batch_size = batch_size
+        self.tracing = tracing
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit vectors for `texts`, in order."""
@@ -54,6 +66,11 @@ class UpstreamEmbedder:
         if target.api_key:
             headers.append(("authorization", f"Bearer {target.api_key}"))
         body = orjson.dumps({"model": self.model, "input": list(texts), "encoding_format": "float"})
+        call = None if self.tracing is None else start(
+            self.tracing, target, {"model": self.model}, provider="openai", operation="embeddings",
+        )
+        if call is not None and call.headers:
+            headers.extend(call.headers.items())
         try:
             response = await self.upstream.open(
                 "POST", url_for(target, "/v1/embeddings"), headers, body
@@ -63,13 +80,17 @@ class UpstreamEmbedder:
                 payload = orjson.loads(await read_body(response))
             finally:
                 await response.aclose()
-        except ProxyError as exc:
-            if not is_upstream_outage(exc):
+        except BaseException as exc:
+            if call is not None:
+                call.failed(exc)
+            if not isinstance(exc, ProxyError) or not is_upstream_outage(exc):
                 raise
             detail = str(exc)
             if isinstance(exc, UpstreamStatus):
                 detail = f"HTTP {exc.status}: {exc.body[:300].decode('utf-8', 'replace')}"
             raise EmbeddingsUpstreamUnavailable(scrub(detail, target.api_key)) from None
+        if call is not None:
+            call.finished(payload if isinstance(payload, dict) else {})
         rows = sorted(payload["data"], key=lambda row: row["index"])
         if len(rows) != len(texts):
             raise ValueError(f"upstream returned {len(rows)} embeddings for {len(texts)} inputs")

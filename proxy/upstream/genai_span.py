@@ -69,11 +69,13 @@ def provider_name(target: Target, fallback: str) -> str:
 async def traced(
     tracing: Tracing, target: Target, body: Mapping[str, Any], *, api: str,
     messages: Callable[[], Sequence[Mapping[str, Any]]], read_text: Callable[[dict[str, Any]], str],
-    tee: Callable[[], TextTee], send: Callable[[Mapping[str, str]], Awaitable[UpstreamReply]],
+    tee: Callable[[], TextTee],
+    send: Callable[[Mapping[str, str] | None], Awaitable[UpstreamReply]],
 ) -> UpstreamReply:
-    """Send one upstream call (`send` gets the Trace Context headers to add) inside its
-    CLIENT span; the reply ends the span when it is closed. `api` is the client's API format
-    (`chat`, `responses`, `messages`), whose protocol a route without a provider speaks."""
+    """Send one upstream call (`send` gets the Trace Context headers to add, None when
+    memproxy propagates none) inside its CLIENT span; the reply ends the span when it is
+    closed. `api` is the client's API format (`chat`, `responses`, `messages`), whose
+    protocol a route without a provider speaks."""
     provider = provider_name(target, "anthropic" if api == "messages" else "openai")
     call = start(tracing, target, body, provider=provider, messages=messages)
     try:
@@ -84,20 +86,18 @@ async def traced(
     if not call.span.is_recording():  # sampled out: the headers went, nothing to read
         call.span.end()
         return reply
-    return call.reply(reply, read_text=read_text, tee=tee)
+    return TracedReply(call, reply, read_text=read_text, tee=tee)
 
 
 def start(
     tracing: Tracing, target: Target, body: Mapping[str, Any], *, provider: str,
     operation: str = "chat", messages: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
 ) -> GenAICall:
-    """Open the CLIENT span of one upstream call; `messages` gives the conversation sent,
-    captured only when contents are."""
+    """Open the CLIENT span of one upstream call, its request attributes given at its start
+    (one call into the SDK, and a sampler sees them); `messages` gives the conversation
+    sent, captured only when contents are."""
     model = body.get("model")
     model = model if isinstance(model, str) else ""
-    span, headers = tracing.start_client(f"{operation} {model}".strip())
-    if not span.is_recording():
-        return GenAICall(tracing, span, headers)  # sampled out: nothing to describe
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
         "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
@@ -111,32 +111,38 @@ def start(
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
         attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
-    span.set_attributes(attributes)
-    return GenAICall(tracing, span, headers)
+    started = time.time_ns()  # the span's start, which the time to the first chunk counts from
+    span, headers = tracing.start_client(f"{operation} {model}".strip(), attributes, start_ns=started)
+    return GenAICall(tracing, span, headers, started)
 
 
 class GenAICall:
     """One upstream call's open span and the Trace Context headers that carry it."""
 
-    def __init__(self, tracing: Tracing, span: Span, headers: dict[str, str]) -> None:
+    def __init__(
+        self, tracing: Tracing, span: Span, headers: dict[str, str] | None, started_ns: int
+    ) -> None:
         self.tracing = tracing
         self.span = span
         self.headers = headers  # traceparent (and tracestate) of this CLIENT span
+        self.started_ns = started_ns
 
     def failed(self, exc: BaseException) -> None:
         """The call failed before a reply: end the span so."""
         self.tracing.fail(self.span, exc)
 
-    def reply(
-        self, reply: UpstreamReply, *, read_text: Callable[[dict[str, Any]], str],
-        tee: Callable[[], TextTee],
-    ) -> TracedReply:
-        """`reply`, ending this span when it is closed."""
-        return TracedReply(self, reply, read_text=read_text, tee=tee)
+    def finished(self, reply: Mapping[str, Any]) -> None:
+        """The call answered `reply`, a whole JSON body memproxy read itself (a learning
+        call, embeddings): record what it said and end the span."""
+        if self.span.is_recording():
+            self.span.set_attributes(reply_attributes([dict(reply)]))
+        self.span.end()
 
 
 class TracedReply:
-    """An `UpstreamReply` that records on its call's span what passes, and ends it at close."""
+    """An `UpstreamReply` that keeps what its call's span needs of what passes (a whole
+    body; a stream's first bytes and last chunks, and the time of its first), reads it once
+    at the end, and ends the span at close."""
 
     def __init__(
         self, call: GenAICall, reply: UpstreamReply, *, read_text: Callable[[dict[str, Any]], str],
@@ -147,11 +153,8 @@ class TracedReply:
         self.status_code = reply.status_code
         self.headers: UpstreamHeaders = reply.headers
         self._stream = reply.headers.get("content-type", "").startswith("text/event-stream")
-        self._started = time.monotonic()
-        self._first_at: float | None = None
         self._first_ns = 0
         self._head: list[bytes] = []
-        self._head_size = 0
         self._tail: deque[bytes] = deque(maxlen=_TAIL_CHUNKS)
         self._tailed = 0
         self._read_text = read_text
@@ -161,11 +164,22 @@ class TracedReply:
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """The reply's bytes, as they come."""
+        head, tail, tee = self._head, self._tail, self._tee
+        # A whole body is kept (and read once, at the end); a stream, its first events
+        # (the model) and then only its last chunks (usage, finish reasons), in C.
+        room = _HEAD_BYTES if self._stream else 1 << 62
         try:
             async for chunk in self._reply.aiter_raw():
-                if self._first_at is None:
-                    self._first_at, self._first_ns = time.monotonic(), time.time_ns()
-                self._keep(chunk)
+                if not self._first_ns:
+                    self._first_ns = time.time_ns()
+                if tee is not None:
+                    tee.feed(chunk)
+                if room > 0:
+                    head.append(chunk)
+                    room -= len(chunk)
+                else:
+                    tail.append(chunk)  # a bounded deque: the oldest falls out
+                    self._tailed += 1
                 yield chunk
         except BaseException as exc:
             self._error = exc
@@ -178,32 +192,24 @@ class TracedReply:
         finally:
             self._end()
 
-    def _keep(self, chunk: bytes) -> None:
-        if self._tee is not None:
-            self._tee.feed(chunk)
-        if not self._stream or self._head_size < _HEAD_BYTES:
-            self._head.append(chunk)  # a whole body is read once, at the end
-            self._head_size += len(chunk)
-            return
-        self._tail.append(chunk)  # a bounded deque: the oldest falls out, in C
-        self._tailed += 1
-
     def _end(self) -> None:
         if self._ended:
             return
         self._ended = True
         span = self._call.span
         try:
-            if self._first_at is not None and self._stream:
-                span.set_attribute("gen_ai.response.time_to_first_chunk", self._first_at - self._started)
-                span.add_event("gen_ai.first_chunk", timestamp=self._first_ns)
             objects = self._objects()
-            span.set_attributes(reply_attributes(objects))
+            found = reply_attributes(objects)
+            if self._first_ns and self._stream:
+                found["gen_ai.response.time_to_first_chunk"] = \
+                    (self._first_ns - self._call.started_ns) / 1e9
+                span.add_event("gen_ai.first_chunk", timestamp=self._first_ns)
             if self._call.tracing.capture_content:
                 text = self._tee.text if self._tee is not None else self._whole_text(objects)
                 if text:
-                    span.set_attribute("gen_ai.output.messages", _messages_json(
-                        [{"role": "assistant", "content": text}], self._call.tracing.redact))
+                    found["gen_ai.output.messages"] = _messages_json(
+                        [{"role": "assistant", "content": text}], self._call.tracing.redact)
+            span.set_attributes(found)
         finally:
             if self._error is not None:
                 self._call.tracing.fail(span, self._error)

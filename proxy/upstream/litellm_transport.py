@@ -179,17 +179,21 @@ def _model_name(target: Target, model: str) -> str:
 
 async def complete_text(
     target: Target, model: str, messages: list[dict[str, Any]], api_key: str | None, *,
-    timeout: float,
-) -> str:
-    """One non-streaming completion through litellm (memory's learning calls): its text."""
+    timeout: float, trace: Mapping[str, str] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """One non-streaming completion through litellm (memory's learning calls): its text,
+    and the reply as a chat completion (for its span). `trace`: the Trace Context headers
+    of memproxy's CLIENT span, the only headers it adds."""
+    extra = {"extra_headers": dict(trace)} if trace else {}
     try:
         result = await litellm.acompletion(
             model=_model_name(target, model), messages=messages, api_key=api_key, api_base=target.base_url or None,
-            timeout=timeout, temperature=0,
+            timeout=timeout, temperature=0, **extra,
         )
     except Exception as exc:  # litellm raises its own tree; map it
         raise to_proxy_error(exc, target) from None
-    return reply_text(result.model_dump(exclude_none=True)) or ""
+    reply = result.model_dump(exclude_none=True)
+    return reply_text(reply) or "", reply
 
 
 def context_window(model: str, provider: str | None) -> int | None:

@@ -13,13 +13,17 @@ live only in this object's memory while the process runs: never in a job payload
 database or a log line; a client key is only ever sent to the base URL it was originally
 sent to. After a restart a user's jobs have no borrowed key until that user's next
 request (the jobs retry with backoff meanwhile).
+
+While tracing, each call is a CLIENT span with the GenAI conventions (docs/tracing.md), under
+the span of the job that asked, and the upstream gets its `traceparent`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -36,6 +40,10 @@ from proxy.upstream.client import (
     read_body,
     url_for,
 )
+from proxy.upstream.genai_span import GenAICall, provider_name, start
+
+if TYPE_CHECKING:
+    from proxy.http.tracing import Tracing
 
 MAX_ANSWER_BYTES = 4 << 20
 OPENAI_ROUTE = "openai"  # chat completions to the model's route
@@ -69,9 +77,10 @@ def learning_route(target: Target) -> str:
 class LLMClient:
     """Posts the learning jobs' completions, each through its conversation's route."""
 
-    def __init__(self, settings: Settings, upstream: Upstream) -> None:
+    def __init__(self, settings: Settings, upstream: Upstream, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.tracing = tracing
         self._client_keys: dict[tuple[str, str], str] = {}  # (user, base_url) -> key
         self._failing: dict[str, str] = {}  # route -> why its last call failed
 
@@ -98,17 +107,47 @@ class LLMClient:
         key = target.api_key or self.settings.learning_api_key
         if key is None:
             key = self._client_keys.get((user_id, target.base_url))
+        call = self._span(target, model)
+        try:
+            text, reply = await self._ask(target, model, messages, key, route, call)
+        except BaseException as exc:
+            if call is not None:
+                call.failed(exc)
+            raise
+        if call is not None:
+            call.finished(reply)
+        return text
+
+    def _span(self, target: Target, model: str) -> GenAICall | None:
+        """The call's CLIENT span while tracing (the body memproxy sends, as far as the
+        GenAI conventions describe it)."""
+        if self.tracing is None:
+            return None
+        anthropic = target.key_header == "x-api-key" and not target.via_litellm
+        body = {"model": model, "temperature": 0,
+                **({"max_tokens": LEARNING_MAX_TOKENS} if anthropic else {})}
+        return start(self.tracing, target, body,
+                     provider=provider_name(target, "anthropic" if anthropic else "openai"))
+
+    async def _ask(
+        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
+        route: str, call: GenAICall | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The reply's text and the reply, through the target's protocol; a failure is
+        noted against `route` (readiness) and raised as a LearningCallFailed."""
+        trace = call.headers if call is not None else None
         try:
             if target.via_litellm:
                 from proxy.upstream.litellm_transport import complete_text
 
-                text = await complete_text(
-                    target, model, messages, key, timeout=self.settings.upstream_timeout
+                answered = await complete_text(
+                    target, model, messages, key, timeout=self.settings.upstream_timeout,
+                    trace=trace,
                 )
             elif target.key_header == "x-api-key":
-                text = await self._post_messages(target, model, messages, key)
+                answered = await self._post_messages(target, model, messages, key, trace)
             else:
-                text = await self._post(target, model, messages, key)
+                answered = await self._post(target, model, messages, key, trace)
         except ProxyError as exc:
             failure = scrub(f"learning call failed: {exc}", key)
             if isinstance(exc, UpstreamUnreachable) or (
@@ -123,7 +162,7 @@ class LLMClient:
                 self._failing[route] = str(exc)[:200]
             raise
         self._failing.pop(route, None)
-        return text
+        return answered
 
     def readiness(self) -> str:
         """"ok", "off", or what keeps learning from reaching a model (no model is called:
@@ -144,18 +183,20 @@ class LLMClient:
         return "ok"
 
     async def _post(
-        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None
-    ) -> str:
+        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
+        trace: Mapping[str, str] | None,
+    ) -> tuple[str, dict[str, Any]]:
         headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
         if key:
             headers.append(("authorization", f"Bearer {key}"))
         body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
-        content = await self._send(target, "/v1/chat/completions", headers, body, key)
+        content = await self._send(target, "/v1/chat/completions", headers, body, key, trace)
         return _reply_text(content)
 
     async def _post_messages(
-        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None
-    ) -> str:
+        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
+        trace: Mapping[str, str] | None,
+    ) -> tuple[str, dict[str, Any]]:
         """The same question as Anthropic Messages: system prompts go to `system`."""
         headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
                    ("anthropic-version", ANTHROPIC_VERSION)]
@@ -166,13 +207,15 @@ class LLMClient:
                  for m in messages if m["role"] != "system"]
         body = orjson.dumps({"model": model, "max_tokens": LEARNING_MAX_TOKENS,
                              "temperature": 0, "system": system, "messages": turns})
-        content = await self._send(target, "/v1/messages", headers, body, key)
+        content = await self._send(target, "/v1/messages", headers, body, key, trace)
         return _message_text(content)
 
     async def _send(
         self, target: Target, path: str, headers: list[tuple[str, str]], body: bytes,
-        key: str | None,
+        key: str | None, trace: Mapping[str, str] | None,
     ) -> bytes:
+        if trace:
+            headers = [*headers, *trace.items()]
         response = await self.upstream.open("POST", url_for(target, path), headers, body)
         try:
             content = await read_body(response, limit=MAX_ANSWER_BYTES)
@@ -218,7 +261,7 @@ def _is_local(base_url: str) -> bool:
     return address.is_loopback or address.is_private
 
 
-def _reply_text(content: bytes) -> str:
+def _reply_text(content: bytes) -> tuple[str, dict[str, Any]]:
     try:
         completion = orjson.loads(content)
         text = completion["choices"][0]["message"]["content"]
@@ -228,10 +271,10 @@ def _reply_text(content: bytes) -> str:
         ) from None
     if not isinstance(text, str):
         raise LearningCallFailed("learning call: the reply has no text content")
-    return text
+    return text, completion
 
 
-def _message_text(content: bytes) -> str:
+def _message_text(content: bytes) -> tuple[str, dict[str, Any]]:
     try:
         message = orjson.loads(content)
         blocks = message["content"]
@@ -240,4 +283,4 @@ def _message_text(content: bytes) -> str:
         raise LearningCallFailed("learning call: the upstream's answer is not a message") from None
     if not parts or not all(isinstance(p, str) for p in parts):
         raise LearningCallFailed("learning call: the reply has no text content")
-    return "".join(parts)
+    return "".join(parts), message

@@ -1,0 +1,142 @@
+"""Traces of memproxy's own calls (docs/tracing.md): compaction, learning calls and upstream
+embeddings, each a CLIENT span whose `traceparent` the upstream gets; and OTEL_PROPAGATORS,
+which decides whether memproxy reads and writes W3C Trace Context at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from config import Route
+from tests.conftest import RunningProxy
+from tests.support.jobs import wait_for_jobs
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.scripted_upstream import Received, ScriptedUpstream
+from tests.test_compaction import long_chat, summariser
+from tests.test_tracing import CLIENT_HEADERS, CLIENT_SPAN, CLIENT_TRACE, chat_client, tracing_env
+
+
+@pytest.fixture
+def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        tracing_env(monkeypatch, receiver.endpoint)
+        monkeypatch.delenv("OTEL_PROPAGATORS", raising=False)
+        yield receiver
+
+
+def carried(request: Received, span: ReceivedSpan) -> bool:
+    """Whether the upstream request carries `span` as its parent."""
+    return request.headers.get("traceparent", "").split("-")[1:3] == [span.trace_id, span.span_id]
+
+
+def test_compaction_is_a_span_with_its_summary_call_under_it(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(
+        memory=True, compact_keep_last=4, memory_read=False,
+        routes=(Route("small-*", base_url=upstream.base_url, context_window=2000),),
+    )
+    asked = summariser(upstream)
+    reply = httpx.post(f"{proxy.base_url}/chat/completions", timeout=30, json={
+        "model": "small-model", "messages": long_chat()},
+        headers={**CLIENT_HEADERS, "X-Memory-User-Id": "ada", "X-Memory-Compact": "on"})
+    assert reply.status_code == 200, reply.text
+    before, after = map(int, reply.headers["x-memory-compacted"].split("->"))
+
+    compaction = collector.wait_for(lambda s: s.name == "memproxy.compaction")[0]
+    server = collector.wait_for(lambda s: s.kind == "SERVER" and s.trace_id == CLIENT_TRACE)[0]
+    assert compaction.parent_id == server.span_id
+    assert compaction.attributes["memproxy.compaction.window"] == 2000
+    assert compaction.attributes["memproxy.compaction.tokens_before"] == before
+    assert compaction.attributes["memproxy.compaction.tokens_after"] == after
+    # The session's summary was made now, by a learning call: a CLIENT span under compaction.
+    summary = collector.wait_for(lambda s: s.kind == "CLIENT" and s.parent_id == compaction.span_id)[0]
+    assert summary.attributes["gen_ai.operation.name"] == "chat"
+    assert summary.attributes["gen_ai.request.model"] == "small-model"  # the conversation's model
+    assert summary.attributes["gen_ai.usage.output_tokens"] > 0
+    assert len(asked) == 1 and carried(asked[0], summary)
+    assert compaction.start_ns <= summary.start_ns <= summary.end_ns <= compaction.end_ns
+
+
+def test_a_learning_call_is_a_client_span_of_its_job(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, extract_every=1)
+    chat_client(proxy, CLIENT_HEADERS).chat.completions.create(model="gpt-4o-mini", messages=[
+        {"role": "user", "content": "I moved to Lisbon last spring."}])
+    wait_for_jobs(proxy)
+
+    job = collector.wait_for(lambda s: s.name == "memproxy.job extract_facts")[0]
+    call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.parent_id == job.span_id)[0]
+    assert call.trace_id == job.trace_id != CLIENT_TRACE  # the job's own trace
+    assert call.name == "chat gpt-4o-mini"  # the conversation's model (no extract_model set)
+    assert call.attributes["gen_ai.provider.name"] == "openai"
+    assert call.attributes["gen_ai.response.finish_reasons"] == ["stop"]
+    assert call.attributes["server.address"] == "127.0.0.1"
+    assert [r for r in upstream.history if carried(r, call)]
+
+
+def test_an_upstream_embedding_call_is_a_client_span(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    proxy = start_proxy(memory=True, embedding_backend="upstream", upstream_api_key="sk-operator")
+    client = chat_client(proxy)
+    client.chat.completions.create(model="gpt-4o-mini", messages=[
+        {"role": "user", "content": "The nightly backup job writes to bucket zeta-archive."}])
+    wait_for_jobs(proxy)
+    chat_client(proxy, CLIENT_HEADERS).chat.completions.create(model="gpt-4o-mini", messages=[
+        {"role": "user", "content": "Which bucket does the nightly backup job write to?"}])
+
+    # The query's embedding, during recall: under the embed_query span of the request.
+    embed = collector.wait_for(lambda s: s.name == "memproxy.recall.embed_query"
+                               and s.trace_id == CLIENT_TRACE)[0]
+    call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.parent_id == embed.span_id)[0]
+    assert call.name == "embeddings text-embedding-3-small"
+    assert call.attributes["gen_ai.operation.name"] == "embeddings"
+    assert call.attributes["gen_ai.request.model"] == "text-embedding-3-small"
+    assert call.attributes["gen_ai.usage.input_tokens"] > 0
+    sent = [r for r in upstream.history if r.path == "/v1/embeddings" and carried(r, call)]
+    assert len(sent) == 1 and sent[0].headers["authorization"] == "Bearer sk-operator"
+    # The index job's embeddings: under the job's span.
+    job = collector.wait_for(lambda s: s.name == "memproxy.job index")[0]
+    assert collector.wait_for(lambda s: s.name.startswith("embeddings ") and s.parent_id == job.span_id)
+
+
+@pytest.mark.parametrize("propagators", ["none", "baggage", "b3", "tracecontext,none"])
+def test_without_tracecontext_in_otel_propagators_memproxy_takes_no_part_in_the_trace(
+    collector: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream, propagators: str,
+) -> None:
+    monkeypatch.setenv("OTEL_PROPAGATORS", propagators)
+    proxy = start_proxy()
+    headers = {**CLIENT_HEADERS, "baggage": "team=search"}
+    chat_client(proxy, headers).chat.completions.create(model="gpt-4o-mini", messages=[
+        {"role": "user", "content": "hello"}])
+    assert httpx.get(f"{proxy.base_url}/models", headers=headers).status_code == 200
+
+    servers = collector.wait_for(lambda s: s.kind == "SERVER", count=2)
+    # Traced still, but as traces of memproxy's own: the client's span is no parent.
+    assert all(s.parent_id == "" and s.trace_id != CLIENT_TRACE for s in servers)
+    # Its headers go upstream as they came, as with tracing off, on both kinds of route.
+    for sent in upstream.history[-2:]:
+        assert sent.headers["traceparent"] == CLIENT_HEADERS["traceparent"]
+        assert sent.headers["tracestate"] == CLIENT_HEADERS["tracestate"]
+        assert sent.headers["baggage"] == "team=search"
+
+
+def test_tracecontext_and_baggage_in_otel_propagators_are_the_default(
+    collector: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage,b3")  # b3: warned, left out
+    proxy = start_proxy()
+    chat_client(proxy, {**CLIENT_HEADERS, "baggage": "team=search"}).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
+    server = collector.wait_for(lambda s: s.kind == "SERVER")[0]
+    call = collector.wait_for(lambda s: s.kind == "CLIENT")[0]
+    assert (server.trace_id, server.parent_id) == (CLIENT_TRACE, CLIENT_SPAN)
+    sent = upstream.history[-1].headers
+    assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{call.span_id}-01"
+    assert sent["baggage"] == "team=search"  # baggage is never read nor changed
