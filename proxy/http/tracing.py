@@ -31,7 +31,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -41,6 +40,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memory import activate_tracer, deactivate_tracer
 from proxy.http.logs import get_logger
+from proxy.http.otlp_export import FastOTLPSpanExporter
+from proxy.http.recorded_span import SpanMaker
 
 TRACING_STATE = "memproxy.tracing"  # the lifespan state key of the app's Tracing
 # The W3C Trace Context headers (https://www.w3.org/TR/trace-context/): the client's are
@@ -65,7 +66,7 @@ class Tracing:
                  capture: bool, redact: Callable[[str], str], propagate: bool = True) -> None:
         self.provider = provider
         self.processor = processor
-        self.tracer = provider.get_tracer("memproxy")
+        self.spans = SpanMaker(provider, processor, "memproxy")
         # Message contents on the GenAI spans, redacted as stored turns are: only when asked.
         self.capture_content = capture
         self.redact = redact
@@ -82,7 +83,7 @@ class Tracing:
         # wait for a collector that is down).
         resource = _SettledResource.of(Resource.create(own))
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        processor = BatchSpanProcessor(OTLPSpanExporter())  # OTEL_BSP_*, OTEL_EXPORTER_OTLP_*
+        processor = BatchSpanProcessor(FastOTLPSpanExporter())  # OTEL_BSP_*, OTEL_EXPORTER_OTLP_*
         provider.add_span_processor(processor)
         capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
         propagate = propagates_trace_context(os.environ.get("OTEL_PROPAGATORS", ""))
@@ -115,9 +116,10 @@ class Tracing:
         """An INTERNAL child of the current span, current while open; nothing (None) under a
         span sampled out, whose children would be too (work after a response goes on under
         the request's span after it ended, so its sampled flag decides, not is_recording)."""
-        if not _sampled():
+        parent = trace.get_current_span().get_span_context()
+        if not parent.trace_flags.sampled:
             return _NOTHING
-        return _Current(self.tracer.start_span(name, attributes=attributes))
+        return _Current(self.spans.child(name, parent, attributes))
 
     def linked(
         self, name: str, links: Sequence[str], attributes: Mapping[str, Any] | None = None
@@ -125,9 +127,7 @@ class Tracing:
         """A CONSUMER span that starts a trace of its own, linked to the spans in `links`
         (W3C traceparents): a background job and the requests that queued it."""
         found = [Link(context) for parent in links if (context := span_context(parent)) is not None]
-        return _Current(self.tracer.start_span(
-            name, context=_ROOT, kind=SpanKind.CONSUMER, links=found, attributes=attributes,
-        ))
+        return _Current(self.spans.start(name, _ROOT, SpanKind.CONSUMER, attributes, found))
 
     def traceparent(self) -> str | None:
         """The current span's traceparent (None when it was sampled out: no link to make)."""
@@ -148,8 +148,7 @@ class Tracing:
         """A CLIENT span under the current one, not made current (it ends at the reply's
         last byte, after the handler returned), and the headers that carry it upstream
         (None when memproxy propagates none)."""
-        span = self.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes,
-                                      start_time=start_ns)
+        span = self.spans.start(name, None, SpanKind.CLIENT, attributes, start_ns=start_ns)
         return span, _headers(span.get_span_context()) if self.propagate else None
 
     def fail(self, span: Span, exc: BaseException | None, *, error_type: str | None = None) -> None:
@@ -175,7 +174,7 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = self._parent(scope["headers"])
         method = scope["method"]
-        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
+        span = self.spans.start(method, parent, SpanKind.SERVER, {
             "http.request.method": method, "url.path": scope["path"],
             "url.scheme": scope.get("scheme", "http"),
         })
@@ -321,11 +320,6 @@ def propagates_trace_context(configured: str) -> bool:
         log.warning("OTEL_PROPAGATORS: memproxy propagates only tracecontext (and passes"
                     f" baggage through), not {', '.join(unknown)}")
     return "tracecontext" in names and "none" not in names
-
-
-def _sampled() -> bool:
-    """Whether the current span (ended or not) is sampled."""
-    return trace.get_current_span().get_span_context().trace_flags.sampled
 
 
 def _trace_headers(headers: Any) -> dict[str, str]:

@@ -15,6 +15,7 @@ threading server, so a sleeping export holds only its own thread.
 from __future__ import annotations
 
 import argparse
+import gzip
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,14 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ReceivedExport:
+    """One export request: its headers (names in lowercase) and its body as sent."""
+
+    headers: dict[str, str]
+    body: bytes
+
+
 class OtlpReceiver:
     """The collector: started on enter, stopped on exit."""
 
@@ -59,6 +68,7 @@ class OtlpReceiver:
         self.count = 0
         self.exports = 0  # requests received, decoded or not
         self._spans: list[ReceivedSpan] = []
+        self.requests: list[ReceivedExport] = []  # each export as it came (when keeping)
         self._cond = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 
@@ -74,7 +84,7 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                receiver._received(self.path, body)
+                receiver._received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 if receiver.delay:
                     time.sleep(receiver.delay)
                 answer = ExportTraceServiceResponse().SerializeToString()
@@ -108,13 +118,15 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def _received(self, path: str, body: bytes) -> None:
-        spans = decode(body) if path == "/v1/traces" else []
+    def _received(self, path: str, headers: dict[str, str], body: bytes) -> None:
+        sent = gzip.decompress(body) if headers.get("content-encoding") == "gzip" else body
+        spans = decode(sent) if path == "/v1/traces" else []
         with self._cond:
             self.exports += 1
             self.count += len(spans)
             if self.keep:
                 self._spans.extend(spans)
+                self.requests.append(ReceivedExport(headers, body))
             self._cond.notify_all()
 
     @property
