@@ -461,6 +461,7 @@ def run_tracing(args: argparse.Namespace) -> dict[str, list[Phase]]:
                 MEMPROXY_DATA_DIR=f"{tmp}/{arm}", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
                 MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
                 LITELLM_LOCAL_MODEL_COST_MAP="True", OTEL_SERVICE_NAME="memproxy-bench",
+                MEMPROXY_EMBEDDING_BACKEND=args.embeddings,
             )
             env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
             if traced:
@@ -486,6 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     parser.add_argument("--tracing", action="store_true",
                         help="what OpenTelemetry traces add, memory off and on (module docstring)")
+    parser.add_argument("--embeddings", choices=("local", "upstream"), default="local",
+                        help="with --tracing: the memory arms embed with the local model, or"
+                             " through the scripted upstream (a request's CPU is then mostly"
+                             " memproxy's own, and less noisy)")
     parser.add_argument("--baseline-src", type=Path, metavar="DIR",
                         help="with --tracing: also run memproxy from this checkout, tracing off")
     parser.add_argument("--baseline", type=Path, metavar="DIR",
