@@ -22,7 +22,10 @@ request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase t
 to settle until its process is idle again, at least 5.5 s (past the exporter's 5 s delay), and
 the CPU it spends meanwhile counts to the phase, less its idle rate: the exporter's last batch
 and memory's jobs are work the phase's requests made, and none of it runs into the next
-phase of another arm. The load average is printed with each round. `--baseline-src DIR`
+phase of another arm. The load average is printed with each round. `--embeddings upstream`
+has the memory arms embed through the scripted upstream instead of the local model: their
+requests then cost about 6 ms of memproxy CPU instead of 15, so the same noise is a smaller
+share of it (and each embedding is one more CLIENT span). `--baseline-src DIR`
 adds the two arms without tracing run from another checkout (the code before tracing),
 against this code with tracing off::
 
