@@ -17,11 +17,14 @@ chunk: a stream costs one JSON parse or two (docs/usage.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+_DECODER = json.JSONDecoder()
 
 MAX_TOKENS = 10**12  # a count beyond this is not a count
 # A key every usage object of the format holds (whatever the JSON's spacing): the tap's mark.
@@ -172,6 +175,65 @@ class UsageTap:
         if seen.output_tokens is not None:
             self.output_tokens = seen.output_tokens
         return self.strip and seen.only_usage
+
+
+class ReplyUsage:
+    """Reads the `usage` of a whole JSON reply relayed as bytes, unparsed: the
+    pass-through's /v1/embeddings and /v1/completions (docs/usage.md).
+
+    Their replies can be megabytes of vectors, so only the first and the last KEPT bytes are
+    kept, and the last top-level-looking `"usage":{...}` in them is read. OpenAI and the
+    servers that copy its API end a reply with its usage; a reply of up to 2 * KEPT bytes is
+    kept whole, wherever its usage is. A quote inside a JSON string is escaped, so no text a
+    model wrote can hold the key `"usage"`."""
+
+    KEPT = 8192
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._whole = True  # nothing between the head and the tail was let go
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next bytes of the reply."""
+        if len(self._head) < self.KEPT:
+            room = self.KEPT - len(self._head)
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self._tail += chunk
+            if len(self._tail) > self.KEPT:
+                del self._tail[: len(self._tail) - self.KEPT]
+                self._whole = False
+
+    def seen(self) -> Seen | None:
+        """The reply's counts: input is `prompt_tokens` (or `input_tokens`), output
+        `completion_tokens` (or `output_tokens`; an embedding has none). None: no usage."""
+        parts = (self._head + self._tail,) if self._whole else (self._tail, self._head)
+        for part in parts:
+            at = part.rfind(b'"usage"')
+            while at != -1:
+                usage = _object_after(bytes(part), at + len(b'"usage"'))
+                if usage is not None:
+                    return Seen(_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+                                _count(usage.get("completion_tokens", usage.get("output_tokens"))))
+                at = part.rfind(b'"usage"', 0, at)
+        return None
+
+
+def _object_after(data: bytes, at: int) -> dict[str, Any] | None:
+    """The JSON object after `:` at `at` (a key's value), if it is whole there."""
+    rest = data[at:].lstrip()
+    if not rest.startswith(b":"):
+        return None
+    text = rest[1:].lstrip().decode("utf-8", "replace")
+    if not text.startswith("{"):
+        return None
+    try:
+        found, _ = _DECODER.raw_decode(text)  # the object, nested ones and all, and no more
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _event_around(data: bytes, at: int) -> tuple[int, int]:
