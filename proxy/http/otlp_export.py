@@ -16,7 +16,6 @@ and default values, an attribute it cannot encode left out the same way.
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +32,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind
 
-log = logging.getLogger(__name__)
+from proxy.http.logs import get_logger
+
+log = get_logger("tracing.export")
 
 # Span.kind, field 6: the protobuf enum's numbers (INTERNAL is 1 there, 0 in the API).
 _KINDS = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.SERVER: b"\x30\x02", SpanKind.CLIENT: b"\x30\x03",
