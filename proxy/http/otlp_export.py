@@ -28,10 +28,14 @@ from opentelemetry.exporter.otlp.proto.common._internal import (
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.trace.status import Status, StatusCode
+
+from proxy.http.recorded_span import RecordedSpan
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +123,38 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
 
 
 def encode_span(span: ReadableSpan) -> bytes:
-    """One `Span` message (opentelemetry/proto/trace/v1/trace.proto), fields in order."""
-    context: SpanContext = span.context
-    trace_id = context.trace_id
-    out = bytearray(_IDS(0x0A, 16, trace_id >> 64, trace_id & _LOW64, 0x12, 8, context.span_id))
-    if context.trace_state:
-        _string(out, b"\x1a", ",".join(f"{key}={value}" for key, value in context.trace_state.items()))
-    parent = span.parent
+    """One `Span` message (opentelemetry/proto/trace/v1/trace.proto), fields in order. A
+    RecordedSpan's fields are read as they are: the ReadableSpan properties wrap its
+    attributes in a MappingProxyType, copy its events and links into tuples and tell its
+    dropped counts by isinstance, about a fifth of the cost of encoding it."""
+    if type(span) is RecordedSpan:
+        events, links = span._events, span._links
+        return _encode(
+            span._context, span._parent, span._name, span._kind, span._start_time, span._end_time,
+            span._attributes, span._dropped,
+            events, events.dropped if type(events) is BoundedList else 0,
+            links, links.dropped if type(links) is BoundedList else 0, span._status,
+        )
+    return _encode(
+        span.context, span.parent, span.name, span.kind, span.start_time, span.end_time,
+        span.attributes, span.dropped_attributes, span.events, span.dropped_events,
+        span.links, span.dropped_links, span.status,
+    )
+
+
+def _encode(
+    context: SpanContext | None, parent: SpanContext | None, name: str, kind: SpanKind,
+    start: int | None, end: int | None, attributes: Mapping[str, Any] | None, dropped: int,
+    events: Sequence[Event], dropped_events: int, links: Sequence[Link], dropped_links: int,
+    status: Status | None,
+) -> bytes:
+    """`encode_span` of the span's fields."""
+    trace_id, span_id, _, _, state, _ = context  # type: ignore[misc]
+    out = bytearray(_IDS(0x0A, 16, trace_id >> 64, trace_id & _LOW64, 0x12, 8, span_id))
+    if state:
+        _string(out, b"\x1a", ",".join(f"{key}={value}" for key, value in state.items()))
     if parent:
         out += _PARENT(0x22, 8, parent.span_id)
-    name = span.name
     if name:
         if (field := _names.get(name)) is None:
             written = bytearray()
@@ -137,25 +163,28 @@ def encode_span(span: ReadableSpan) -> bytes:
                 _names.clear()
             field = _names[name] = bytes(written)
         out += field
-    out += _KINDS[span.kind]
-    if (start := span.start_time) and (end := span.end_time):
+    out += _KINDS[kind]
+    if start and end:
         out += _TIMES(0x39, start, 0x41, end)
     else:
         if start:
             out += _TIME(0x39, start)
-        if span.end_time:
-            out += _TIME(0x41, span.end_time)
-    _attributes(out, b"\x4a", span.attributes)
-    _count(out, b"\x50", span.dropped_attributes)
-    for event in span.events:
+        if end:
+            out += _TIME(0x41, end)
+    if attributes:
+        _attributes(out, b"\x4a", attributes)
+    if dropped:
+        _count(out, b"\x50", dropped)
+    for event in events:
         encoded = bytearray(_TIME(0x09, event.timestamp))
         if event.name:
             _string(encoded, b"\x12", event.name)
         _attributes(encoded, b"\x1a", event.attributes)
         _count(encoded, b"\x20", event.dropped_attributes)
         _field(out, b"\x5a", encoded)
-    _count(out, b"\x60", span.dropped_events)
-    for link in span.links:
+    if dropped_events:
+        _count(out, b"\x60", dropped_events)
+    for link in links:
         linked = link.context
         encoded = bytearray(_IDS(0x0A, 16, linked.trace_id >> 64, linked.trace_id & _LOW64, 0x12, 8,
                                  linked.span_id))
@@ -163,18 +192,20 @@ def encode_span(span: ReadableSpan) -> bytes:
         _count(encoded, b"\x28", link.dropped_attributes)
         encoded += _LINK_FLAGS[linked.is_remote]
         _field(out, b"\x6a", encoded)
-    _count(out, b"\x70", span.dropped_links)
-    if (status := span.status) is not None:  # present, even empty (an unset status)
-        if status.description or status.status_code.value:
+    if dropped_links:
+        _count(out, b"\x70", dropped_links)
+    if status is not None:  # present, even empty (an unset status)
+        code = status.status_code
+        if code is StatusCode.UNSET and not status.description:
+            out += b"\x7a\x00"
+        else:
             encoded = bytearray()
             if status.description:
                 _string(encoded, b"\x12", status.description)
-            if status.status_code.value:
+            if code is not StatusCode.UNSET:
                 encoded += b"\x18"
-                encoded.append(status.status_code.value)
+                encoded.append(code.value)
             _field(out, b"\x7a", encoded)
-        else:
-            out += b"\x7a\x00"
     out += _SPAN_FLAGS[parent is not None and parent.is_remote]
     return bytes(out)
 
