@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -207,6 +208,32 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 child.end()
                 sdk_child.end()
             root.end()
+
+
+class ZeroSpanIds(RandomIdGenerator):
+    """An id generator that gives the invalid span id 0."""
+
+    def generate_span_id(self) -> int:
+        return 0
+
+
+def test_a_span_context_made_without_its_checks_is_the_one_its_constructor_makes(pair: Pair) -> None:
+    root = pair.ours.start("root", None, SpanKind.SERVER)
+    child = pair.ours.child("child", root.get_span_context(), None)
+    remote_child = pair.ours.start("remote child", trace.set_span_in_context(NonRecordingSpan(REMOTE)))
+    for span in (root, child, remote_child):
+        made = span.get_span_context()
+        same = SpanContext(made.trace_id, made.span_id, is_remote=False, trace_flags=made.trace_flags,
+                           trace_state=made.trace_state)
+        assert type(made) is SpanContext and tuple(made) == tuple(same) and made.is_valid
+    assert remote_child.get_span_context().trace_state == REMOTE.trace_state
+    # An id the constructor would find invalid is left to it, and is invalid.
+    provider = TracerProvider(id_generator=ZeroSpanIds())
+    maker = SpanMaker(provider, SimpleSpanProcessor(InMemorySpanExporter()), "memproxy")
+    for span in (maker.start("root"), maker.child("child", root.get_span_context(), None)):
+        made = span.get_span_context()
+        assert not made.is_valid
+        assert tuple(made) == tuple(SpanContext(made.trace_id, 0, False, made.trace_flags, made.trace_state))
 
 
 def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_settings(

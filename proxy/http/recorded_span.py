@@ -17,7 +17,10 @@ that alone was past the 0.3 ms a request that tracing may cost.
 - attributes sit in a plain dict, inside the provider's span limits (count and length).
   Values of the simple types are kept as they are, in one loop; others are cleaned by the
   SDK's own rule;
-- the span is its own `ReadableSpan` when it ends: nothing can change it afterwards.
+- the span is its own `ReadableSpan` when it ends: nothing can change it afterwards;
+- an ended span goes straight into a `BatchSpanProcessor`'s queue (its `emit`), when its
+  sampled flag says the processor's `on_end` would put it there: `on_end` reads the flag
+  through three properties (about 0.4 µs a span). Any other processor gets `on_end`.
 
 Where a `RecordedSpan` departs from the SDK's `Span`: it has no lock of its own. memproxy
 touches a span from one thread at a time (the event loop's; a span opened in a worker
@@ -33,14 +36,22 @@ it; memproxy's own (proxy/http/otlp_export.py) reads its fields directly.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import time_ns
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import _clean_attribute_value
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Event, Span, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    Span,
+    SpanLimits,
+    SpanProcessor,
+    TracerProvider,
+)
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, StaticSampler, TraceIdRatioBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -50,6 +61,7 @@ from opentelemetry.trace.status import Status, StatusCode
 _UNSET = Status(StatusCode.UNSET)
 _NONE: tuple[Any, ...] = ()  # no events or links (yet)
 _PLAIN = frozenset({bool, int, float})
+_SAMPLED = TraceFlags.SAMPLED
 _SPAN_ID_END = 1 << 64  # valid ids are in 1 .. 2**64 - 1 (spans), 2**128 - 1 (traces)
 _TRACE_ID_END = 1 << 128
 _new_tuple = tuple.__new__
@@ -74,13 +86,15 @@ class SpanMaker:
         self.processor = processor
         self.follows_parent = isinstance(self.sampler, _FOLLOWING)
         self.random_ids = self.ids.is_trace_id_random()
+        self.ended = _ender(processor)
 
     def child(self, name: str, parent: SpanContext, attributes: Mapping[str, Any] | None) -> trace.Span:
         """A span under `parent`, a sampled span (the caller checked): sampled with it when
         it is of this process, else as `start` decides."""
-        if self.follows_parent and not parent.is_remote:
-            return self._recorded(name, parent, parent.trace_id, parent.trace_flags, parent.trace_state,
-                                  SpanKind.INTERNAL, attributes, _NONE, None)
+        trace_id, _, remote, flags, state, _ = parent  # the fields, without their properties
+        if self.follows_parent and not remote:
+            return self._recorded(name, parent, trace_id, flags, state, SpanKind.INTERNAL, attributes,
+                                  _NONE, None)
         return self.begin(name, parent, SpanKind.INTERNAL, attributes)
 
     def start(
@@ -144,7 +158,7 @@ class SpanMaker:
         span._resource = self.resource
         span._instrumentation_scope = self.scope
         span._limits = self.limits
-        span._span_processor = self.processor
+        span._maker = self
         span._attributes = {}
         if attributes:
             span._set_all(attributes)
@@ -159,6 +173,7 @@ class RecordedSpan(Span):
     directly) nor its `__init__` runs. Read by the exporter only once ended."""
 
     _attributes: dict[str, Any]  # set by SpanMaker
+    _maker: SpanMaker
     _instrumentation_info = None
     _status = _UNSET
     _end_time: int | None = None
@@ -174,6 +189,11 @@ class RecordedSpan(Span):
     @property
     def dropped_attributes(self) -> int:
         return self._dropped
+
+    @property
+    def _span_processor(self) -> SpanProcessor:  # type: ignore[override]
+        """The SDK's Span's processor (which RecordedSpan's `end` leaves to its maker)."""
+        return self._maker.processor
 
     # -- writing
 
@@ -242,4 +262,19 @@ class RecordedSpan(Span):
         if self._end_time is not None:
             return
         self._end_time = end_time if end_time is not None else time_ns()
-        self._span_processor.on_end(self)
+        self._maker.ended(self)
+
+
+def _ender(processor: SpanProcessor) -> Callable[[ReadableSpan], None]:
+    """What takes an ended span: `processor.on_end`, or for the SDK's BatchSpanProcessor its
+    queue's `emit` for a sampled span (what its `on_end` does, without the properties)."""
+    batch = getattr(processor, "_batch_processor", None)
+    emit = getattr(batch, "emit", None)
+    if type(processor) is not BatchSpanProcessor or not callable(emit):
+        return processor.on_end
+
+    def ended(span: ReadableSpan) -> None:
+        if span._context[3] & _SAMPLED:  # type: ignore[index]  # its trace_flags
+            emit(span)
+
+    return ended

@@ -46,7 +46,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -131,7 +131,7 @@ class Tracing:
         span sampled out, whose children would be too (work after a response goes on under
         the request's span after it ended, so its sampled flag decides, not is_recording)."""
         parent = _CURRENT.get()
-        if parent is None or not parent.trace_flags.sampled:
+        if parent is None or not parent.trace_flags & TraceFlags.SAMPLED:
             return _NOTHING
         return _Current(self.spans.child(name, parent, attributes))
 
