@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from proxy.http.recorded_span import RecordedSpan
@@ -63,6 +64,7 @@ _PARENT = struct.Struct(">BBQ").pack
 _TIMES = struct.Struct("<BQBQ").pack
 _TIME = struct.Struct("<BQ").pack
 _LOW64 = (1 << 64) - 1
+_NO_STATE = DEFAULT_TRACE_STATE  # most spans': told by identity, without TraceState.__len__
 
 
 class FastOTLPSpanExporter(OTLPSpanExporter):
@@ -151,10 +153,12 @@ def _encode(
     """`encode_span` of the span's fields."""
     trace_id, span_id, _, _, state, _ = context  # type: ignore[misc]
     out = bytearray(_IDS(0x0A, 16, trace_id >> 64, trace_id & _LOW64, 0x12, 8, span_id))
-    if state:
+    if state is not _NO_STATE and state:
         _string(out, b"\x1a", ",".join(f"{key}={value}" for key, value in state.items()))
+    remote = False
     if parent:
-        out += _PARENT(0x22, 8, parent.span_id)
+        _, parent_id, remote, _, _, _ = parent
+        out += _PARENT(0x22, 8, parent_id)
     if name:
         if (field := _names.get(name)) is None:
             written = bytearray()
@@ -206,7 +210,7 @@ def _encode(
                 encoded += b"\x18"
                 encoded.append(code.value)
             _field(out, b"\x7a", encoded)
-    out += _SPAN_FLAGS[parent is not None and parent.is_remote]
+    out += _SPAN_FLAGS[remote]
     return bytes(out)
 
 
