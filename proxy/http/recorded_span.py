@@ -206,17 +206,20 @@ class RecordedSpan(Span):
             self._set_all(attributes)
 
     def _set_all(self, attributes: Mapping[str, Any]) -> None:
-        """`_set` of each, with what it checks for the common case (a text key; a flag, a
-        number, or a text within the length limit; room for it) done inline."""
+        """`_set` of each, with what it checks for the common case done inline: room for
+        them all, a new text key, and a flag, a number, or a text within the length limit."""
         held = self._attributes
         limits = self._limits
         most = limits.max_span_attributes
+        if most is not None and len(held) + len(attributes) > most:
+            for key, value in attributes.items():
+                self._set(key, value)
+            return
         length = limits.max_span_attribute_length
         for key, value in attributes.items():
             kind = type(value)
             if (kind in _PLAIN or (kind is str and (length is None or len(value) <= length))) \
-                    and type(key) is str and key and key not in held \
-                    and (most is None or len(held) < most):
+                    and type(key) is str and key and key not in held:
                 held[key] = value
             else:
                 self._set(key, value)
