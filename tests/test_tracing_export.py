@@ -192,6 +192,10 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 decided = pair.provider.sampler.should_sample(None, made.trace_id, "root", SpanKind.SERVER)
                 assert root.is_recording() == decided.decision.is_recording()  # type: ignore[no-untyped-call]
                 assert made.trace_flags.sampled == decided.decision.is_sampled()  # type: ignore[no-untyped-call]
+                same = pair.sdk.start_span("root", None, kind=SpanKind.SERVER)
+                if same.get_span_context().trace_flags.sampled == made.trace_flags.sampled:
+                    assert made.trace_flags == same.get_span_context().trace_flags
+                same.end()
             else:  # the client's trace goes on, decided as the SDK decides it
                 same = pair.sdk.start_span("root", context, kind=SpanKind.SERVER)
                 assert root.is_recording() == same.is_recording(), (sampler, parent)

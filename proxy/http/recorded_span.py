@@ -7,7 +7,9 @@ a second `ReadableSpan` to hand the processor. A memory-on request makes eleven 
 that alone was past the 0.3 ms a request that tracing may cost.
 
 `SpanMaker` keeps the SDK's rules and does less work for them:
-- the provider's sampler decides each root, and each span whose parent is remote;
+- the provider's sampler decides each root, and each span whose parent is remote; but a
+  root is sampled without asking the SDK's own `always_on` and `parentbased_always_on` (the
+  default) samplers, which sample every one (about 3 µs a request and a job);
 - a child of a sampled span of this process is sampled without asking it. Every sampler the
   SDK builds from OTEL_TRACES_SAMPLER samples those, and another sampler is asked every time;
 - its parent comes as a `SpanContext` (memproxy's current span, proxy/http/tracing.py), not
@@ -26,7 +28,7 @@ Where a `RecordedSpan` departs from the SDK's `Span`: it has no lock of its own.
 touches a span from one thread at a time (the event loop's; a span opened in a worker
 thread is that thread's alone), and the exporter's thread reads it only once it ended, so
 the lock guarded nothing. Its own writers check `_end_time` without one; the SDK methods it
-inherits (`set_status`, `update_name`) take a lock that all RecordedSpans share, so they keep
+inherits (`set_status`) take a lock that all RecordedSpans share, so they keep
 working as written. `end` is idempotent: the second call finds the end time set.
 
 A `RecordedSpan` is an `opentelemetry.sdk.trace.Span`, so any processor or exporter takes
@@ -52,10 +54,18 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, StaticSampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    DEFAULT_ON,
+    ParentBased,
+    Sampler,
+    StaticSampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 _UNSET = Status(StatusCode.UNSET)
@@ -86,6 +96,10 @@ class SpanMaker:
         self.processor = processor
         self.follows_parent = isinstance(self.sampler, _FOLLOWING)
         self.random_ids = self.ids.is_trace_id_random()
+        # The SDK's own instances (what OTEL_TRACES_SAMPLER names), whose decision for a root
+        # is always RECORD_AND_SAMPLE with the span's attributes and no trace state.
+        self.samples_roots = self.sampler is ALWAYS_ON or self.sampler is DEFAULT_ON
+        self.root_flags = TraceFlags(TraceFlags.SAMPLED | (TraceFlags.RANDOM_TRACE_ID if self.random_ids else 0))
         self.ended = _ender(processor)
 
     def child(self, name: str, parent: SpanContext, attributes: Mapping[str, Any] | None) -> trace.Span:
@@ -120,6 +134,9 @@ class SpanMaker:
                 and not parent.is_remote:
             return self._recorded(name, parent, parent.trace_id, parent.trace_flags, parent.trace_state,
                                   kind, attributes, links, start_ns)
+        if parent is None and self.samples_roots:
+            return self._recorded(name, None, self.ids.generate_trace_id(), self.root_flags,
+                                  DEFAULT_TRACE_STATE, kind, attributes, links, start_ns)
         if context is None:
             context = _EMPTY if parent is None else trace.set_span_in_context(trace.NonRecordingSpan(parent))
         trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
@@ -183,7 +200,7 @@ class RecordedSpan(Span):
     _record_exception = True
     _set_status_on_exception = True
     _record_end_metrics = None
-    # For the SDK methods inherited (set_status, update_name): one lock for all (see above).
+    # For the SDK methods inherited (set_status): one lock for all (see above).
     _lock = threading.Lock()
 
     @property
@@ -247,6 +264,10 @@ class RecordedSpan(Span):
             del held[next(iter(held))]
             self._dropped += 1
         held[key] = value
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
 
     def _add_event(self, event: Event) -> None:
         # Span.add_event made the event and its attributes, within the limits.
