@@ -37,6 +37,7 @@ it; memproxy's own (proxy/http/otlp_export.py) reads its fields directly.
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from time import time_ns
@@ -54,6 +55,7 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     DEFAULT_ON,
@@ -76,6 +78,7 @@ _SPAN_ID_END = 1 << 64  # valid ids are in 1 .. 2**64 - 1 (spans), 2**128 - 1 (t
 _TRACE_ID_END = 1 << 128
 _new_tuple = tuple.__new__
 _new_span = object.__new__
+_getrandbits = random.getrandbits  # what RandomIdGenerator draws its ids with
 _EMPTY = Context()  # no parent, for a sampler asked about a new trace
 # The samplers OTEL_TRACES_SAMPLER names (sampling._KNOWN_SAMPLERS): each samples the child
 # of a sampled span of this process (ParentBased by its default delegate, the ratio by the
@@ -96,6 +99,8 @@ class SpanMaker:
         self.processor = processor
         self.follows_parent = isinstance(self.sampler, _FOLLOWING)
         self.random_ids = self.ids.is_trace_id_random()
+        # The SDK's default generator's span ids, drawn here without its method's frame.
+        self.draws_span_ids = type(self.ids) is RandomIdGenerator
         # The SDK's own instances (what OTEL_TRACES_SAMPLER names), whose decision for a root
         # is always RECORD_AND_SAMPLE with the span's attributes and no trace state.
         self.samples_roots = self.sampler is ALWAYS_ON or self.sampler is DEFAULT_ON
@@ -161,7 +166,8 @@ class SpanMaker:
         """A recording span of a new span id in the trace `trace_id`, with the fields a
         SpanContext checks and defaults: only a trace id from a valid parent or the id
         generator comes here, and the span id is checked as its constructor would."""
-        span_id = self.ids.generate_span_id()
+        # RandomIdGenerator draws again for a 0, as it does.
+        span_id = (self.draws_span_ids and _getrandbits(64)) or self.ids.generate_span_id()
         if state is None or not 0 < trace_id < _TRACE_ID_END or not 0 < span_id < _SPAN_ID_END:
             own = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state)
         else:
