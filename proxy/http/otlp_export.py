@@ -36,13 +36,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
-from proxy.http.recorded_span import RecordedSpan
+from proxy.http.recorded_span import UNSET, RecordedSpan
 
 log = logging.getLogger(__name__)
 
-# Span.kind, field 6: the protobuf enum's numbers (INTERNAL is 1 there, 0 in the API).
-_KINDS = {SpanKind.INTERNAL: b"\x30\x01", SpanKind.SERVER: b"\x30\x02", SpanKind.CLIENT: b"\x30\x03",
-          SpanKind.PRODUCER: b"\x30\x04", SpanKind.CONSUMER: b"\x30\x05"}
+# Span.kind, field 6: the protobuf enum's numbers (INTERNAL is 1 there, 0 in the API), by
+# the API's number (`_value_`: an Enum member hashes itself in Python, `value` is a property).
+_KINDS = {kind._value_: b"\x30" + bytes([kind._value_ + 1]) for kind in SpanKind}
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
@@ -167,7 +167,7 @@ def _encode(
                 _names.clear()
             field = _names[name] = bytes(written)
         out += field
-    out += _KINDS[kind]
+    out += _KINDS[kind._value_]
     if start and end:
         out += _TIMES(0x39, start, 0x41, end)
     else:
@@ -198,7 +198,9 @@ def _encode(
         _field(out, b"\x6a", encoded)
     if dropped_links:
         _count(out, b"\x70", dropped_links)
-    if status is not None:  # present, even empty (an unset status)
+    if status is UNSET:  # a RecordedSpan's until one is set
+        out += b"\x7a\x00"
+    elif status is not None:  # present, even empty (an unset status)
         code = status.status_code
         if code is StatusCode.UNSET and not status.description:
             out += b"\x7a\x00"

@@ -70,7 +70,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceSt
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
-_UNSET = Status(StatusCode.UNSET)
+UNSET = Status(StatusCode.UNSET)  # a span's status until one is set
 _NONE: tuple[Any, ...] = ()  # no events or links (yet)
 _PLAIN = frozenset({bool, int, float})
 _SAMPLED = TraceFlags.SAMPLED
@@ -198,7 +198,7 @@ class RecordedSpan(Span):
     _attributes: dict[str, Any]  # set by SpanMaker
     _maker: SpanMaker
     _instrumentation_info = None
-    _status = _UNSET
+    _status = UNSET
     _end_time: int | None = None
     _events: Sequence[Event] = _NONE  # a BoundedList from the first one on
     _links: Sequence[Link] = _NONE
