@@ -55,6 +55,7 @@ _LINK_FLAGS = {False: b"\x35" + _fixed32(0x100), True: b"\x35" + _fixed32(0x300)
 # and KeyValue pairs of a flag, a number or a short text.
 _names: dict[str, bytes] = {}
 _pairs: dict[tuple[bytes, str, type, Any], bytes] = {}
+_keys: dict[str, bytes] = {}  # KeyValue.key, field 1, of a pair whose value varies
 _KEPT = 4096
 _ATOMS = frozenset({str, bool, int})
 _COMMON_TEXT = 64
@@ -231,12 +232,17 @@ def _attributes(out: bytearray, tag: bytes, attributes: Mapping[str, Any] | None
         if encoded is None:
             log.error("Failed to encode key %s: %r", key, kind)
             continue
-        written = bytearray()
-        try:
-            _string(written, b"\x0a", key)
-        except UnicodeEncodeError:
-            log.error("Failed to encode key %r", key)
-            continue
+        if (key_field := _keys.get(key)) is None:
+            written = bytearray()
+            try:
+                _string(written, b"\x0a", key)
+            except UnicodeEncodeError:
+                log.error("Failed to encode key %r", key)
+                continue
+            if len(_keys) >= _KEPT:
+                _keys.clear()
+            key_field = _keys[key] = bytes(written)
+        written = bytearray(key_field)
         _field(written, b"\x12", encoded)
         whole = bytearray(tag)
         _field(whole, b"", written)
@@ -309,7 +315,10 @@ def _other_value(value: Any) -> bytearray | None:
 def _field(out: bytearray, tag: bytes, payload: bytes | bytearray) -> None:
     """A length-delimited field: its tag, its length, its bytes."""
     out += tag
-    _varint(out, len(payload))
+    if (size := len(payload)) < 0x80:  # one byte's varint, as most are
+        out.append(size)
+    else:
+        _varint(out, size)
     out += payload
 
 
