@@ -48,6 +48,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memory import activate_tracer, deactivate_tracer
@@ -147,7 +148,7 @@ class Tracing:
     def traceparent(self) -> str | None:
         """The current span's traceparent (None when it was sampled out: no link to make)."""
         found = _CURRENT.get()
-        return traceparent(found) if found is not None and found.trace_flags.sampled else None
+        return traceparent(found) if found is not None and found.trace_flags & TraceFlags.SAMPLED else None
 
     def current_headers(self) -> dict[str, str] | None:
         """The Trace Context headers of the current span (a pass-through request's SERVER
@@ -182,9 +183,10 @@ class Tracing:
     def log_ids(self) -> dict[str, str]:
         """The current span's trace and span ids for a log line ({} outside a span)."""
         found = _CURRENT.get()
-        if found is None or not found.is_valid:
+        if found is None:
             return {}
-        return {"trace_id": f"{found.trace_id:032x}", "span_id": f"{found.span_id:016x}"}
+        trace_id, span_id, _, _, _, valid = found  # the fields, without their properties
+        return {"trace_id": f"{trace_id:032x}", "span_id": f"{span_id:016x}"} if valid else {}
 
     # -- the SERVER span
 
@@ -325,16 +327,19 @@ def span_context(parent: str) -> trace.SpanContext | None:
 
 def traceparent(context: trace.SpanContext) -> str:
     """The W3C `traceparent` of a span, as the SDK's propagator writes it (version 00)."""
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    trace_id, span_id, _, flags, _, _ = context  # the fields, without their properties
+    return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
 
 
 def _headers(context: trace.SpanContext) -> dict[str, str]:
     """The Trace Context headers that continue the span `context` ({} for no span)."""
-    if not context.is_valid:
+    trace_id, span_id, _, flags, state, valid = context  # the fields, without their properties
+    if not valid:
         return {}
-    if context.trace_state:
-        return {"traceparent": traceparent(context), "tracestate": context.trace_state.to_header()}
-    return {"traceparent": traceparent(context)}
+    found = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
+    if state is not DEFAULT_TRACE_STATE and state:  # most spans': told by identity
+        found["tracestate"] = state.to_header()
+    return found
 
 
 def propagates_trace_context(configured: str) -> bool:
