@@ -83,8 +83,10 @@ def test_each_third_party_store_library_lives_behind_one_module() -> None:
         ("aiosqlite", {"memory/storage/database.py"}),
         ("asyncpg", {"memory/storage/postgres.py", "memory/storage/postgres_schema.py"}),
         ("chromadb", {"memory/index/vectors.py"}),
-        # Traces: memory opens spans through its neutral hook (memory/tracing.py).
-        ("opentelemetry", {"proxy/http/tracing.py"}),
+        # Traces: memory opens spans through its neutral hook (memory/tracing.py); the
+        # proxy's tracing, its spans and its exporter are imported only when tracing is on.
+        ("opentelemetry", {"proxy/http/tracing.py", "proxy/http/recorded_span.py",
+                           "proxy/http/otlp_export.py"}),
         # vectors.py checks Chroma's own SQLite file, never ours.
         ("sqlite3", {"memory/storage/database.py", "memory/storage/migrations.py",
                      "memory/storage/spool.py",

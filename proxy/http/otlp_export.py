@@ -16,7 +16,6 @@ and default values, an attribute it cannot encode left out the same way.
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,9 +35,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
+from proxy.http.logs import get_logger
 from proxy.http.recorded_span import UNSET, RecordedSpan
 
-log = logging.getLogger(__name__)
+log = get_logger("tracing.export")
 
 # Span.kind, field 6: the protobuf enum's numbers (INTERNAL is 1 there, 0 in the API), by
 # the API's number (`_value_`: an Enum member hashes itself in Python, `value` is a property).

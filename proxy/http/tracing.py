@@ -1,19 +1,20 @@
 """OpenTelemetry traces (docs/tracing.md): one SERVER span per request, continuing the
 client's W3C `traceparent`, and the spans of its steps, exported over OTLP/HTTP in batches.
 
-The only module that imports OpenTelemetry, and only imported when
-OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (proxy/app.py):
-off, no request pays for tracing, not even the import. Only the SDK's own OTEL_* variables
-configure it (service name, resource attributes, headers, sampler, batch delay, timeouts,
-OTEL_PROPAGATORS).
+With recorded_span.py (the spans) and otlp_export.py (the exporter), the only modules that
+import OpenTelemetry, and only imported when OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (proxy/app.py): off, no request pays for tracing,
+not even the import. Only the SDK's own OTEL_* variables configure it (service name,
+resource attributes, headers, sampler, batch delay, timeouts, OTEL_PROPAGATORS).
 
 Each app holds its own TracerProvider instead of the process-wide one: litellm's and
 Chroma's OpenTelemetry callbacks set the global provider when they are configured, and the
 tests build many apps in one process; neither can clobber the other this way.
 
-The SDK's span costs 30-40 µs of CPU to make and 15 µs plus 3 µs an attribute to export
-(docs/tracing.md#what-it-costs), so what wraps it here is kept thinner still: attributes go in
-one dict at the span's start, and the `traceparent` going upstream is formatted from the
+A span costs CPU on every request (docs/tracing.md#what-it-costs), so what wraps it here is
+kept thin: spans come from a SpanMaker instead of the SDK's Tracer, attributes go in one
+dict at the span's start, spans are made current by a small class instead of the SDK's two
+generator context managers, and the `traceparent` going upstream is formatted from the
 span's context instead of through a propagator and a carrier.
 
 memproxy's current span is its own context variable, `_CURRENT`, holding the span's
