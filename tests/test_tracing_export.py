@@ -1,9 +1,11 @@
 """memproxy's own spans and OTLP encoding (proxy/http/recorded_span.py, otlp_export.py)
 against the SDK's: the same operations on an SDK span and on a RecordedSpan, the same
-sampling decisions, and the same protobuf from memproxy's encoder as from the official one."""
+sampling decisions, and the same protobuf from memproxy's encoder as from the official one;
+and memproxy's current span (proxy/http/tracing.py) as tasks and jobs see it."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import logging
 from collections.abc import Callable, Iterator
@@ -17,9 +19,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import (
+    INVALID_SPAN,
     Link,
     NonRecordingSpan,
     SpanContext,
@@ -31,6 +35,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from proxy.http.otlp_export import FastOTLPSpanExporter, encode_request, encode_span
 from proxy.http.recorded_span import RecordedSpan, SpanMaker
+from proxy.http.tracing import Tracing
 from tests.support.otlp_receiver import OtlpReceiver
 
 REMOTE = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
@@ -191,6 +196,10 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 decided = pair.provider.sampler.should_sample(None, made.trace_id, "root", SpanKind.SERVER)
                 assert root.is_recording() == decided.decision.is_recording()  # type: ignore[no-untyped-call]
                 assert made.trace_flags.sampled == decided.decision.is_sampled()  # type: ignore[no-untyped-call]
+                same = pair.sdk.start_span("root", None, kind=SpanKind.SERVER)
+                if same.get_span_context().trace_flags.sampled == made.trace_flags.sampled:
+                    assert made.trace_flags == same.get_span_context().trace_flags
+                same.end()
             else:  # the client's trace goes on, decided as the SDK decides it
                 same = pair.sdk.start_span("root", context, kind=SpanKind.SERVER)
                 assert root.is_recording() == same.is_recording(), (sampler, parent)
@@ -207,6 +216,32 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 child.end()
                 sdk_child.end()
             root.end()
+
+
+class ZeroSpanIds(RandomIdGenerator):
+    """An id generator that gives the invalid span id 0."""
+
+    def generate_span_id(self) -> int:
+        return 0
+
+
+def test_a_span_context_made_without_its_checks_is_the_one_its_constructor_makes(pair: Pair) -> None:
+    root = pair.ours.start("root", None, SpanKind.SERVER)
+    child = pair.ours.child("child", root.get_span_context(), None)
+    remote_child = pair.ours.start("remote child", trace.set_span_in_context(NonRecordingSpan(REMOTE)))
+    for span in (root, child, remote_child):
+        made = span.get_span_context()
+        same = SpanContext(made.trace_id, made.span_id, is_remote=False, trace_flags=made.trace_flags,
+                           trace_state=made.trace_state)
+        assert type(made) is SpanContext and tuple(made) == tuple(same) and made.is_valid
+    assert remote_child.get_span_context().trace_state == REMOTE.trace_state
+    # An id the constructor would find invalid is left to it, and is invalid.
+    provider = TracerProvider(id_generator=ZeroSpanIds())
+    maker = SpanMaker(provider, SimpleSpanProcessor(InMemorySpanExporter()), "memproxy")
+    for span in (maker.start("root"), maker.child("child", root.get_span_context(), None)):
+        made = span.get_span_context()
+        assert not made.is_valid
+        assert tuple(made) == tuple(SpanContext(made.trace_id, 0, False, made.trace_flags, made.trace_state))
 
 
 def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_settings(
@@ -234,3 +269,60 @@ def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_set
         exporter.shutdown()  # type: ignore[no-untyped-call]
         assert exporter.export(spans) is SpanExportResult.FAILURE
         assert collector.exports == 1
+
+
+def test_memproxys_current_span_goes_into_tasks_and_only_roots_are_opentelemetrys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = BatchSpanProcessor(exported)
+    provider.add_span_processor(processor)
+    tracing = Tracing(provider, processor, capture=False, redact=str)
+    seen: dict[str, Any] = {}
+
+    async def after_the_step() -> None:
+        await asyncio.sleep(0.01)  # the step that started this task has ended by now
+        seen["queued by"] = tracing.traceparent()
+        with tracing.span("later") as later:
+            assert later is not None
+
+    async def job() -> None:
+        assert tracing.log_ids() == {} and tracing.traceparent() is None
+        with tracing.linked("job", [f"00-{REMOTE.trace_id:032x}-{REMOTE.span_id:016x}-01"]) as root:
+            assert trace.get_current_span() is root  # a root is OpenTelemetry's current span too
+            with tracing.span("step", {"n": 1}) as step:
+                assert step is not None and trace.get_current_span() is root  # a step is not
+                ids = step.get_span_context()
+                assert tracing.log_ids() == {"trace_id": f"{ids.trace_id:032x}", "span_id": f"{ids.span_id:016x}"}
+                task = asyncio.get_running_loop().create_task(after_the_step())
+            await task
+        assert trace.get_current_span() is INVALID_SPAN and tracing.traceparent() is None
+
+    asyncio.run(job())
+    processor.force_flush()
+    spans = {span.name: span for span in exported.get_finished_spans()}
+    root, step, later = spans["job"], spans["step"], spans["later"]
+    assert root.parent is None and [link.context.span_id for link in root.links] == [REMOTE.span_id]
+    assert step.parent == root.context and later.parent == step.context
+    assert seen["queued by"] == f"00-{step.context.trace_id:032x}-{step.context.span_id:016x}-03"
+    assert later.start_time is not None and step.end_time is not None and later.start_time > step.end_time
+
+    # Sampled out, a root's steps are not made, in the tasks it starts neither.
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    unsampled = TracerProvider()
+    tracing = Tracing(unsampled, processor, capture=False, redact=str)
+
+    async def sampled_out() -> None:
+        with tracing.linked("job", []) as root:
+            assert not root.is_recording() and tracing.traceparent() is None
+            assert tracing.log_ids()  # still a trace, for the log lines
+            with tracing.span("step") as step:
+                assert step is None
+            await asyncio.get_running_loop().create_task(after_sampled_out())
+
+    async def after_sampled_out() -> None:
+        with tracing.span("later") as later:
+            assert later is None
+
+    asyncio.run(sampled_out())
