@@ -264,8 +264,7 @@ def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_set
         assert ExportTraceServiceRequest.FromString(gzip.decompress(sent.body)) == \
             ExportTraceServiceRequest.FromString(encode_spans(spans).SerializeToString())
         # Over its size limit, a batch is dropped, not sent; once shut down, nothing is.
-        exporter._max_request_size = 10
-        assert exporter.export(spans) is SpanExportResult.FAILURE
+        assert FastOTLPSpanExporter(max_request_size=10).export(spans) is SpanExportResult.FAILURE
         exporter.shutdown()  # type: ignore[no-untyped-call]
         assert exporter.export(spans) is SpanExportResult.FAILURE
         assert collector.exports == 1

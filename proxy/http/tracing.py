@@ -195,11 +195,10 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = self._parent(scope["headers"])
         method = scope["method"]
-        found = trace.get_current_span(parent).get_span_context()
-        span = self.spans.begin(method, found if found.is_valid else None, SpanKind.SERVER, {
+        span = self.spans.start(method, parent, SpanKind.SERVER, {
             "http.request.method": method, "url.path": scope["path"],
             "url.scheme": scope.get("scheme", "http"),
-        }, context=parent)
+        })
         status = 0
 
         def send_status(message: Message) -> Awaitable[None]:
