@@ -18,13 +18,17 @@ With `--tracing` it runs four memproxy processes instead, chat completions only:
 and on, each without and with OpenTelemetry traces (the batch exporter, its default 5 s delay,
 sending to a local OTLP/HTTP receiver that counts what it gets and decodes nothing: decoding
 would take CPU from the measured process on a small machine, where a real collector runs
-elsewhere), alternating the pair of each (ABBA), and prints the
-CPU each request costs more with tracing on (docs/tracing.md). Recall runs in full on every
-request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase the arm is left
-to settle until its process is idle again, at least 5.5 s (past the exporter's 5 s delay), and
-the CPU it spends meanwhile counts to the phase, less its idle rate: the exporter's last batch
-and memory's jobs are work the phase's requests made, and none of it runs into the next
-phase of another arm. The load average is printed with each round. `--embeddings upstream`
+elsewhere), and prints the CPU each request costs more with tracing on (docs/tracing.md): the
+median, over rounds, of each round's difference, and the range of those differences. The two
+arms of a pair (tracing off and on) take their load at the same time, each on its own
+connections: run one after the other, the CPU a memory request cost moved by about 0.5 ms
+from one phase to the next on the 2-core benchmark machine, more than the difference
+measured. Recall runs in full on every
+request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase both arms are left
+to settle until their processes are idle again, at least 5.5 s (past the exporter's 5 s delay),
+and the CPU each spends meanwhile counts to its phase, less its idle rate: the exporter's last
+batch and memory's jobs are work the phase's requests made, and none of it runs into the next
+phase. The load average is printed with each round. `--embeddings upstream`
 has the memory arms embed through the scripted upstream instead of the local model: their
 requests then cost about 6 ms of memproxy CPU instead of 15, so the same noise is a smaller
 share of it (and each embedding is one more CLIENT span). `--baseline-src DIR`
@@ -402,19 +406,27 @@ async def bench_tracing(
     for round_no in range(args.rounds):
         for kind in kinds:
             for c in args.concurrency:
-                order = list(dict.fromkeys(arm for pair in _pairs(args) for arm in pair))
-                for arm in order if round_no % 2 == 0 else order[::-1]:  # ABBA cancels drift
-                    total = args.requests * (1 if c == 1 else 2)
-                    phase = await run_phase(ports[arm], requests[kind, arm], c, total, args.cap,
-                                            (pids[arm], pids["upstream"]))
-                    spent, waited = await settle(pids[arm], SETTLE_SECONDS)
-                    after = max(0.0, spent - idle[arm] * waited) * 1000 / phase.requests
-                    phase = replace(phase, proxy_cpu_ms=phase.proxy_cpu_ms + after)
-                    phases.setdefault(f"{kind}/{c}/{arm}", []).append(phase)
-                    print(f"  round {round_no + 1} {kind:11} c={c:<3} {arm:13} p50 {phase.p50_ms:7.2f}"
-                          f" ms  proxy cpu {phase.proxy_cpu_ms:5.2f} ms/req ({after:.2f} after it)"
-                          f"  load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+                total = args.requests * (1 if c == 1 else 2)
+                for pair in _pairs(args):
+                    # Both arms of a pair at once, each with its own connections: the same
+                    # moment of a noisy machine for both (one after the other, the CPU a
+                    # request costs moved by +-0.5 ms from one phase to the next).
+                    ran = await asyncio.gather(*(
+                        run_phase(ports[arm], requests[kind, arm], c, total, args.cap,
+                                  (pids[arm], pids["upstream"])) for arm in pair))
+                    settled = await asyncio.gather(*(settle(pids[arm], SETTLE_SECONDS) for arm in pair))
+                    for arm, phase, (spent, waited) in zip(pair, ran, settled, strict=True):
+                        after = max(0.0, spent - idle[arm] * waited) * 1000 / phase.requests
+                        phase = replace(phase, proxy_cpu_ms=phase.proxy_cpu_ms + after)
+                        phases.setdefault(f"{kind}/{c}/{_pair_key(pair)}/{arm}", []).append(phase)
+                        print(f"  round {round_no + 1} {kind:11} c={c:<3} {arm:13} p50"
+                              f" {phase.p50_ms:7.2f} ms  proxy cpu {phase.proxy_cpu_ms:5.2f} ms/req"
+                              f" ({after:.2f} after it)  load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     return phases
+
+
+def _pair_key(pair: tuple[str, str]) -> str:
+    return f"{pair[0]}:{pair[1]}"
 
 
 def _pairs(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -424,21 +436,22 @@ def _pairs(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 def report_tracing(phases: dict[str, list[Phase]], pairs: tuple[tuple[str, str], ...]) -> list[str]:
     """Print each arm's CPU and p50, and what tracing adds (median of each round's difference)."""
     lines = []
-    keys = list(dict.fromkeys(key.rsplit("/", 1)[0] for key in phases))
+    keys = list(dict.fromkeys("/".join(key.split("/")[:2]) for key in phases))  # kind/c
     print(f"\n{'kind':11} {'c':>3} {'arm':13} {'proxy cpu':>9} {'p50 ms':>8}")
     for key in keys:
         kind, c = key.split("/")
-        for arm in dict.fromkeys(arm for pair in pairs for arm in pair):
-            runs = phases[f"{key}/{arm}"]
-            print(f"{kind:11} {c:>3} {arm:13} {statistics.median(p.proxy_cpu_ms for p in runs):9.2f} "
-                  f"{statistics.median(p.p50_ms for p in runs):8.2f}")
         for off, on in pairs:
-            rounds = zip(phases[f"{key}/{off}"], phases[f"{key}/{on}"], strict=True)
-            added = statistics.median(b.proxy_cpu_ms - a.proxy_cpu_ms for a, b in rounds)
+            runs = {arm: phases[f"{key}/{_pair_key((off, on))}/{arm}"] for arm in (off, on)}
+            for arm, ran in runs.items():
+                print(f"{kind:11} {c:>3} {arm:13} {statistics.median(p.proxy_cpu_ms for p in ran):9.2f} "
+                      f"{statistics.median(p.p50_ms for p in ran):8.2f}")
+            differences = [b.proxy_cpu_ms - a.proxy_cpu_ms for a, b in zip(runs[off], runs[on], strict=True)]
             memory = "memory on" if "memory" in off else "memory off"
             what = "tracing off, this code against the baseline" if off.startswith("before") \
                 else "tracing on (target <= 0.3)"
-            lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}: {added:+.3f} ms")
+            spread = f" (rounds {min(differences):+.2f} to {max(differences):+.2f})" if len(differences) > 1 else ""
+            lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}:"
+                         f" {statistics.median(differences):+.3f} ms{spread}")
     print("cpu: ms per request of the memproxy process, until it settled; medians of rounds\n")
     print("\n".join(lines))
     return lines

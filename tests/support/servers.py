@@ -21,10 +21,15 @@ from pathlib import Path
 from types import TracebackType
 
 START_SECONDS = 60.0
+PORT_TRIES = 3
 
 
 class ServerUnavailable(RuntimeError):
     """The server's binaries are not installed on this machine."""
+
+
+class PortTaken(RuntimeError):
+    """The server could not have its port: it exited at once, or another server answers."""
 
 
 def free_port() -> int:
@@ -57,8 +62,19 @@ class ChromaServer:
 
     def __enter__(self) -> ChromaServer:
         self._log = open(Path(self._tmp.name) / "log", "wb")  # closed in __exit__
-        self.start()
-        return self
+        # free_port() only found a port free: another test worker may bind it before Chroma
+        # does. Then Chroma exits (or another server answers), and a new port is tried.
+        tries = PORT_TRIES
+        while True:
+            try:
+                self.start()
+                return self
+            except PortTaken:
+                tries -= 1
+                if not tries:
+                    self.__exit__(None, None, None)
+                    raise
+                self.port = free_port()
 
     def kill(self) -> None:
         """Kill the server (-9), as a crash would; its data stays for `start`."""
@@ -68,22 +84,27 @@ class ChromaServer:
 
     def start(self) -> None:
         """Start the server (again, after `kill`) on its port and data; return once it
-        answers."""
-        log = self._log
+        answers. Raises PortTaken when it exits at once or something else answers there."""
         self._process = subprocess.Popen(
             [str(self.executable), "run", "--path", str(Path(self._tmp.name) / "data"),
              "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
         )
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"chroma run exited: {self._read_log()}")
+                raise PortTaken(f"chroma run exited: {self._read_log()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/api/v2/heartbeat", timeout=1):
-                    return
+                with urllib.request.urlopen(f"{self.url}/api/v2/heartbeat", timeout=1) as answer:
+                    body = answer.read()
             except OSError:
                 time.sleep(0.1)
+                continue
+            if b"nanosecond heartbeat" not in body:  # not Chroma's answer
+                self.kill()
+                raise PortTaken(f"port {self.port} answered {body[:100]!r}, not Chroma")
+            return
         self.__exit__(None, None, None)
         raise RuntimeError(f"chroma run did not answer in {START_SECONDS:.0f} s: {self._read_log()}")
 
