@@ -23,7 +23,8 @@ median, over rounds, of each round's difference, and the range of those differen
 arms of a pair (tracing off and on) take their load at the same time, each on its own
 connections: run one after the other, the CPU a memory request cost moved by about 0.5 ms
 from one phase to the next on the 2-core benchmark machine, more than the difference
-measured. Recall runs in full on every
+measured (a paired phase's upstream and client CPU, in the JSON, are the pair's together).
+Recall runs in full on every
 request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase both arms are left
 to settle until their processes are idle again, at least 5.5 s (past the exporter's 5 s delay),
 and the CPU each spends meanwhile counts to its phase, less its idle rate: the exporter's last
