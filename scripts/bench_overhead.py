@@ -21,19 +21,20 @@ would take CPU from the measured process on a small machine, where a real collec
 elsewhere), and prints the CPU each request costs more with tracing on (docs/tracing.md): the
 median, over rounds, of each round's difference, and the range of those differences. The two
 arms of a pair (tracing off and on) take their load at the same time, each on its own
-connections: run one after the other, the CPU a memory request cost moved by about 0.5 ms
-from one phase to the next on the 2-core benchmark machine, more than the difference
-measured (a paired phase's upstream and client CPU, in the JSON, are the pair's together).
-Recall runs in full on every
-request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase both arms are left
-to settle until their processes are idle again, at least 5.5 s (past the exporter's 5 s delay),
-and the CPU each spends meanwhile counts to its phase, less its idle rate: the exporter's last
-batch and memory's jobs are work the phase's requests made, and none of it runs into the next
-phase. The load average is printed with each round. `--embeddings upstream`
+connections: run one after the other, the CPU a memory request cost moved by about 0.5 ms from
+one phase to the next on the 2-core benchmark machine, more than the difference measured (a
+paired phase's upstream and client CPU, in the JSON, are the pair's together). Each round
+starts the processes afresh, on the same data, and warms them up: two processes of the same
+code differed by up to 0.2 ms a memory request over a whole run. Recall runs in full on every
+request of the memory arms (MEMPROXY_RECALL_CACHE_ENTRIES=0). After each phase both arms are
+left to settle until their processes are idle again, at least 5.5 s (past the exporter's 5 s
+delay), and the CPU each spends meanwhile counts to its phase, less its idle rate: the
+exporter's last batch and memory's jobs are work the phase's requests made, and none of it
+runs into the next phase. The load average is printed with each round. `--embeddings upstream`
 has the memory arms embed through the scripted upstream instead of the local model: their
 requests then cost about 6 ms of memproxy CPU instead of 15, so the same noise is a smaller
-share of it (and each embedding is one more CLIENT span). `--baseline-src DIR`
-adds the two arms without tracing run from another checkout (the code before tracing),
+share of it (and each embedding is one more CLIENT span). `--baseline-src DIR` adds the two
+arms without tracing run from another checkout (the code before tracing),
 against this code with tracing off::
 
     git archive <commit> | tar -x -C /tmp/base
@@ -390,9 +391,11 @@ async def idle_rates(pids: dict[str, int], arms: Sequence[str], seconds: float =
 
 
 async def bench_tracing(
-    args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int]
+    args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int],
+    start_arms: Callable[[], dict[str, int]],
 ) -> dict[str, list[Phase]]:
-    """Warm up, then the rounds over the four arms; every phase, keyed by kind/c/arm."""
+    """The rounds over the four arms, each round on arms `start_arms` (re)started and warmed
+    up; every phase, keyed by kind/c/pair/arm."""
     kinds = [f"chat-{kind}" for kind in KINDS]
     arms = {**TRACING_ARMS, **(BASELINE_ARMS if args.baseline_src else {})}
     requests = {
@@ -400,11 +403,14 @@ async def bench_tracing(
                                     memory=arms[arm][0]), APIS["chat"])
         for kind in kinds for arm in arms
     }
-    for (_kind, arm), request in requests.items():
-        await run_phase(ports[arm], request, 8, args.warmup, args.cap, (pids[arm], pids["upstream"]))
-    idle = await idle_rates(pids, list(arms))
     phases: dict[str, list[Phase]] = {}
     for round_no in range(args.rounds):
+        # Fresh processes each round (their data stays): two processes of the same code
+        # differ by up to 0.2 ms a memory request over a whole run, one's luck, not its code.
+        pids.update(start_arms())
+        for (_kind, arm), request in requests.items():
+            await run_phase(ports[arm], request, 8, args.warmup, args.cap, (pids[arm], pids["upstream"]))
+        idle = await idle_rates(pids, list(arms))
         for kind in kinds:
             for c in args.concurrency:
                 total = args.requests * (1 if c == 1 else 2)
@@ -474,26 +480,42 @@ def run_tracing(args: argparse.Namespace) -> dict[str, list[Phase]]:
             "otlp", [sys.executable, "-m", "tests.support.otlp_receiver", "--port", str(sink),
                      "--count-only"],
             child_env(), f"http://127.0.0.1:{sink}/", Path(tmp)))
-        for arm, (memory, traced, src) in arms.items():
-            env = child_env(
-                MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1",
-                MEMPROXY_MEMORY="on" if memory else "off", MEMPROXY_RECALL_CACHE_ENTRIES="0",
-                MEMPROXY_DATA_DIR=f"{tmp}/{arm}", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
-                MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
-                LITELLM_LOCAL_MODEL_COST_MAP="True", OTEL_SERVICE_NAME="memproxy-bench",
-                MEMPROXY_EMBEDDING_BACKEND=args.embeddings,
-            )
-            env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
-            if traced:
-                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink}"
-            pids[arm] = stack.enter_context(serving(
-                arm, [sys.executable, "-m", "proxy", "serve", "--port", str(ports[arm])], env,
+        running = contextlib.ExitStack()
+        stack.callback(lambda: running.close())
+
+        def start_arms() -> dict[str, int]:
+            """Stop the arms' processes if running, and start them (on their data)."""
+            nonlocal running
+            running.close()
+            running = contextlib.ExitStack()
+            return {arm: running.enter_context(serving(
+                arm, [sys.executable, "-m", "proxy", "serve", "--port", str(ports[arm])],
+                _arm_env(args, arm, memory, traced, up, sink, tmp),
                 f"http://127.0.0.1:{ports[arm]}/readyz", Path(tmp), cwd=src))
+                for arm, (memory, traced, src) in arms.items()}
+
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            phases = runner.run(bench_tracing(args, ports, pids))
+            phases = runner.run(bench_tracing(args, ports, pids, start_arms))
         received = httpx.get(f"http://127.0.0.1:{sink}/", timeout=5).json()
         print(f"the OTLP receiver got {received['exports']} exports, {received['bytes']} bytes")
         return phases
+
+
+def _arm_env(args: argparse.Namespace, arm: str, memory: bool, traced: bool, up: int, sink: int,
+             tmp: str) -> dict[str, str]:
+    """A --tracing arm's environment: memory on or off, traced or not."""
+    env = child_env(
+        MEMPROXY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{up}/v1",
+        MEMPROXY_MEMORY="on" if memory else "off", MEMPROXY_RECALL_CACHE_ENTRIES="0",
+        MEMPROXY_DATA_DIR=f"{tmp}/{arm}", MEMPROXY_EMBEDDING_MODEL_DIR=str(MODEL_DIR),
+        MEMPROXY_LOG_LEVEL="warning", MEMPROXY_SHUTDOWN_GRACE_SECONDS="2",
+        LITELLM_LOCAL_MODEL_COST_MAP="True", OTEL_SERVICE_NAME="memproxy-bench",
+        MEMPROXY_EMBEDDING_BACKEND=args.embeddings,
+    )
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    if traced:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink}"
+    return env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
