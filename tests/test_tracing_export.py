@@ -6,9 +6,11 @@ and memproxy's current span (proxy/http/tracing.py) as tasks and jobs see it."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -268,6 +270,37 @@ def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_set
         exporter.shutdown()  # type: ignore[no-untyped-call]
         assert exporter.export(spans) is SpanExportResult.FAILURE
         assert collector.exports == 1
+
+
+def test_the_exporter_goes_through_the_environments_proxy_with_its_netrc_credentials(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """What requests reads from the environment on each request (proxies, NO_PROXY, ~/.netrc),
+    the exporter reads once when made (otlp_export.settle_environment), to the same effect."""
+    pair.both(lambda span: None)
+    spans = list(pair.exported.get_finished_spans())
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine collector.test login ada password s3cret\n")
+    netrc.chmod(0o600)
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(netrc))
+    with OtlpReceiver() as forward_proxy, OtlpReceiver() as collector:
+        monkeypatch.setenv("http_proxy", forward_proxy.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector.test:4318/v1/traces")
+        proxied = FastOTLPSpanExporter()
+        # NO_PROXY names the collector: straight to it, though the proxy variable is set.
+        monkeypatch.setenv("no_proxy", "127.0.0.1")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{collector.endpoint}/v1/traces")
+        direct = FastOTLPSpanExporter()
+        assert proxied.export(spans) is SpanExportResult.SUCCESS
+        assert direct.export(spans) is SpanExportResult.SUCCESS
+    assert forward_proxy.exports == 1 and collector.exports == 1
+    sent = forward_proxy.requests[0].headers
+    assert sent["host"] == "collector.test:4318"
+    assert sent["authorization"] == "Basic " + base64.b64encode(b"ada:s3cret").decode()
+    assert "authorization" not in collector.requests[0].headers  # no netrc entry for it
+    assert len(collector.spans) == len(spans)
 
 
 def test_memproxys_current_span_goes_into_tasks_and_only_roots_are_opentelemetrys(

@@ -87,6 +87,10 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive, as a collector's OTLP/HTTP endpoint: HTTP/1.0's connection a
+            # request would cost the exporter a TCP handshake every export.
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 receiver._received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
