@@ -17,6 +17,7 @@ fresh zeroed pages.
 
 from __future__ import annotations
 
+import platform
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from config import Settings
+from memory.index.heap_fill import fill_heap
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.processes import Process, launch, memproxy_env, wait_ready
@@ -77,3 +79,14 @@ def test_a_write_off_request_leaves_no_heap_residue_in_the_vector_index(
     stored = [str(path.relative_to(process.data_dir)) for path in files
               if any(needle in path.read_bytes() for needle in (MARK.encode(), KEY.encode()))]
     assert stored == []
+
+
+def test_the_operators_own_perturb_setting_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_PERTURB_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert fill_heap() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.perturb=0")  # read by glibc at start
+    assert fill_heap() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_PERTURB_", "0")
+    assert fill_heap() is False
