@@ -37,6 +37,7 @@ from chromadb.api.models.Collection import Collection
 from chromadb.config import Settings
 from chromadb.errors import NotFoundError
 
+from memory.index.heap_fill import fill_heap
 from memory.index.vector_cache import Row, VectorCache
 from memory.index.vector_copies import CopyFiles
 from memory.outages import Unavailable
@@ -301,6 +302,7 @@ class VectorIndex:
         # Client, which adds close(); telemetry off (then chromadb makes no calls of its own).
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
+            fill_heap()  # hnswlib writes memory it never set into its files: index/heap_fill.py
             return cast(Client, chromadb.PersistentClient(
                 path=str(self.path), settings=_client_settings()
             ))
