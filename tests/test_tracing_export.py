@@ -295,6 +295,8 @@ def test_the_exporter_goes_through_the_environments_proxy_with_its_netrc_credent
         direct = FastOTLPSpanExporter()
         assert proxied.export(spans) is SpanExportResult.SUCCESS
         assert direct.export(spans) is SpanExportResult.SUCCESS
+        for exporter in (proxied, direct):
+            exporter.shutdown()  # type: ignore[no-untyped-call]  # its kept-alive connection
     assert forward_proxy.exports == 1 and collector.exports == 1
     sent = forward_proxy.requests[0].headers
     assert sent["host"] == "collector.test:4318"
