@@ -12,9 +12,10 @@ and its own metrics. The official encoder still encodes the resource and the
 instrumentation scope, once a batch.
 
 Its `requests` session reads the environment on every export: the proxy variables (all of
-os.environ, twice), NO_PROXY, the CA bundle variables and ~/.netrc, about 0.5-3 ms of the
-export thread's CPU a batch on the benchmark machine. The exporter sends to one URL, so
-what they say is read once, when it is made, as requests would read it then.
+os.environ, twice), NO_PROXY, the CA bundle variables and ~/.netrc; a 512-span batch took
+1.47 ms of the export thread's CPU to send that way and 1.15 ms without (a microbenchmark,
+36 variables set). The exporter sends to one URL, so what they say is read once, when it
+is made, as requests would read it then.
 
 What is written is the message the official encoder makes of the same spans, byte for byte
 for each span (tests/test_tracing_export.py): the same fields, the same presence of empty
