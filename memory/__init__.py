@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from memory.admin.usage import UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
+    from memory.index.heap_fill import mallopt
     from memory.index.vectors import VectorIndex
     from memory.learning.fact_model import (
         CATEGORIES,
@@ -94,6 +95,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
     "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
     "VectorIndex": ("memory.index.vectors", "VectorIndex"),
+    # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
+    "mallopt": ("memory.index.heap_fill", "mallopt"),
     "count_tokens": ("memory.tokens", "count_tokens"),
     # outages of backing services (waited out, not counted as failures)
     "Unavailable": ("memory.outages", "Unavailable"),
@@ -223,6 +226,7 @@ __all__ = [
     "inject",
     "is_outage",
     "key_digest",
+    "mallopt",
     "message_text",
     "migrate",
     "open_database",

@@ -38,8 +38,14 @@ def fill_heap() -> bool:
         "GLIBC_TUNABLES", ""
     ):
         return False  # glibc read the operator's own choice at start
+    return mallopt(M_PERTURB, FILL)
+
+
+def mallopt(parameter: int, value: int) -> bool:
+    """glibc's `mallopt(parameter, value)` (malloc.h): whether it took it; False where there
+    is no glibc."""
     try:
         libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(M_PERTURB, FILL))
+        return bool(libc.mallopt(parameter, value))
     except (OSError, AttributeError):
         return False

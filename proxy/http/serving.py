@@ -13,7 +13,6 @@ started). Each costs a timer per request, never work per byte.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 from asyncio import TimerHandle
 from typing import Any
@@ -23,6 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from config import Settings
+from memory import mallopt
 from proxy.http.errors import ProxyError
 
 
@@ -159,8 +159,4 @@ def cap_malloc_arenas() -> bool:
     """
     if "MALLOC_ARENA_MAX" in os.environ:
         return False  # glibc read the operator's own choice at start
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
-    except (OSError, AttributeError):
-        return False
+    return mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
