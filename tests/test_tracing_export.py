@@ -9,6 +9,7 @@ import asyncio
 import base64
 import gzip
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,38 @@ def test_a_span_context_made_without_its_checks_is_the_one_its_constructor_makes
         made = span.get_span_context()
         assert not made.is_valid
         assert tuple(made) == tuple(SpanContext(made.trace_id, 0, False, made.trace_flags, made.trace_state))
+
+
+def test_ended_spans_reach_the_batch_queue_as_its_own_emit_puts_them(caplog: pytest.LogCaptureFixture) -> None:
+    """RecordedSpans go into a BatchSpanProcessor's queue themselves (recorded_span._ender),
+    with what its `emit` does at the edges: the span that makes a batch wakes the exporter's
+    thread, a full queue drops the span with the SDK's warning, a shut-down one takes none."""
+    exported = InMemorySpanExporter()
+    processor = BatchSpanProcessor(exported, max_queue_size=6, max_export_batch_size=4,
+                                   schedule_delay_millis=600_000)  # no timed export in this test
+    maker = SpanMaker(TracerProvider(), processor, "memproxy")
+    for number in range(3):
+        maker.start(f"step {number}").end()
+    assert len(processor._batch_processor._queue) == 3 and not exported.get_finished_spans()
+    maker.start("step 3").end()  # the fourth makes a batch: exported without waiting the delay
+    for _ in range(500):
+        if len(exported.get_finished_spans()) == 4:
+            break
+        threading.Event().wait(0.01)
+    assert [span.name for span in exported.get_finished_spans()] == [f"step {n}" for n in range(4)]
+
+    # Full: with the exporter's thread held (it waits for the export lock), the queue takes
+    # six and drops the seventh, saying so.
+    with processor._batch_processor._export_lock, caplog.at_level(logging.WARNING):
+        for number in range(7):
+            maker.start(f"held {number}").end()
+        assert len(processor._batch_processor._queue) == 6
+        assert "Queue full, dropping Span" in caplog.text
+    processor.shutdown()  # type: ignore[no-untyped-call]
+    assert {span.name for span in exported.get_finished_spans()} >= {f"held {n}" for n in range(1, 7)}
+    before = len(exported.get_finished_spans())
+    maker.start("after").end()  # shut down: not queued
+    assert not processor._batch_processor._queue and len(exported.get_finished_spans()) == before
 
 
 def test_the_exporter_sends_what_a_collector_decodes_and_keeps_the_exporters_settings(

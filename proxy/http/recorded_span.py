@@ -20,9 +20,11 @@ that alone was past the 0.3 ms a request that tracing may cost.
   Values of the simple types are kept as they are, in one loop; others are cleaned by the
   SDK's own rule;
 - the span is its own `ReadableSpan` when it ends: nothing can change it afterwards;
-- an ended span goes straight into a `BatchSpanProcessor`'s queue (its `emit`), when its
-  sampled flag says the processor's `on_end` would put it there: `on_end` reads the flag
-  through three properties (about 0.4 µs a span). Any other processor gets `on_end`.
+- an ended span goes straight into a `BatchSpanProcessor`'s queue, when its sampled flag
+  says the processor's `on_end` would put it there: `on_end` reads the flag through three
+  properties (about 0.4 µs a span), and its `emit` asks for the process id (a system call)
+  to tell a fork. The queue's own `emit` still takes the span that makes a batch (it wakes
+  the exporter's thread) or finds the queue full. Any other processor gets `on_end`.
 
 A span made current, ended and queued costs about 3 µs of the event loop's CPU, and an
 attribute 0.25 µs, where the first SpanMaker took 6.4 µs and 0.5 µs (docs/tracing.md).
@@ -47,8 +49,11 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar, Token
 from time import time_ns
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace
@@ -88,6 +93,8 @@ _new_tuple = tuple.__new__
 _new_span = object.__new__
 _getrandbits = random.getrandbits  # what RandomIdGenerator draws its ids with
 _EMPTY = Context()  # no parent, for a sampler asked about a new trace
+# memproxy's current span (proxy/http/tracing.py), None outside any: its SpanContext.
+CURRENT: ContextVar[SpanContext | None] = ContextVar("memproxy_span", default=None)
 # The samplers OTEL_TRACES_SAMPLER names (sampling._KNOWN_SAMPLERS): each samples the child
 # of a sampled span of this process (ParentBased by its default delegate, the ratio by the
 # same trace id, always_on always, always_off never makes the parent).
@@ -204,6 +211,7 @@ class RecordedSpan(Span):
     directly) nor its `__init__` runs. Read by the exporter only once ended."""
 
     _attributes: dict[str, Any]  # set by SpanMaker
+    _context: SpanContext
     _maker: SpanMaker
     _instrumentation_info = None
     _status = UNSET
@@ -214,12 +222,35 @@ class RecordedSpan(Span):
     _record_exception = True
     _set_status_on_exception = True
     _record_end_metrics = None
+    _token: Token[SpanContext | None]  # while current (__enter__)
     # For the SDK methods inherited (set_status): one lock for all (see above).
     _lock = threading.Lock()
 
     @property
     def dropped_attributes(self) -> int:
         return self._dropped
+
+    def get_span_context(self) -> SpanContext:
+        return self._context  # the SDK's wraps it in a typing.cast, a call a span
+
+    # -- memproxy's current span while a `with` block runs (Tracing.span), ended after it
+
+    def __enter__(self) -> RecordedSpan:
+        self._token = CURRENT.set(self._context)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """The SDK span's `__exit__` (an exception is recorded and marks the span failed),
+        except that a cancellation is not an error; and the span stops being current."""
+        CURRENT.reset(self._token)
+        if isinstance(exc, Exception):
+            self.record_exception(exc)
+            self.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        if self._end_time is None:
+            self._end_time = time_ns()
+            self._maker.ended(self)
 
     @property
     def _span_processor(self) -> SpanProcessor:  # type: ignore[override]
@@ -305,14 +336,29 @@ class RecordedSpan(Span):
 
 def _ender(processor: SpanProcessor) -> Callable[[ReadableSpan], None]:
     """What takes an ended span: `processor.on_end`, or for the SDK's BatchSpanProcessor its
-    queue's `emit` for a sampled span (what its `on_end` does, without the properties)."""
-    batch = getattr(processor, "_batch_processor", None)
+    queue (what its `on_end` does, without the properties)."""
+    batch: Any = getattr(processor, "_batch_processor", None)
     emit = getattr(batch, "emit", None)
+    queue = getattr(batch, "_queue", None)
     if type(processor) is not BatchSpanProcessor or not callable(emit):
         return processor.on_end
+    if type(queue) is not deque or queue.maxlen is None \
+            or type(getattr(batch, "_max_export_batch_size", None)) is not int:
+        def emitted(span: ReadableSpan) -> None:
+            if span._context[3] & _SAMPLED:  # type: ignore[index]  # its trace_flags
+                emit(span)
+
+        return emitted
+    # Below this length, `emit` would only put the span in the queue: it wakes the worker
+    # when the queue reaches a batch, and drops a span (with a warning) when it is full.
+    # Its other check, for a fork, is the SDK's own fork hook's (os.register_at_fork).
+    short = min(batch._max_export_batch_size, queue.maxlen) - 1
 
     def ended(span: ReadableSpan) -> None:
         if span._context[3] & _SAMPLED:  # type: ignore[index]  # its trace_flags
-            emit(span)
+            if len(queue) < short and not batch._shutdown:
+                queue.appendleft(span)
+            else:
+                emit(span)
 
     return ended

@@ -13,12 +13,12 @@ tests build many apps in one process; neither can clobber the other this way.
 
 A span costs CPU on every request (docs/tracing.md#what-it-costs), so what wraps it here is
 kept thin: spans come from a SpanMaker instead of the SDK's Tracer, attributes go in one
-dict at the span's start, spans are made current by a small class instead of the SDK's two
-generator context managers, and the `traceparent` going upstream is formatted from the
-span's context instead of through a propagator and a carrier.
+dict at the span's start, a step's span makes itself current in its own `with` block
+instead of through the SDK's two generator context managers, and the `traceparent` going
+upstream is formatted from the span's context instead of through a propagator and a carrier.
 
-memproxy's current span is its own context variable, `_CURRENT`, holding the span's
-`SpanContext`: making a span current costs a `ContextVar.set` and a `reset`, where the
+memproxy's current span is its own context variable, `CURRENT` (recorded_span.py), holding
+the span's `SpanContext`: making a span current costs a `ContextVar.set` and a `reset`, where the
 OpenTelemetry context costs a dict copy, an attach and a detach through the runtime context
 (about 3.5 µs a span), and every reader here (a child's parent, `traceparent()`,
 `current_headers()`, `log_ids()`) reads it in one call. A context variable travels as
@@ -38,7 +38,7 @@ import gc
 import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextvars import ContextVar, Token
+from contextvars import Token
 from types import TracebackType
 from typing import Any
 
@@ -55,7 +55,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from memory import activate_tracer, deactivate_tracer
 from proxy.http.logs import get_logger
 from proxy.http.otlp_export import FastOTLPSpanExporter
-from proxy.http.recorded_span import SpanMaker
+from proxy.http.recorded_span import CURRENT, RecordedSpan, SpanMaker
 
 TRACING_STATE = "memproxy.tracing"  # the lifespan state key of the app's Tracing
 # The W3C Trace Context headers (https://www.w3.org/TR/trace-context/): the client's are
@@ -70,8 +70,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _NOTHING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 _ROOT = otel_context.Context()  # no parent: a trace of its own
 Span = trace.Span
-# The current span of memproxy's own (see above): None outside any.
-_CURRENT: ContextVar[SpanContext | None] = ContextVar("memproxy_span", default=None)
+_SAMPLED = TraceFlags.SAMPLED
 log = get_logger("tracing")
 
 
@@ -132,10 +131,13 @@ class Tracing:
         """An INTERNAL child of the current span, current while open; nothing (None) under a
         span sampled out, whose children would be too (work after a response goes on under
         the request's span after it ended, so its sampled flag decides, not is_recording)."""
-        parent = _CURRENT.get()
-        if parent is None or not parent.trace_flags & TraceFlags.SAMPLED:
+        parent = CURRENT.get()
+        if parent is None or not parent[3] & _SAMPLED:  # its trace_flags, without the property
             return _NOTHING
-        return _Current(self.spans.child(name, parent, attributes))
+        span = self.spans.child(name, parent, attributes)
+        # A RecordedSpan is current while its `with` block runs; what a sampler decided
+        # otherwise (a remote parent's child) is made so.
+        return span if type(span) is RecordedSpan else _Current(span)
 
     def linked(
         self, name: str, links: Sequence[str], attributes: Mapping[str, Any] | None = None
@@ -148,7 +150,7 @@ class Tracing:
 
     def traceparent(self) -> str | None:
         """The current span's traceparent (None when it was sampled out: no link to make)."""
-        found = _CURRENT.get()
+        found = CURRENT.get()
         return traceparent(found) if found is not None and found.trace_flags & TraceFlags.SAMPLED else None
 
     def current_headers(self) -> dict[str, str] | None:
@@ -157,7 +159,7 @@ class Tracing:
         client's go upstream as they came)."""
         if not self.propagate:
             return None
-        found = _CURRENT.get()
+        found = CURRENT.get()
         return _headers(found) if found is not None else {}
 
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
@@ -168,7 +170,7 @@ class Tracing:
         """A CLIENT span under the current one, not made current (it ends at the reply's
         last byte, after the handler returned), and the headers that carry it upstream
         (None when memproxy propagates none)."""
-        span = self.spans.begin(name, _CURRENT.get(), SpanKind.CLIENT, attributes, start_ns=start_ns)
+        span = self.spans.begin(name, CURRENT.get(), SpanKind.CLIENT, attributes, start_ns=start_ns)
         return span, _headers(span.get_span_context()) if self.propagate else None
 
     def fail(self, span: Span, exc: BaseException | None, *, error_type: str | None = None) -> None:
@@ -183,7 +185,7 @@ class Tracing:
 
     def log_ids(self) -> dict[str, str]:
         """The current span's trace and span ids for a log line ({} outside a span)."""
-        found = _CURRENT.get()
+        found = CURRENT.get()
         if found is None:
             return {}
         trace_id, span_id, _, _, _, valid = found  # the fields, without their properties
@@ -211,7 +213,7 @@ class Tracing:
 
         base = scope.get("root_path", "")
         attached = otel_context.attach(trace.set_span_in_context(span, parent))
-        current = _CURRENT.set(span.get_span_context())
+        current = CURRENT.set(span.get_span_context())
         active = activate_tracer(self)
         try:
             await app(scope, receive, send_status)
@@ -222,7 +224,7 @@ class Tracing:
             raise
         finally:
             deactivate_tracer(active)
-            _CURRENT.reset(current)
+            CURRENT.reset(current)
             otel_context.detach(attached)
             if span.is_recording():  # sampled out: a span with nothing to say
                 _describe(span, scope, base, method, status)
@@ -269,7 +271,7 @@ class _Current:
 
     def __enter__(self) -> Span:
         span = self._span
-        self._token: Token[SpanContext | None] = _CURRENT.set(span.get_span_context())
+        self._token: Token[SpanContext | None] = CURRENT.set(span.get_span_context())
         if self._root:
             self._attached = otel_context.attach(trace.set_span_in_context(span))
         return span
@@ -277,7 +279,7 @@ class _Current:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _CURRENT.reset(self._token)
+        CURRENT.reset(self._token)
         if self._root:
             otel_context.detach(self._attached)
         if isinstance(exc, Exception):
