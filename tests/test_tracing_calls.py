@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from config import Route
+from proxy.upstream.genai_span import reply_attributes
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -140,3 +141,35 @@ def test_tracecontext_and_baggage_in_otel_propagators_are_the_default(
     sent = upstream.history[-1].headers
     assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{call.span_id}-01"
     assert sent["baggage"] == "team=search"  # baggage is never read nor changed
+
+
+@pytest.mark.parametrize(("objects", "expected"), [
+    pytest.param([{"id": "chatcmpl-1", "model": "gpt-4o-mini", "choices": [{"finish_reason": "length"},
+                                                                           {"finish_reason": None}],
+                   "usage": {"prompt_tokens": 12, "completion_tokens": True}}],
+                 {"gen_ai.usage.input_tokens": 12, "gen_ai.response.model": "gpt-4o-mini",
+                  "gen_ai.response.id": "chatcmpl-1", "gen_ai.response.finish_reasons": ["length"]},
+                 id="chat: a flag is no count, a null reason no reason"),
+    pytest.param([{"type": "response.created", "response": {"id": "resp_1", "model": "gpt-4.1"}},
+                  {"type": "response.incomplete", "response": {
+                      "object": "response", "status": "incomplete",
+                      "incomplete_details": {"reason": "max_output_tokens"},
+                      "usage": {"input_tokens": 5, "output_tokens": 9}}}],
+                 {"gen_ai.usage.input_tokens": 5, "gen_ai.usage.output_tokens": 9,
+                  "gen_ai.response.model": "gpt-4.1", "gen_ai.response.id": "resp_1",
+                  "gen_ai.response.finish_reasons": ["max_output_tokens"]},
+                 id="responses stream: the reason an incomplete reply gives"),
+    pytest.param([{"type": "message_start", "message": {"id": "msg_1", "model": "claude-x",
+                                                         "usage": {"input_tokens": 7, "output_tokens": 1}}},
+                  {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                   "usage": {"output_tokens": 30}}],
+                 {"gen_ai.usage.input_tokens": 7, "gen_ai.usage.output_tokens": 30,
+                  "gen_ai.response.model": "claude-x", "gen_ai.response.id": "msg_1",
+                  "gen_ai.response.finish_reasons": ["end_turn"]},
+                 id="messages stream: the last usage counts"),
+    pytest.param([{"model": 3, "id": ["x"], "usage": "many", "choices": "none"}], {},
+                 id="nothing of the right type"),
+])
+def test_a_replys_genai_attributes_in_each_api_format(objects: list[dict[str, object]],
+                                                       expected: dict[str, object]) -> None:
+    assert reply_attributes(objects) == expected

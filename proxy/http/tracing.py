@@ -197,10 +197,10 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = self._parent(scope["headers"])
         method = scope["method"]
-        span = self.spans.start(method, parent, SpanKind.SERVER, {
-            "http.request.method": method, "url.path": scope["path"],
-            "url.scheme": scope.get("scheme", "http"),
-        })
+        attributes = {"http.request.method": method, "url.path": scope["path"],
+                      "url.scheme": scope.get("scheme", "http")}
+        span = self.spans.begin(method, None, SpanKind.SERVER, attributes, context=_ROOT) \
+            if parent is _ROOT else self.spans.start(method, parent, SpanKind.SERVER, attributes)
         status = 0
 
         def send_status(message: Message) -> Awaitable[None]:

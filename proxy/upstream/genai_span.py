@@ -44,6 +44,14 @@ _REQUEST_PARAMS = (
     ("max_completion_tokens", "gen_ai.request.max_tokens"),
     ("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p"),
 )
+_PARAM_FIELDS = frozenset(field for field, _ in _REQUEST_PARAMS)
+# Where a reply's objects carry it: the object itself, and a Responses event's `response`
+# or a Messages event's `message`.
+_NESTED = ("response", "message")
+# The usage counts each format names, for the GenAI attributes (output in this order).
+_TOKENS = (("prompt_tokens", "input_tokens"), ("input_tokens", "input_tokens"),
+           ("completion_tokens", "output_tokens"), ("output_tokens", "output_tokens"))
+_FINISHED = frozenset({"completed", "incomplete", "failed"})  # a Responses reply's end
 
 
 class TextTee(Protocol):
@@ -103,10 +111,11 @@ def start(
         "gen_ai.system": provider,  # the name before semconv 1.37, which tools still read
         "gen_ai.request.model": model,
     }
-    for field, name in _REQUEST_PARAMS:
-        value = body.get(field)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            attributes[name] = value
+    if not _PARAM_FIELDS.isdisjoint(body):
+        for field, name in _REQUEST_PARAMS:
+            value = body.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attributes[name] = value
     if target.base_url:
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
@@ -243,24 +252,38 @@ class TracedReply:
 
 def reply_attributes(objects: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The GenAI response attributes in a reply's JSON objects (a whole body, or stream
-    events), in any of the three API formats."""
+    events), in any of the three API formats. JSON gives plain types, told by `type` (an
+    int is not a bool there)."""
     model: str | None = None
     reply_id: str | None = None
     tokens: dict[str, int] = {}
     reasons: list[str] = []
     for found in objects:
-        for part in (found, found.get("response"), found.get("message")):
-            if not isinstance(part, dict):
-                continue
-            if model is None and isinstance(part.get("model"), str):
-                model = part["model"]
-            if reply_id is None and isinstance(part.get("id"), str):
-                reply_id = part["id"]
-            _usage(part.get("usage"), tokens)
-            _finish(part, reasons)
-        delta = found.get("delta")
-        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
-            reasons.append(delta["stop_reason"])  # Messages: message_delta
+        parts = [found]
+        for key in _NESTED:
+            if type(nested := found.get(key)) is dict:
+                parts.append(nested)
+        for part in parts:
+            if model is None and type(value := part.get("model")) is str:
+                model = value
+            if reply_id is None and type(value := part.get("id")) is str:
+                reply_id = value
+            if type(usage := part.get("usage")) is dict:
+                for name, ours in _TOKENS:
+                    if type(count := usage.get(name)) is int:
+                        tokens[ours] = count
+            if type(choices := part.get("choices")) is list:  # chat
+                for choice in choices:
+                    if type(choice) is dict and type(reason := choice.get("finish_reason")) is str:
+                        reasons.append(reason)
+            if type(reason := part.get("stop_reason")) is str:  # Messages
+                reasons.append(reason)
+            if part.get("object") == "response" and part.get("status") in _FINISHED:  # Responses
+                details = part.get("incomplete_details")
+                reason = details.get("reason") if type(details) is dict else None
+                reasons.append(reason if type(reason) is str else part["status"])
+        if type(delta := found.get("delta")) is dict and type(reason := delta.get("stop_reason")) is str:
+            reasons.append(reason)  # Messages: message_delta
     out: dict[str, Any] = {f"gen_ai.usage.{name}": value for name, value in tokens.items()}
     if model is not None:
         out["gen_ai.response.model"] = model
@@ -269,30 +292,6 @@ def reply_attributes(objects: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if reasons:
         out["gen_ai.response.finish_reasons"] = list(dict.fromkeys(reasons))
     return out
-
-
-def _usage(usage: Any, tokens: dict[str, int]) -> None:
-    if not isinstance(usage, dict):
-        return
-    for names, ours in ((("prompt_tokens", "input_tokens"), "input_tokens"),
-                        (("completion_tokens", "output_tokens"), "output_tokens")):
-        for name in names:
-            value = usage.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                tokens[ours] = value
-
-
-def _finish(part: dict[str, Any], reasons: list[str]) -> None:
-    choices = part.get("choices")
-    if isinstance(choices, list):  # chat
-        reasons.extend(c["finish_reason"] for c in choices
-                       if isinstance(c, dict) and isinstance(c.get("finish_reason"), str))
-    if isinstance(part.get("stop_reason"), str):  # Messages
-        reasons.append(part["stop_reason"])
-    if part.get("object") == "response" and part.get("status") in ("completed", "incomplete", "failed"):
-        details = part.get("incomplete_details")  # Responses
-        reason = details.get("reason") if isinstance(details, dict) else None
-        reasons.append(reason if isinstance(reason, str) else part["status"])
 
 
 @functools.lru_cache(maxsize=64)
