@@ -41,9 +41,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
-from opentelemetry.trace.status import Status, StatusCode
+from opentelemetry.trace.status import StatusCode
 
 from proxy.http.logs import get_logger
 from proxy.http.recorded_span import UNSET, RecordedSpan
