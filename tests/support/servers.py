@@ -9,6 +9,7 @@ PostgreSQL (Debian's `postgresql` package):
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import shutil
 import socket
@@ -33,10 +34,38 @@ class PortTaken(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port on 127.0.0.1 that nothing holds now, for a server to bind soon after. It is
+    taken below the kernel's ephemeral range, which the system's own choices come from (a
+    port 0 bind, every outgoing connection's local end), so none of those can take it in
+    the meantime; and from this pytest-xdist worker's own slice of what is below, so no
+    other worker hands it out. Each is handed out once a cycle through the slice."""
+    for _ in range(len(_PORTS)):
+        port = next(_NEXT_PORT)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held by something else: the next one
         return port
+    raise RuntimeError(f"no free port in {_PORTS}")
+
+
+def _worker_ports() -> range:
+    """This worker's slice of the ports from 10000 to the ephemeral range's start."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    low = 10000
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = max(1, (ephemeral - low) // max(workers, 1))
+    start = low + size * (worker % max(workers, 1))
+    return range(start, start + size)
+
+
+_PORTS = _worker_ports()
+_NEXT_PORT = itertools.cycle(_PORTS)
 
 
 def chroma_executable() -> Path:
