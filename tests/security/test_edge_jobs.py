@@ -83,8 +83,9 @@ async def test_one_user_s_backlog_does_not_starve_another_user(
                                          job_kind=INDEX_JOB)
         done = await store.log.append_turns("user-b", "s", [NewTurn("user", "hello")],
                                             job_kind=INDEX_JOB)
-        # A's jobs go FAIR_STEP apart from its first, B's at once: ahead of all but the few
-        # of A's that this machine took to queue (two on a quick one, first in line it was 201st).
+        # A's jobs go FAIR_STEP apart from its first, B's job at once: it is ahead of all of
+        # A's but the few queued in the time this machine took (two on a quick one). Without
+        # the fair order it would be 201st.
         ahead = int((time.time() - began) / FAIR_STEP) + 2
         order = []
         for _ in range(ahead + 2):
