@@ -218,6 +218,14 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 assert isinstance(child, RecordedSpan) and child.parent == made
                 child.end()
                 sdk_child.end()
+            else:  # and a child of one sampled out is not, with the same flags and state
+                client = pair.ours.begin("client", made, SpanKind.CLIENT, {"n": 1})
+                sdk_client = pair.sdk.start_span("client", trace.set_span_in_context(root), kind=SpanKind.CLIENT)
+                assert not client.is_recording() and not sdk_client.is_recording()
+                own, theirs = client.get_span_context(), sdk_client.get_span_context()
+                assert (own.trace_id, own.trace_flags, own.trace_state, own.is_remote) == \
+                    (theirs.trace_id, theirs.trace_flags, theirs.trace_state, theirs.is_remote)
+                assert own.is_valid and own.span_id != made.span_id
             root.end()
 
 

@@ -96,8 +96,9 @@ _EMPTY = Context()  # no parent, for a sampler asked about a new trace
 # memproxy's current span (proxy/http/tracing.py), None outside any: its SpanContext.
 CURRENT: ContextVar[SpanContext | None] = ContextVar("memproxy_span", default=None)
 # The samplers OTEL_TRACES_SAMPLER names (sampling._KNOWN_SAMPLERS): each samples the child
-# of a sampled span of this process (ParentBased by its default delegate, the ratio by the
-# same trace id, always_on always, always_off never makes the parent).
+# of a sampled span of this process, and drops the child of one it dropped (ParentBased by
+# its default delegates, the ratio by the same trace id, always_on never drops the parent,
+# always_off never samples it).
 _FOLLOWING = (ParentBased, StaticSampler, TraceIdRatioBased)
 
 
@@ -150,10 +151,16 @@ class SpanMaker:
         """A span under `parent` (a valid span, or None for a new trace): recording when
         sampled, else the SDK's non-recording span carrying the decision on. `context` is
         what a sampler asked is given (made of `parent` when None, empty for a new trace)."""
-        if parent is not None and self.follows_parent and parent.trace_flags.sampled \
-                and not parent.is_remote:
-            return self._recorded(name, parent, parent.trace_id, parent.trace_flags, parent.trace_state,
-                                  kind, attributes, links, start_ns)
+        if parent is not None and self.follows_parent and not parent.is_remote:
+            if parent.trace_flags.sampled:
+                return self._recorded(name, parent, parent.trace_id, parent.trace_flags,
+                                      parent.trace_state, kind, attributes, links, start_ns)
+            # Sampled out with its parent, as each of those samplers decides it (see above):
+            # the SDK's non-recording span, with the parent's flags and trace state.
+            span_id = (self.draws_span_ids and _getrandbits(64)) or self.ids.generate_span_id()
+            return trace.NonRecordingSpan(SpanContext(
+                parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
+                trace_state=parent.trace_state))
         if parent is None and self.samples_roots:
             return self._recorded(name, None, self.ids.generate_trace_id(), self.root_flags,
                                   DEFAULT_TRACE_STATE, kind, attributes, links, start_ns)
