@@ -10,8 +10,9 @@ that alone was past the 0.3 ms a request that tracing may cost.
 - the provider's sampler decides each root, and each span whose parent is remote; but a
   root is sampled without asking the SDK's own `always_on` and `parentbased_always_on` (the
   default) samplers, which sample every one (about 3 µs a request and a job);
-- a child of a sampled span of this process is sampled without asking it. Every sampler the
-  SDK builds from OTEL_TRACES_SAMPLER samples those, and another sampler is asked every time;
+- a child of a span of this process is sampled, or sampled out, with it, without asking the
+  sampler. Every sampler the SDK builds from OTEL_TRACES_SAMPLER samples the child of a
+  sampled span and drops the child of one it dropped; another sampler is asked every time;
 - its parent comes as a `SpanContext` (memproxy's current span, proxy/http/tracing.py), not
   an OpenTelemetry `Context`; one is made only when a sampler is asked;
 - a span's own `SpanContext` is built without the checks of its constructor when its ids
