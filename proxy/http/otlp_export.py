@@ -143,13 +143,8 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
             scope=_encode_instrumentation_scope(scope),  # type: ignore[arg-type]
             schema_url=scope.schema_url if scope else None,  # type: ignore[arg-type]
         ).SerializeToString())
-        for span_bytes in group:  # _field, inline: a batch has hundreds
-            scope_spans += b"\x12"
-            if (size := len(span_bytes)) < 0x80:
-                scope_spans.append(size)
-            else:
-                _varint(scope_spans, size)
-            scope_spans += span_bytes
+        for span_bytes in group:
+            _field(scope_spans, b"\x12", span_bytes)
         if resource not in by_resource:
             by_resource[resource] = bytearray(ResourceSpans(
                 resource=_encode_resource(resource), schema_url=resource.schema_url,

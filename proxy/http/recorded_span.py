@@ -140,6 +140,8 @@ class SpanMaker:
     ) -> trace.Span:
         """A span under the span of the OpenTelemetry `context` (its current one when None),
         as `begin` makes it."""
+        if context is not None and not context:  # an empty context: a new trace, no lookups
+            return self.begin(name, None, kind, attributes, links, start_ns, context=context)
         found = trace.get_current_span(context).get_span_context()
         return self.begin(name, found if found.is_valid else None, kind, attributes, links, start_ns,
                           context=context)
@@ -254,9 +256,8 @@ class RecordedSpan(Span):
         except that a cancellation is not an error; and the span stops being current."""
         CURRENT.reset(self._token)
         if isinstance(exc, Exception):
-            self.record_exception(exc)
-            self.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        if self._end_time is None:
+            failed(self, exc)
+        if self._end_time is None:  # `end`, inline: a call fewer for every step
             self._end_time = time_ns()
             self._maker.ended(self)
 
@@ -340,6 +341,13 @@ class RecordedSpan(Span):
             return
         self._end_time = end_time if end_time is not None else time_ns()
         self._maker.ended(self)
+
+
+def failed(span: trace.Span, exc: Exception) -> None:
+    """What a `with` block's exception leaves on its span, as the SDK span's `__exit__`
+    leaves it: the exception, and an error status naming it."""
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def _ender(processor: SpanProcessor) -> Callable[[ReadableSpan], None]:

@@ -55,7 +55,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from memory import activate_tracer, deactivate_tracer
 from proxy.http.logs import get_logger
 from proxy.http.otlp_export import FastOTLPSpanExporter
-from proxy.http.recorded_span import CURRENT, RecordedSpan, SpanMaker
+from proxy.http.recorded_span import CURRENT, RecordedSpan, SpanMaker, failed
 
 TRACING_STATE = "memproxy.tracing"  # the lifespan state key of the app's Tracing
 # The W3C Trace Context headers (https://www.w3.org/TR/trace-context/): the client's are
@@ -197,10 +197,10 @@ class Tracing:
         """Run one HTTP request inside its SERVER span (HTTP semantic conventions)."""
         parent = self._parent(scope["headers"])
         method = scope["method"]
-        attributes = {"http.request.method": method, "url.path": scope["path"],
-                      "url.scheme": scope.get("scheme", "http")}
-        span = self.spans.begin(method, None, SpanKind.SERVER, attributes, context=_ROOT) \
-            if parent is _ROOT else self.spans.start(method, parent, SpanKind.SERVER, attributes)
+        span = self.spans.start(method, parent, SpanKind.SERVER, {
+            "http.request.method": method, "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+        })
         status = 0
 
         def send_status(message: Message) -> Awaitable[None]:
@@ -283,8 +283,7 @@ class _Current:
         if self._root:
             otel_context.detach(self._attached)
         if isinstance(exc, Exception):
-            self._span.record_exception(exc)
-            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            failed(self._span, exc)
         self._span.end()
 
 

@@ -57,10 +57,10 @@ def _worker_ports() -> range:
     except (OSError, ValueError, IndexError):
         ephemeral = 32768  # Linux's default
     low = 10000
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    size = max(1, (ephemeral - low) // max(workers, 1))
-    start = low + size * (worker % max(workers, 1))
+    size = max(1, (ephemeral - low) // workers)
+    start = low + size * (worker % workers)
     return range(start, start + size)
 
 
