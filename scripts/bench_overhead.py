@@ -455,13 +455,23 @@ def report_tracing(phases: dict[str, list[Phase]], pairs: tuple[tuple[str, str],
             differences = [b.proxy_cpu_ms - a.proxy_cpu_ms for a, b in zip(runs[off], runs[on], strict=True)]
             memory = "memory on" if "memory" in off else "memory off"
             what = "tracing off, this code against the baseline" if off.startswith("before") \
-                else "tracing on (target <= 0.3)"
+                else f"tracing on{sampler_named()} (target <= 0.3)"
             spread = f" (rounds {min(differences):+.2f} to {max(differences):+.2f})" if len(differences) > 1 else ""
             lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}:"
                          f" {statistics.median(differences):+.3f} ms{spread}")
     print("cpu: ms per request of the memproxy process, until it settled; medians of rounds\n")
     print("\n".join(lines))
     return lines
+
+
+def sampler_named() -> str:
+    """The sampler the traced arms inherit from this environment (OTEL_TRACES_SAMPLER and
+    its argument), for the report; '' for the SDK's default, which samples every request."""
+    sampler = os.environ.get("OTEL_TRACES_SAMPLER", "").strip()
+    if not sampler:
+        return ""
+    argument = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    return f", sampler {sampler}" + (f" {argument}" if argument else "")
 
 
 def run_tracing(args: argparse.Namespace) -> dict[str, list[Phase]]:

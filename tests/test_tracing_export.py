@@ -226,6 +226,8 @@ def test_sampling_decides_as_the_sdk_does(sampler: str, monkeypatch: pytest.Monk
                 assert (own.trace_id, own.trace_flags, own.trace_state, own.is_remote) == \
                     (theirs.trace_id, theirs.trace_flags, theirs.trace_state, theirs.is_remote)
                 assert own.is_valid and own.span_id != made.span_id
+                assert type(own) is SpanContext and tuple(own) == tuple(SpanContext(
+                    own.trace_id, own.span_id, False, own.trace_flags, own.trace_state))
             root.end()
 
 
@@ -249,7 +251,10 @@ def test_a_span_context_made_without_its_checks_is_the_one_its_constructor_makes
     # An id the constructor would find invalid is left to it, and is invalid.
     provider = TracerProvider(id_generator=ZeroSpanIds())
     maker = SpanMaker(provider, SimpleSpanProcessor(InMemorySpanExporter()), "memproxy")
-    for span in (maker.start("root"), maker.child("child", root.get_span_context(), None)):
+    # ... for a span that records, and for the child of one sampled out.
+    unsampled = pair.ours.start("unsampled", trace.set_span_in_context(NonRecordingSpan(UNSAMPLED_REMOTE)))
+    for span in (maker.start("root"), maker.child("child", root.get_span_context(), None),
+                 maker.begin("client", unsampled.get_span_context(), SpanKind.CLIENT)):
         made = span.get_span_context()
         assert not made.is_valid
         assert tuple(made) == tuple(SpanContext(made.trace_id, 0, False, made.trace_flags, made.trace_state))
@@ -368,6 +373,7 @@ def test_memproxys_current_span_goes_into_tasks_and_only_roots_are_opentelemetry
             assert trace.get_current_span() is root  # a root is OpenTelemetry's current span too
             with tracing.span("step", {"n": 1}) as step:
                 assert step is not None and trace.get_current_span() is root  # a step is not
+                assert not tracing.drops_children()
                 ids = step.get_span_context()
                 assert tracing.log_ids() == {"trace_id": f"{ids.trace_id:032x}", "span_id": f"{ids.span_id:016x}"}
                 task = asyncio.get_running_loop().create_task(after_the_step())
@@ -391,6 +397,7 @@ def test_memproxys_current_span_goes_into_tasks_and_only_roots_are_opentelemetry
     async def sampled_out() -> None:
         with tracing.linked("job", []) as root:
             assert not root.is_recording() and tracing.traceparent() is None
+            assert tracing.drops_children()  # what a CLIENT span under it sees, so
             assert tracing.log_ids()  # still a trace, for the log lines
             with tracing.span("step") as step:
                 assert step is None

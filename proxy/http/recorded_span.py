@@ -154,16 +154,14 @@ class SpanMaker:
         """A span under `parent` (a valid span, or None for a new trace): recording when
         sampled, else the SDK's non-recording span carrying the decision on. `context` is
         what a sampler asked is given (made of `parent` when None, empty for a new trace)."""
-        if parent is not None and self.follows_parent and not parent.is_remote:
-            if parent.trace_flags.sampled:
-                return self._recorded(name, parent, parent.trace_id, parent.trace_flags,
-                                      parent.trace_state, kind, attributes, links, start_ns)
+        if parent is not None and self.follows_parent and not parent[2]:  # not remote
+            trace_id, _, _, flags, state, _ = parent  # the fields, without their properties
+            if flags & _SAMPLED:
+                return self._recorded(name, parent, trace_id, flags, state, kind, attributes,
+                                      links, start_ns)
             # Sampled out with its parent, as each of those samplers decides it (see above):
             # the SDK's non-recording span, with the parent's flags and trace state.
-            span_id = (self.draws_span_ids and _getrandbits(64)) or self.ids.generate_span_id()
-            return trace.NonRecordingSpan(SpanContext(
-                parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
-                trace_state=parent.trace_state))
+            return trace.NonRecordingSpan(self._own_context(trace_id, flags, state))
         if parent is None and self.samples_roots:
             return self._recorded(name, None, self.ids.generate_trace_id(), self.root_flags,
                                   DEFAULT_TRACE_STATE, kind, attributes, links, start_ns)
@@ -188,18 +186,10 @@ class SpanMaker:
         state: TraceState | None, kind: SpanKind, attributes: Mapping[str, Any] | None,
         links: Sequence[Link], start_ns: int | None,
     ) -> RecordedSpan:
-        """A recording span of a new span id in the trace `trace_id`, with the fields a
-        SpanContext checks and defaults: only a trace id from a valid parent or the id
-        generator comes here, and the span id is checked as its constructor would."""
-        # RandomIdGenerator draws again for a 0, as it does.
-        span_id = (self.draws_span_ids and _getrandbits(64)) or self.ids.generate_span_id()
-        if state is None or not 0 < trace_id < _TRACE_ID_END or not 0 < span_id < _SPAN_ID_END:
-            own = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state)
-        else:
-            own = _new_tuple(SpanContext, (trace_id, span_id, False, flags, state, True))
+        """A recording span of a new span id in the trace `trace_id`."""
         span: RecordedSpan = _new_span(RecordedSpan)
         span._name = name
-        span._context = own
+        span._context = self._own_context(trace_id, flags, state)
         span._parent = parent
         span._kind = kind
         span._start_time = start_ns if start_ns is not None else time_ns()
@@ -213,6 +203,16 @@ class SpanMaker:
         if links:
             span._links = span._new_links(links)
         return span
+
+    def _own_context(self, trace_id: int, flags: TraceFlags, state: TraceState | None) -> SpanContext:
+        """The SpanContext of a new span of this process in the trace `trace_id`, with the
+        fields its constructor checks and defaults: only a trace id from a valid parent or
+        the id generator comes here, and the span id is checked as the constructor would."""
+        # RandomIdGenerator draws again for a 0, as it does.
+        span_id = (self.draws_span_ids and _getrandbits(64)) or self.ids.generate_span_id()
+        if state is None or not 0 < trace_id < _TRACE_ID_END or not 0 < span_id < _SPAN_ID_END:
+            return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state)
+        return _new_tuple(SpanContext, (trace_id, span_id, False, flags, state, True))
 
 
 class RecordedSpan(Span):

@@ -164,6 +164,14 @@ class Tracing:
 
     # -- the upstream call's CLIENT span (proxy/upstream/genai_span.py)
 
+    def drops_children(self) -> bool:
+        """Whether a span started under the current one is sampled out without asking the
+        sampler (SpanMaker.begin): its parent, of this process, was. Its attributes would
+        go nowhere."""
+        found = CURRENT.get()
+        return found is not None and not found[3] & _SAMPLED and not found[2] \
+            and self.spans.follows_parent  # its trace_flags and is_remote, without the properties
+
     def start_client(
         self, name: str, attributes: Mapping[str, Any] | None = None, *, start_ns: int | None = None,
     ) -> tuple[Span, dict[str, str] | None]:

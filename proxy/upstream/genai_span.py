@@ -104,6 +104,9 @@ def start(
     """Open the CLIENT span of one upstream call, its request attributes given at its start
     (one call into the SDK, and a sampler sees them); `messages` gives the conversation
     sent, captured only when contents are."""
+    if tracing.drops_children():  # a span sampled out: only its Trace Context headers matter
+        span, headers = tracing.start_client(operation)
+        return GenAICall(tracing, span, headers, 0)
     model = body.get("model")
     model = model if isinstance(model, str) else ""
     attributes: dict[str, Any] = {
