@@ -146,6 +146,11 @@ class SpanMaker:
         return self.begin(name, found if found.is_valid else None, kind, attributes, links, start_ns,
                           context=context)
 
+    def drops_child_of(self, parent: SpanContext | None) -> bool:
+        """Whether `begin` samples a child of `parent` out without asking the sampler: the
+        parent is a span of this process that was sampled out (see the module's docstring)."""
+        return parent is not None and self.follows_parent and not parent[2] and not parent[3] & _SAMPLED
+
     def begin(
         self, name: str, parent: SpanContext | None, kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None, links: Sequence[Link] = (),

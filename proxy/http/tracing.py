@@ -166,11 +166,8 @@ class Tracing:
 
     def drops_children(self) -> bool:
         """Whether a span started under the current one is sampled out without asking the
-        sampler (SpanMaker.begin): its parent, of this process, was. Its attributes would
-        go nowhere."""
-        found = CURRENT.get()
-        return found is not None and not found[3] & _SAMPLED and not found[2] \
-            and self.spans.follows_parent  # its trace_flags and is_remote, without the properties
+        sampler: its attributes would go nowhere."""
+        return self.spans.drops_child_of(CURRENT.get())
 
     def start_client(
         self, name: str, attributes: Mapping[str, Any] | None = None, *, start_ns: int | None = None,
