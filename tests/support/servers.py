@@ -65,7 +65,10 @@ def _worker_ports() -> range:
 
 
 _PORTS = _worker_ports()
-_NEXT_PORT = itertools.cycle(_PORTS)
+# The cycle starts at a place of this process's own, so two test runs on one machine (two
+# checkouts, each with its workers) rarely hand out the same port at the same time.
+_START = os.getpid() % len(_PORTS)
+_NEXT_PORT = itertools.cycle([*_PORTS[_START:], *_PORTS[:_START]])
 
 
 def chroma_executable() -> Path:
