@@ -68,7 +68,7 @@ _PORTS = _worker_ports()
 # The cycle starts at a place of this process's own, so two test runs on one machine (two
 # checkouts, each with its workers) rarely hand out the same port at the same time.
 _START = os.getpid() % len(_PORTS)
-_NEXT_PORT = itertools.cycle([*_PORTS[_START:], *_PORTS[:_START]])
+_NEXT_PORT = itertools.cycle(itertools.chain(_PORTS[_START:], _PORTS[:_START]))
 
 
 def chroma_executable() -> Path:
