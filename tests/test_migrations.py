@@ -40,6 +40,8 @@ EXPECTED_TABLES = {
     "vector_generations",
     "api_keys",
     "usage_daily",
+    "usage_reservations",
+    "rate_buckets",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 

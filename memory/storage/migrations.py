@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage import quota_schema, usage_schema
+from memory.storage import usage_schema
 from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
 from memory.storage.rebuild import rebuild_table
 
@@ -419,9 +419,7 @@ MIGRATIONS: list[Migration] = [
     ("0012_fact_provenance", _fact_provenance),
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
     # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
-    ("0014_usage", usage_schema.SQLITE),
-    # Quota reservations and rate buckets every replica shares (docs/usage.md, docs/keys.md).
-    ("0015_quota_holds", quota_schema.SQLITE),
+    *usage_schema.SQLITE_MIGRATIONS,  # 0014 and 0015: usage, quotas and rate buckets
 ]
 
 

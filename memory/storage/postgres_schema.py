@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage import api_keys, quota_schema, usage_schema
+from memory.storage import api_keys, usage_schema
 
 if TYPE_CHECKING:
     import asyncpg
@@ -463,8 +463,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", api_keys.POSTGRES_TABLE),
-    ("0014_usage", usage_schema.POSTGRES),
-    ("0015_quota_holds", quota_schema.POSTGRES),
+    *usage_schema.POSTGRES_MIGRATIONS,
 ]
 
 

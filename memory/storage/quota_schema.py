@@ -4,7 +4,8 @@ and `rate_buckets` (memory/storage/rate_buckets.py), each proxy key's request-ra
 shared by every replica (docs/usage.md, docs/keys.md).
 
 A reservation carries its own expiry (a lease), so one left by a replica that died stops
-counting after MEMPROXY's lease (proxy/access/quota.py) without anyone releasing it.
+counting when its lease ends (LEASE_SECONDS, proxy/access/quota.py) without anyone
+releasing it.
 """
 
 from __future__ import annotations
