@@ -381,7 +381,8 @@ def _relay_stream(
         state.metrics.inflight_streams.dec()
         if tap is not None and kept is not None:
             _count(call, tap.input_tokens, tap.output_tokens,
-                   lambda: _kept_text(fmt, kept, tee), scale=kept.scaled)
+                   lambda: _kept_text(fmt, kept, tee), scale=kept.scaled,
+                   cut=not outcome.completed or outcome.error is not None)
         if outcome.error is not None:
             state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
         if tee is not None:
@@ -407,16 +408,18 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
 
 def _count(
     call: Call, input_tokens: int | None, output_tokens: int | None,
-    relayed: Callable[[], str], scale: Callable[[int], int] = lambda n: n,
+    relayed: Callable[[], str], scale: Callable[[int], int] = lambda n: n, cut: bool = False,
 ) -> None:
     """A reply's tokens in the call's tally: the upstream's own counts, and where one never
     came (a stream cut before its usage, an upstream that sends none) what memproxy saw
-    pass: the prompt it sent and the text it relayed, with the model's tokenizer."""
+    pass: the prompt it sent and the text it relayed, with the model's tokenizer. A `cut`
+    stream's output is at least its relayed text: a count sent before the text (Messages'
+    `message_start` says 1) is not its end."""
     model = str(call.body["model"])
     if input_tokens is None:
         input_tokens = prompt_tokens(call.sent, model, raw_size=call.sent_size)
-    if output_tokens is None:
-        output_tokens = scale(text_tokens(relayed(), model))
+    if output_tokens is None or cut:
+        output_tokens = max(output_tokens or 0, scale(text_tokens(relayed(), model)))
     call.tally.input_tokens, call.tally.output_tokens = input_tokens, output_tokens
 
 

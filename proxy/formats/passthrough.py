@@ -78,7 +78,9 @@ async def relay(
         # Only a request without any key counts against its user (the body is not parsed here).
         user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
         await state.limits.take(key, limit_keys(key, request, user_id, settings), stream=False)
-    counted = tally is not None and request.method == "POST" and request.url.path in COUNTED
+    # Metered only where usage is counted (the memory database): else streamed through.
+    counted = tally is not None and state.usage is not None and request.method == "POST" \
+        and request.url.path in COUNTED
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")

@@ -20,6 +20,7 @@ import pytest
 
 from memory.tokens import count_tokens
 from tests.conftest import RunningProxy
+from tests.support.formats import message_events, response_events
 from tests.support.scripted_upstream import (
     JSONReply,
     Received,
@@ -100,6 +101,32 @@ def test_streams_cut_before_their_usage_chunk_are_counted_from_what_was_relayed(
     assert month["output_tokens"] == 3 * count_tokens(ANSWER, MODEL)
     assert month["input_tokens"] > 0
     upstream.clear()
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_responses_and_messages_streams_cut_before_their_usage_count_the_text(
+    start_proxy: Starter, upstream: ScriptedUpstream, api: str
+) -> None:
+    """The same cut on the other formats: a Responses stream before `response.completed`,
+    a Messages stream after `message_start` (its input) and before `message_delta` (its
+    output)."""
+    proxy = start_proxy(memory=True, api_keys=KEYS, admin_key=ADMIN,
+                        anthropic_base_url=upstream.base_url.removesuffix("/v1"))
+    if api == "responses":
+        events = response_events(ANSWER, input_tokens=40)
+        cut, body = len(events) - 1, {"model": MODEL, "input": "hello", "stream": True}
+    else:
+        events = message_events(ANSWER, input_tokens=40)
+        cut = next(i for i, e in enumerate(events) if b"message_delta" in e)
+        body = {"model": "claude-x", "max_tokens": 2000, "stream": True,
+                "messages": [{"role": "user", "content": "hello"}]}
+    upstream.enqueue(SSEReply(events, cut_after=cut, delay=0.02, done=False))
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        answer = http.post(f"/v1/{api}", json=body, headers={"Authorization": f"Bearer {QUOTA}"})
+    assert answer.status_code == 200 and "fox jumps" in answer.text
+    month = carol(proxy)
+    assert month["output_tokens"] == count_tokens(ANSWER, MODEL)
+    assert month["input_tokens"] == 40 if api == "messages" else month["input_tokens"] > 0
 
 
 def test_streamed_legacy_completions_are_counted_through_the_pass_through(
