@@ -33,10 +33,11 @@ from proxy.access.identity import (
 )
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import previous_response_not_found, stored_elsewhere
-from proxy.access.quota import KeptReply, estimate, prompt_tokens, refuse_unmetered, text_tokens
+from proxy.access.quota import KeptReply, estimate, refuse_unmetered
 from proxy.access.usage import Tally, count_usage
 from proxy.flow.call import Call
 from proxy.flow.compaction import compact
+from proxy.flow.counting import count_error, count_reply, kept_text
 from proxy.flow.memory_step import MemoryStep
 from proxy.flow.memory_tool.loop import MemoryTool
 from proxy.formats.base import ApiFormat, ReplyTee
@@ -306,15 +307,17 @@ async def _relay(
         await upstream.aclose()
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)
-        _count_error(call, content)
+        if state.usage is not None:
+            count_error(call, content)
         return Response(content, upstream.status_code, out_headers)
     reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
-    seen = call.fmt.read_usage(reply_body)
-    reply = call.fmt.read_reply(reply_body) if step.writing or seen is None \
-        or seen.output_tokens is None else None
-    _count(call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
-           lambda: reply.text if reply is not None else "")
-    reply = reply if step.writing else None
+    reply = call.fmt.read_reply(reply_body) if step.writing else None
+    if state.usage is not None:  # counted only where usage is kept (the memory database)
+        seen = call.fmt.read_usage(reply_body)
+        count_reply(
+            call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
+            relayed=lambda: (reply or call.fmt.read_reply(reply_body)).text,
+        )
     step.remember_reply(
         reply.text if reply else None, incomplete=not (reply is None or reply.complete),
         reply_id=reply.reply_id if reply else None,
@@ -380,9 +383,9 @@ def _relay_stream(
     def done(outcome: StreamOutcome) -> None:
         state.metrics.inflight_streams.dec()
         if tap is not None and kept is not None:
-            _count(call, tap.input_tokens, tap.output_tokens,
-                   lambda: _kept_text(fmt, kept, tee), scale=kept.scaled,
-                   cut=not outcome.completed or outcome.error is not None)
+            count_reply(call, tap.input_tokens, tap.output_tokens,
+                        relayed=lambda: kept_text(fmt, kept, tee), scale=kept.scaled,
+                        cut=not outcome.completed or outcome.error is not None)
         if outcome.error is not None:
             state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
         if tee is not None:
@@ -404,45 +407,6 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
             yield out
     if out := tap.end():
         yield out
-
-
-def _count(
-    call: Call, input_tokens: int | None, output_tokens: int | None,
-    relayed: Callable[[], str], scale: Callable[[int], int] = lambda n: n, cut: bool = False,
-) -> None:
-    """A reply's tokens in the call's tally: the upstream's own counts, and where one never
-    came (a stream cut before its usage, an upstream that sends none) what memproxy saw
-    pass: the prompt it sent and the text it relayed, with the model's tokenizer. A `cut`
-    stream's output is at least its relayed text: a count sent before the text (Messages'
-    `message_start` says 1) is not its end."""
-    model = str(call.body["model"])
-    if input_tokens is None:
-        input_tokens = prompt_tokens(call.sent, model, raw_size=call.sent_size)
-    if output_tokens is None or cut:
-        output_tokens = max(output_tokens or 0, scale(text_tokens(relayed(), model)))
-    call.tally.input_tokens, call.tally.output_tokens = input_tokens, output_tokens
-
-
-def _count_error(call: Call, content: bytes) -> None:
-    """An upstream error's tokens, when its body says it spent some (a failed response)."""
-    try:
-        payload = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return
-    seen = call.fmt.read_usage(payload) if isinstance(payload, dict) else None
-    if seen is not None:
-        call.tally.input_tokens = seen.input_tokens or 0
-        call.tally.output_tokens = seen.output_tokens or 0
-
-
-def _kept_text(fmt: ApiFormat, kept: KeptReply, tee: ReplyTee | None) -> str:
-    """The text of a relayed stream: its tee's when it had one, else read from the bytes
-    kept (a rare path: only for a stream whose usage never came)."""
-    if tee is None:
-        tee = fmt.tee()
-        for part in kept.parts:
-            tee.feed(part)
-    return tee.text
 
 
 def _json_object(content: bytes) -> dict[str, Any]:

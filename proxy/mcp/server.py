@@ -116,14 +116,14 @@ async def authorise(request: Request, state: AppState) -> McpCaller:
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
     session_id = resolve_session(headers, user_id, []) if "x-memory-session-id" in headers else None
-    keys = limit_keys(principal.key, request, user_id, settings)
     if state.limits.applies(principal.key):
         # Every message counts, not only tool calls: a resource read or a listing costs a
-        # database read as a search does (docs/mcp.md).
-        await state.limits.take(principal.key, keys, stream=False)
+        # database read as a search does (docs/security.md, "MCP messages past the rate limit").
+        await state.limits.take(principal.key, limit_keys(principal.key, request, user_id, settings),
+                                stream=False)
     return McpCaller(
         principal, user_id, org_id, session_id, state.memory, settings,
-        limit_keys=keys, client=client_name(headers.get("user-agent")),
+        client=client_name(headers.get("user-agent")),
     )
 
 
