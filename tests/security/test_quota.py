@@ -22,6 +22,7 @@ from memory.tokens import count_tokens
 from tests.conftest import RunningProxy
 from tests.support.formats import message_events, response_events
 from tests.support.scripted_upstream import (
+    ErrorReply,
     JSONReply,
     Received,
     Reply,
@@ -293,6 +294,34 @@ def test_a_reservation_left_by_a_dead_replica_lapses(
            " RETURNING 1", (now - 1,))
     assert post_chat(proxy, QUOTA).status_code == 200
     assert scalar(settings, "SELECT COUNT(*) FROM usage_reservations") == 0
+
+
+def test_reservations_are_settled_when_the_client_goes_or_the_upstream_fails(
+    served: RunningProxy, upstream: ScriptedUpstream
+) -> None:
+    """The settlement runs in the request's finally path: a client that hangs up mid-stream
+    and an upstream error leave no reservation behind, and what was relayed is counted."""
+    settings = served.state.settings
+    upstream.enqueue(SSEReply(chat_chunks(ANSWER, split=40, include_usage=True), delay=0.05))
+    with httpx.Client(base_url=served.url, timeout=30) as http, http.stream(
+        "POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {QUOTA}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    ) as answer:
+        assert answer.status_code == 200
+        seen = b""
+        for part in answer.iter_bytes():
+            seen += part
+            if b"fox" in seen:
+                break  # the client goes away after some of the text
+    upstream.enqueue(ErrorReply(500, "the upstream broke"))
+    assert post_chat(served, QUOTA).status_code == 500
+    deadline = time.monotonic() + 5
+    while scalar(settings, "SELECT COUNT(*) FROM usage_reservations") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scalar(settings, "SELECT COUNT(*) FROM usage_reservations") == 0
+    month = carol(served)
+    assert month["requests"] == 2 and month["errors"] == 1
+    assert 0 < month["output_tokens"] < count_tokens(ANSWER, MODEL)  # the part relayed
 
 
 # -- item 4: a key's rate limit holds across replicas ----------------------------------------
