@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.access.quota import KeptReply, estimate, prompt_tokens, text_tokens
+from proxy.access.quota import KeptReply, estimate, output_allowance, prompt_tokens, text_tokens
 from proxy.access.usage import Tally
 from proxy.formats.usage import CHAT_MARK, ReplyUsage, UsageTap, ask_stream_usage, chat_usage
 from proxy.http.relay import StreamOutcome
@@ -51,10 +51,15 @@ class MeteredBody:
 
     def estimate(self) -> int:
         """The tokens this request may spend (a quota's reservation)."""
+        if not self.body:  # a body memproxy cannot read (compressed?): by its size
+            return self.prompt_tokens() + output_allowance({}, self.path)
         return estimate(self.body, self.model, raw_size=len(self.payload), route=self.path)
 
     def prompt_tokens(self) -> int:
-        """The prompt's tokens as memproxy counts them."""
+        """The prompt's tokens as memproxy counts them (a body it cannot read: a token per
+        4 bytes)."""
+        if not self.body:
+            return len(self.payload) // 4
         return prompt_tokens(self.body, self.model, raw_size=len(self.payload))
 
 
