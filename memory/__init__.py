@@ -26,11 +26,12 @@ if TYPE_CHECKING:
     from memory.admin.backup import BackupError, BackupResult, backup
     from memory.admin.clearing import ClearExpired, ClearNotFound, ClearReceipt
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
+    from memory.admin.rates import SharedBuckets
     from memory.admin.record_checks import IGNORED, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
-    from memory.admin.usage import UsageLedger, UsageReport
+    from memory.admin.usage import Hold, UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, collection_name
     from memory.index.embeddings import LocalEmbedder, find_model_dir
     from memory.index.heap_fill import mallopt
@@ -144,6 +145,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "key_digest": ("memory.admin.api_keys", "digest"),
     # usage per day, key and user (docs/usage.md)
     "UsageLedger": ("memory.admin.usage", "UsageLedger"),
+    "Hold": ("memory.admin.usage", "Hold"),
+    "SharedBuckets": ("memory.admin.rates", "SharedBuckets"),
     "UsageReport": ("memory.admin.usage", "UsageReport"),
     "UsageCounts": ("memory.storage.usage", "UsageCounts"),
     "UsageRow": ("memory.storage.usage", "UsageRow"),
@@ -184,6 +187,7 @@ __all__ = [
     "Fact",
     "FactError",
     "FactNotFound",
+    "Hold",
     "Injection",
     "KeyNotFound",
     "KeyRevoked",
@@ -202,6 +206,7 @@ __all__ = [
     "ReplyChain",
     "RequestMetrics",
     "SQLiteDatabase",
+    "SharedBuckets",
     "SpoolRecall",
     "Spooled",
     "StoredKey",

@@ -18,6 +18,7 @@ from config import Settings
 from memory import tracing
 from memory.admin.api_keys import KeyStore
 from memory.admin.manage import Management
+from memory.admin.rates import SharedBuckets
 from memory.admin.usage import UsageLedger
 from memory.index.embeddings import LocalEmbedder, UnavailableEmbedder, find_model_dir
 from memory.index.learned_vectors import LearnedVectors
@@ -76,6 +77,7 @@ class MemoryEngine:
         self.keys = KeyStore(db)  # proxy keys kept in the database (docs/keys.md)
         self.queue = JobQueue(db, lease_seconds=settings.job_lease_seconds)
         self.usage = UsageLedger(db)  # requests and tokens per day, key and user
+        self.rates = SharedBuckets(db)  # request-rate buckets of proxy keys, every replica's
         self.vectors = vectors
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).
         self.shared_vectors = SharedVectors(db, vectors)

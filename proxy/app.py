@@ -101,6 +101,7 @@ def create_app(
                 state.usage = UsageMeter(state.memory.usage,
                                          flush_seconds=settings.usage_flush_seconds)
                 state.usage.start()
+                state.limits.shared = state.memory.rates  # a key's rate on every replica
             if mcp is not None:
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True

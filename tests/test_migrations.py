@@ -40,6 +40,8 @@ EXPECTED_TABLES = {
     "vector_generations",
     "api_keys",
     "usage_daily",
+    "usage_reservations",
+    "rate_buckets",
 }
 ALL = [name for name, _ in migrations.MIGRATIONS]
 
@@ -239,7 +241,8 @@ def test_0014_adds_usage_to_a_database_that_has_data(conn: sqlite3.Connection) -
     migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0014"])
     conn.execute(FACT, ("Ada likes green tea", "manual"))
     assert "usage_daily" not in tables(conn)
-    assert migrations.apply(conn) == ["0014_usage"]
+    assert migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0015"]) \
+        == ["0014_usage"]
     assert conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0] == 1
     conn.execute("INSERT INTO usage_daily (day, key_id, user_id, requests) VALUES ('2026-11-26', 'k', 'u', 1)")
     with pytest.raises(sqlite3.IntegrityError):  # one row per day, key and user
@@ -368,3 +371,14 @@ async def test_postgres_0009_gives_the_chunks_already_indexed_their_postings(
         assert [r["lexeme"] for r in postings if r["chunk_id"] == 3 and r["tf"] == 1.5] == ["bob"]
     finally:
         await conn.close()
+
+
+def test_0015_adds_quota_holds_to_a_database_with_usage(conn: sqlite3.Connection) -> None:
+    migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0015"])
+    conn.execute("INSERT INTO usage_daily (day, key_id, user_id, input_tokens) VALUES ('2026-11-26', 'k', 'u', 7)")
+    assert "usage_reservations" not in tables(conn) and "rate_buckets" not in tables(conn)
+    assert migrations.apply(conn) == ["0015_quota_holds"]
+    assert conn.execute("SELECT input_tokens FROM usage_daily").fetchone()[0] == 7
+    conn.execute("INSERT INTO usage_reservations VALUES ('h1', 'k', 100, 1e10)")
+    with pytest.raises(sqlite3.IntegrityError):  # a reservation's id is its own
+        conn.execute("INSERT INTO usage_reservations VALUES ('h1', 'k', 5, 1e10)")

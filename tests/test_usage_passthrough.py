@@ -87,9 +87,11 @@ def test_a_quota_counts_what_the_pass_through_spent(
     assert (carol["input_tokens"], carol["output_tokens"], carol["errors"]) == (80, 60, 1)
 
 
-def test_a_reply_without_usage_or_cut_short_counts_the_request_only(
+def test_a_reply_without_usage_counts_its_prompt_and_an_error_none(
     served: RunningProxy, upstream: ScriptedUpstream
 ) -> None:
+    """The upstream bills an embedding whether or not its reply says so: memproxy counts the
+    input it sent with the model's tokenizer ("x": 1 token; docs/usage.md)."""
     upstream.enqueue(JSONReply({"object": "list", "data": []}), path="/v1/embeddings")
     upstream.enqueue(JSONReply({"error": {"message": "no", "type": "invalid_request_error"}},
                                status=400), path="/v1/completions")
@@ -99,7 +101,7 @@ def test_a_reply_without_usage_or_cut_short_counts_the_request_only(
         assert http.post("/v1/completions", json={"model": "m", "prompt": "x"}).status_code == 400
     alice = row(usage_of(served, key_id=key_id(served, ALICE)), key_id(served, ALICE), "alice")
     assert (alice["requests"], alice["errors"], alice["input_tokens"], alice["output_tokens"]) \
-        == (2, 1, 0, 0)
+        == (2, 1, 1, 0)
 
 
 @pytest.mark.parametrize("filler", [0, 8_150, 12_000, 100_000])

@@ -139,7 +139,8 @@ class ServingSettings:
         "proxy key when keys are set, else the client's bearer key, else the user id, and "
         "without proxy keys the client's address counts too (behind a reverse proxy every "
         "client has its address); over it: 429 with a Retry-After of the seconds until the "
-        "next request is allowed.",
+        "next request is allowed. A proxy key's rate holds on every replica together (its "
+        "bucket is in the database); other buckets are per replica.",
         min=0,
     )
     rate_limit_burst: int = setting(
@@ -157,9 +158,10 @@ class ServingSettings:
     usage_stream_options: bool = setting(
         True,
         "Ask the upstream for `stream_options.include_usage` on streamed chat completions "
-        "whose client did not (the usage chunk is taken out of what the client sees), so "
-        "their tokens are counted. Off for an upstream that rejects stream_options: those "
-        "streams then count as requests without tokens.",
+        "and legacy completions whose client did not (the usage chunk is taken out of what "
+        "the client sees), so their tokens are counted as the upstream bills them. Off for an "
+        "upstream that rejects stream_options: those streams are then counted by memproxy's "
+        "tokenizer (the prompt sent and the text relayed).",
     )
     max_streams_per_key: int = setting(
         64,

@@ -43,9 +43,10 @@ TABLES = (
     "profiles", "consent", "clears", "clear_records", "injections", "memory_versions",
     "vector_generations", "api_keys", "usage_daily",
 )
-# Not copied: the schema's own record (the destination has its own) and FTS5's tables, whose
-# work PostgreSQL's triggers do.
-_NOT_COPIED = ("migrations",)
+# Not copied: the schema's own record (the destination has its own), FTS5's tables, whose
+# work PostgreSQL's triggers do, and the quota reservations and rate buckets of the running
+# proxy (memory/storage/quota_schema.py): state of requests in flight, not memory.
+_NOT_COPIED = ("migrations", "usage_reservations", "rate_buckets")
 _FTS5 = ("chunks_fts", "facts_fts", "summaries_fts")
 _PROGRESS = """
 CREATE TABLE IF NOT EXISTS memproxy_migrate (

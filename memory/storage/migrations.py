@@ -419,7 +419,7 @@ MIGRATIONS: list[Migration] = [
     ("0012_fact_provenance", _fact_provenance),
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
     # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
-    ("0014_usage", usage_schema.SQLITE),
+    *usage_schema.SQLITE_MIGRATIONS,  # 0014 and 0015: usage, quotas and rate buckets
 ]
 
 

@@ -463,7 +463,7 @@ ALTER TABLE facts ADD CONSTRAINT facts_source_check
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", api_keys.POSTGRES_TABLE),
-    ("0014_usage", usage_schema.POSTGRES),
+    *usage_schema.POSTGRES_MIGRATIONS,
 ]
 
 

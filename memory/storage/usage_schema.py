@@ -4,6 +4,8 @@ Kept here so the two migration lists stay within the module size (tests/test_lay
 
 from __future__ import annotations
 
+from memory.storage import quota_schema
+
 SQLITE = """
 CREATE TABLE usage_daily (
     day TEXT NOT NULL,
@@ -21,3 +23,8 @@ CREATE INDEX usage_by_key ON usage_daily (key_id, day);
 
 # PostgreSQL: the same, counters as BIGINT (a busy key's month of tokens outgrows INTEGER).
 POSTGRES = SQLITE.replace("INTEGER", "BIGINT")
+
+# The usage migrations of each backend's list, in order: 0014 here; 0015 the quota
+# reservations and rate buckets (memory/storage/quota_schema.py).
+SQLITE_MIGRATIONS = [("0014_usage", SQLITE), ("0015_quota_holds", quota_schema.SQLITE)]
+POSTGRES_MIGRATIONS = [("0014_usage", POSTGRES), ("0015_quota_holds", quota_schema.POSTGRES)]

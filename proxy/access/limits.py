@@ -13,6 +13,15 @@ those strings, so a client could send a new one with every request: then the cli
 address is a second bucket, and a request must fit in both. A bearer key is held only as a
 BLAKE2b digest, never as sent. A stored key's own `rate_limit` (docs/keys.md) replaces
 `MEMPROXY_RATE_LIMIT` for its bucket, with one minute's worth as its burst.
+
+Across replicas (docs/keys.md, "Rate limits across replicas"): a proxy key's rate is held
+in the database (`rate_buckets`), so N replicas give it its rate, not N times it. This
+replica's own bucket is asked first, and refuses without a database round trip (no replica
+may exceed the whole rate alone); a request it admits then takes from the shared bucket, in
+one statement. Buckets without a proxy key (a client's address, or whatever key a client
+sends when keys are off) stay per replica: their names are the client's choice, and a
+shared table of them would be an unbounded write for anyone. Open streams are per replica.
+If the database cannot be reached, the replica's own bucket decides alone.
 """
 
 from __future__ import annotations
@@ -27,10 +36,13 @@ from typing import Any
 from starlette.requests import Request
 
 from config import ApiKey, Settings
+from memory import SharedBuckets
 from proxy.access.identity import presented_key
 from proxy.http.errors import RateLimited
+from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
 
+log = get_logger("limits")
 STREAM_RETRY_AFTER = 1  # seconds: streams end at their own pace, so a short constant
 _SWEEP_EVERY = 1024  # admissions between sweeps of idle keys
 _KEEP_IDLE = 1024  # keys kept without a sweep
@@ -108,6 +120,9 @@ class KeyLimits:
         self.clock = clock
         self._buckets: dict[str, _Bucket] = {}
         self._admitted = 0
+        # Proxy keys' buckets in the database (set once it is open); None: per replica.
+        self.shared: SharedBuckets | None = None
+        self.wall_clock: Callable[[], float] = time.time  # the shared buckets' time
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyLimits:
@@ -144,6 +159,35 @@ class KeyLimits:
                 bucket.streams += 1
         self._sweep(now)
         return StreamSlot(buckets) if limit_streams else None
+
+    async def take(
+        self, api_key: ApiKey | None, keys: tuple[str, ...], *, stream: bool
+    ) -> StreamSlot | None:
+        """`admit` here, then, for a proxy key with a rate, from the bucket every replica
+        shares; a refusal there gives this replica's request back and raises RateLimited."""
+        rate = api_key.rate_limit if api_key is not None else None
+        slot = self.admit(*keys, stream=stream, rate=rate)
+        per_minute = float(rate or self.per_minute)
+        if self.shared is None or api_key is None or not per_minute:
+            return slot
+        capacity = per_minute if rate else self.capacity
+        try:
+            level = await self.shared.take(keys[0], per_minute=per_minute, capacity=capacity,
+                                           now=self.wall_clock())
+        except Exception as exc:  # the database is down: this replica's bucket decides
+            log.warning(f"shared rate limit not read: {type(exc).__name__}: {exc}")
+            return slot
+        if level is None:
+            return slot
+        if slot is not None:
+            slot.release()
+        self._buckets[keys[0]].tokens += 1.0  # not spent here: the request is refused
+        wait = math.ceil((1.0 - max(level, 0.0)) * 60.0 / per_minute)
+        raise RateLimited(
+            f"rate limit reached: {per_minute:g} requests per minute for this key, on every"
+            f" replica together; try again in {wait} s",
+            code="rate_limit_exceeded", headers={"Retry-After": str(max(1, wait))},
+        )
 
     def _bucket(self, key: str, now: float, rate: float | None) -> _Bucket:
         per_minute = rate or float(self.per_minute)

@@ -10,6 +10,13 @@ A key with a `token_quota` is checked before its request's body is read: the mon
 and output tokens of every replica (the database, read at most every QUOTA_CACHE_SECONDS,
 and again after this process flushed the key's tokens) plus this process's counts not yet
 written. Requests already running finish, so a key may end a little over its quota.
+
+Past that check, a request of a quota key reserves an estimate of its tokens
+(proxy/access/quota.py) in the database, in one transaction with the month's figure, and is
+refused when the month's tokens plus every replica's reservations reached the quota. When
+it ends (whatever way: a reply, an error, a cut stream, a client gone) its reservation is
+settled: deleted in the same transaction that adds its counts to `usage_daily`. The
+overshoot this leaves is bounded in docs/usage.md.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import asyncio
 import calendar
 import contextlib
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -26,6 +34,7 @@ from starlette.responses import Response
 
 from config import ApiKey
 from memory import UsageCounts, UsageLedger, UsageRow
+from proxy.access.quota import LEASE_SECONDS
 from proxy.http.errors import RateLimited
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
@@ -75,6 +84,7 @@ class UsageMeter:
         self._reads: dict[str, _Read] = {}
         self._reading: dict[str, asyncio.Future[int]] = {}
         self._flushes = 0
+        self._settling: set[asyncio.Task[None]] = set()
 
     # -- counting (the request's path)
 
@@ -105,11 +115,13 @@ class UsageMeter:
             await self.flush()
 
     async def close(self) -> None:
-        """Stop the periodic flush and write what is left."""
+        """Stop the periodic flush, wait for settlements, and write what is left."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
         await self.flush()
 
     async def flush(self) -> None:
@@ -148,13 +160,60 @@ class UsageMeter:
             read = self._reads.get(key.key_id)
             used = read.tokens if read is not None else 0
         if used >= quota:
-            resets = _next_month(self.clock())
-            raise RateLimited(
-                f"this key's monthly token quota is spent: {used} of {quota} tokens used this"
-                f" month; it resets at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(resets))}",
-                code="token_quota_exceeded",
-                headers={"Retry-After": str(max(1, int(resets - self.clock())))},
+            raise self._spent(used, quota)
+
+    def _spent(self, used: int, quota: int, held: int = 0) -> RateLimited:
+        resets = _next_month(self.clock())
+        running = f" ({held} more held by requests still running)" if held else ""
+        return RateLimited(
+            f"this key's monthly token quota is spent: {used} of {quota} tokens used this"
+            f" month{running}; it resets at"
+            f" {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(resets))}",
+            code="token_quota_exceeded",
+            headers={"Retry-After": str(max(1, int(resets - self.clock())))},
+        )
+
+    async def reserve(self, key: ApiKey, tokens: int) -> str | None:
+        """Hold `tokens` of `key`'s quota for one request, or raise 429 when its month
+        (spent plus every replica's reservations) reached the quota; the reservation's id,
+        None when the key has no quota or the database is down (usage never breaks the
+        chat: the request goes by)."""
+        quota = key.token_quota
+        if quota is None:
+            return None
+        now = self.clock()
+        try:
+            hold = await self.ledger.reserve(
+                key.key_id, first_day=time.strftime("%Y-%m-01", time.gmtime(now)), quota=quota,
+                tokens=tokens, hold_id=uuid.uuid4().hex, now=now, expires_at=now + LEASE_SECONDS,
             )
+        except Exception as exc:
+            log.warning(f"quota not reserved: {type(exc).__name__}: {exc}")
+            return None
+        used = hold.used + self._unwritten(key.key_id, time.strftime("%Y-%m-01", time.gmtime(now)))
+        if hold.hold_id is None:
+            raise self._spent(used, quota, hold.held)
+        return hold.hold_id
+
+    def settle(self, hold_id: str, key_id: str, user_id: str, tally: Tally) -> asyncio.Task[None]:
+        """End a request's reservation and write its counts, in one transaction, in a task
+        of its own that a client going away does not cancel (a failed write leaves the
+        counts to the next flush and the reservation to its lease)."""
+        task = asyncio.get_running_loop().create_task(self._settle(hold_id, key_id, user_id, tally))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        return task
+
+    async def _settle(self, hold_id: str, key_id: str, user_id: str, tally: Tally) -> None:
+        day = time.strftime("%Y-%m-%d", time.gmtime(self.clock()))
+        counts = UsageCounts(1, tally.input_tokens, tally.output_tokens, tally.memory_tokens,
+                             int(tally.error))
+        try:
+            await self.ledger.settle(hold_id, UsageRow(day, key_id, user_id, counts))
+        except Exception as exc:  # the database is down: count it as any request is
+            log.warning(f"reservation not settled: {type(exc).__name__}: {exc}")
+            self.count(key_id, user_id, tally)
+        self._reads.pop(key_id, None)  # the month read before this write is short now
 
     async def month_tokens(self, key_id: str) -> int:
         """The key's input and output tokens this month (UTC), every replica's."""
@@ -197,16 +256,24 @@ class UsageMeter:
 def count_usage(
     meter: UsageMeter, request: Request, tally: Tally, user_id: str,
     response: Response | RelayResponse | None, status: int,
-) -> None:
+) -> Awaitable[None] | None:
     """Count a request under its key and user; a stream once it ended (its tokens and
-    errors are known then)."""
+    errors are known then). A whole reply of a quota key returns its settlement, for the
+    route to await before answering: the client's next request then finds it settled."""
     key: ApiKey | None = getattr(request.state, "usage_key", None)
+    hold: str | None = getattr(request.state, "usage_hold", None)
     key_id = key.key_id if key is not None else NO_KEY
     user = user_id or (key.user_id if key is not None and key.user_id else "")
+
+    def count() -> Awaitable[None] | None:
+        if hold is None:
+            meter.count(key_id, user, tally)
+            return None
+        return asyncio.shield(meter.settle(hold, key_id, user, tally))
+
     if not isinstance(response, RelayResponse):
         tally.error = status >= 400
-        meter.count(key_id, user, tally)
-        return
+        return count()
     after = response.on_done
 
     def done(outcome: StreamOutcome) -> None:
@@ -214,9 +281,10 @@ def count_usage(
             after(outcome)  # the route's own end first: it fills in the stream's tokens
         tally.error = response.status >= 400 or outcome.error is not None \
             or outcome.cut_by_shutdown
-        meter.count(key_id, user, tally)
+        count()  # a stream's settlement: its last byte is out already
 
     response.on_done = done
+    return None
 
 
 def _next_month(now: float) -> float:

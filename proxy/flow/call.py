@@ -30,6 +30,9 @@ class Call:
     tally: Tally = field(default_factory=Tally)  # its usage (proxy/access/usage.py)
     # memproxy asked for the stream's usage chunk: the client does not see it
     strip_usage: bool = False
+    # The body sent upstream and its size in bytes, counted when a reply has no usage.
+    sent: dict[str, Any] = field(default_factory=dict)
+    sent_size: int = 0
 
     @property
     def body(self) -> dict[str, Any]:

@@ -33,9 +33,11 @@ from proxy.access.identity import (
 )
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import previous_response_not_found, stored_elsewhere
+from proxy.access.quota import KeptReply, estimate, refuse_unmetered
 from proxy.access.usage import Tally, count_usage
 from proxy.flow.call import Call
 from proxy.flow.compaction import compact
+from proxy.flow.counting import count_error, count_reply, kept_text
 from proxy.flow.memory_step import MemoryStep
 from proxy.flow.memory_tool.loop import MemoryTool
 from proxy.formats.base import ApiFormat, ReplyTee
@@ -97,9 +99,10 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         call: Call | None = getattr(request.state, "call", None)
         if call is not None and call.slot is not None:
             call.slot.hand_over(response)  # held until a stream ends, else freed now
-        if state.usage is not None:
-            count_usage(state.usage, request, call.tally if call else Tally(),
-                        call.identity.user_id if call else "", response, status)
+        if state.usage is not None and (settling := count_usage(
+                state.usage, request, call.tally if call else Tally(),
+                call.identity.user_id if call else "", response, status)) is not None:
+            await settling
         elapsed = time.perf_counter() - started
         state.metrics.observe(fmt.route, status, elapsed)
         log = get_logger(fmt.route)
@@ -133,6 +136,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     raw = await read_body(request, settings.max_body_bytes)
     parsed = fmt.parse(raw)
     body = parsed.body
+    refuse_unmetered(key, fmt.route, body)
     try:
         flags = Flags.from_headers(request.headers, settings)
     except FlagError as exc:
@@ -155,10 +159,15 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     call.headers["X-Memory-Session-Id"] = session_id.encode().decode("latin-1")
     request.state.call = call
     if state.limits.applies(key):  # hashing the key is wasted work when no limit is set
-        call.slot = state.limits.admit(
-            *limit_keys(key, request, user_id, settings), stream=body.get("stream") is True,
-            rate=key.rate_limit if key is not None else None,
+        call.slot = await state.limits.take(
+            key, limit_keys(key, request, user_id, settings), stream=body.get("stream") is True,
         )
+    if key is not None and key.token_quota is not None and state.usage is not None:
+        # Admitted: hold its estimate of the quota until it ends (settled by count_usage).
+        request.state.usage_hold = await state.usage.reserve(key, estimate(
+            body, body["model"], raw_size=len(raw), route=fmt.route,
+            memory_tokens=flags.budget if flags.active else 0,
+        ))
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
     step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:
@@ -172,6 +181,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     step.start_remembering()
     # Without a change the client's own bytes go out: nothing re-encoded.
     payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
+    call.sent, call.sent_size = body, len(payload)  # a reply without usage counts this prompt
     if recalled is not None and recalled.items:
         call.tally.memory_tokens = recalled.tokens  # as X-Memory-Injected-Tokens says
     if tool is None and fmt is CHAT and body.get("stream") is True and state.usage is not None \
@@ -297,12 +307,17 @@ async def _relay(
         await upstream.aclose()
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)
+        if state.usage is not None:
+            count_error(call, content)
         return Response(content, upstream.status_code, out_headers)
     reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
-    if (seen := call.fmt.read_usage(reply_body)) is not None:
-        call.tally.input_tokens = seen.input_tokens or 0
-        call.tally.output_tokens = seen.output_tokens or 0
     reply = call.fmt.read_reply(reply_body) if step.writing else None
+    if state.usage is not None:  # counted only where usage is kept (the memory database)
+        seen = call.fmt.read_usage(reply_body)
+        count_reply(
+            call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
+            relayed=lambda: (reply or call.fmt.read_reply(reply_body)).text,
+        )
     step.remember_reply(
         reply.text if reply else None, incomplete=not (reply is None or reply.complete),
         reply_id=reply.reply_id if reply else None,
@@ -322,17 +337,20 @@ def _relay_stream(
     fmt = call.fmt
     tee = fmt.tee() if step.writing else None
     tap = fmt.usage_tap(strip=call.strip_usage) if state.usage is not None else None
+    # Counted, a stream keeps its first bytes: if its usage never comes, its text is counted.
+    kept = KeptReply() if tap is not None else None
+    source = kept.watch(upstream.aiter_raw()) if kept is not None else upstream.aiter_raw()
     last_sent = [b""]  # the last chunk relayed, for formats that number their events
 
     async def chunks() -> Any:
         if tee is None and tap is None:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in source:
                 last_sent[0] = chunk
                 yield chunk
             return
         if tee is None:
             assert tap is not None
-            async for chunk in upstream.aiter_raw():
+            async for chunk in source:
                 if out := tap.feed(chunk):
                     last_sent[0] = out
                     yield out
@@ -340,7 +358,7 @@ def _relay_stream(
                 yield out
             return
         held = b""
-        async for chunk in (upstream.aiter_raw() if tap is None else _tapped(upstream, tap)):
+        async for chunk in (source if tap is None else _tapped(source, tap)):
             # Whole events only, so a malformed one can be replaced by an error event.
             ready, held = _whole_events(held + chunk)
             if ready:
@@ -364,9 +382,10 @@ def _relay_stream(
 
     def done(outcome: StreamOutcome) -> None:
         state.metrics.inflight_streams.dec()
-        if tap is not None:
-            call.tally.input_tokens = tap.input_tokens or 0
-            call.tally.output_tokens = tap.output_tokens or 0
+        if tap is not None and kept is not None:
+            count_reply(call, tap.input_tokens, tap.output_tokens,
+                        relayed=lambda: kept_text(fmt, kept, tee), scale=kept.scaled,
+                        cut=not outcome.completed or outcome.error is not None)
         if outcome.error is not None:
             state.metrics.upstream_errors.labels(outcome.error.code or "stream").inc()
         if tee is not None:
@@ -381,9 +400,9 @@ def _relay_stream(
     )
 
 
-async def _tapped(upstream: UpstreamReply, tap: UsageTap) -> AsyncIterator[bytes]:
+async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[bytes]:
     """The upstream's stream through the usage tap."""
-    async for chunk in upstream.aiter_raw():
+    async for chunk in source:
         if out := tap.feed(chunk):
             yield out
     if out := tap.end():

@@ -1,25 +1,29 @@
 """Every other /v1/* path: method, query, headers and body relayed untouched, both ways.
 
-The replies of the two that spend tokens, /v1/embeddings and /v1/completions, are read on
-their way for their `usage` (docs/usage.md): a key's quota counts them too. For those,
-memproxy asks the upstream for plain bytes, as the chat routes do."""
+The two that spend tokens, /v1/embeddings and /v1/completions, are metered
+(proxy/formats/metered.py): their body is read whole, their reply read on its way for its
+`usage` (docs/usage.md), so a key's quota counts them too; for those memproxy asks the
+upstream for plain bytes, as the chat routes do. A key with a quota may not write to a path
+whose cost memproxy cannot see (proxy/access/quota.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from config import ApiKey
 from proxy.access.identity import DEFAULT_USER, authenticate, proxy_key_sent
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import check_response_path
+from proxy.access.quota import METERED_PATHS, refuse_unmetered_path
 from proxy.access.usage import Tally, count_usage
-from proxy.formats.usage import ReplyUsage
+from proxy.formats.metered import MeteredBody, MeteredReply
+from proxy.http.body import read_body
 from proxy.http.errors import PayloadTooLarge, ProxyError
-from proxy.http.relay import RelayResponse, StreamOutcome
+from proxy.http.relay import RelayResponse
 from proxy.state import AppState
 from proxy.upstream.client import (
     Target,
@@ -31,8 +35,8 @@ from proxy.upstream.client import (
 )
 
 ROUTE = "passthrough"
-# POST paths whose JSON replies carry the tokens they spent (OpenAI's `usage`).
-COUNTED = frozenset({"/v1/embeddings", "/v1/completions"})
+# POST paths whose replies carry the tokens they spent (OpenAI's `usage`).
+COUNTED = METERED_PATHS
 
 
 async def passthrough(request: Request) -> Response | RelayResponse:
@@ -53,8 +57,9 @@ async def passthrough(request: Request) -> Response | RelayResponse:
         raise
     finally:
         state.metrics.observe(ROUTE, status, time.perf_counter() - started)
-        if state.usage is not None:  # requests and errors, and the tokens of COUNTED paths
-            count_usage(state.usage, request, tally, "", response, status)
+        if state.usage is not None and (  # requests and errors, and COUNTED paths' tokens
+                settling := count_usage(state.usage, request, tally, "", response, status)):
+            await settling
 
 
 async def relay(
@@ -68,26 +73,34 @@ async def relay(
     if key is not None and key.token_quota is not None and state.usage is not None:
         await state.usage.check_quota(key)  # a spent key reaches no upstream path
     await check_response_path(request, key, state.memory)
+    refuse_unmetered_path(key, request.method, request.url.path)
     if state.limits.applies(key):
         # Only a request without any key counts against its user (the body is not parsed here).
         user_id = request.headers.get("x-memory-user-id") or DEFAULT_USER
-        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False,
-                           rate=key.rate_limit if key is not None else None)
-    counted = tally is not None and request.method == "POST" and request.url.path in COUNTED
+        await state.limits.take(key, limit_keys(key, request, user_id, settings), stream=False)
+    # Metered only where usage is counted (the memory database): else streamed through.
+    counted = tally is not None and state.usage is not None and request.method == "POST" \
+        and request.url.path in COUNTED
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise PayloadTooLarge(f"request body is larger than the {settings.max_body_bytes}-byte limit")
+    sent = await _metered(request, state, key) if counted else None
     headers = forward_headers(
         request.headers.items(), target, strip_auth=proxy_key_sent(request.headers, settings),
         identity_encoding=counted,
         # While tracing, the upstream continues memproxy's SERVER span, not the client's.
         trace=state.tracing.current_headers() if state.tracing is not None else None,
     )
-    if declared.isdigit():
-        headers.append(("content-length", declared))  # streamed through, so say how long
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
     too_large: list[PayloadTooLarge] = []
-    content = _limited(request, settings.max_body_bytes, too_large) if has_body else b""
+    content: bytes | AsyncIterator[bytes] = b""
+    if sent is not None:
+        content = sent.payload
+        headers.append(("content-length", str(len(content))))
+    elif has_body:
+        content = _limited(request, settings.max_body_bytes, too_large)
+        if declared.isdigit():
+            headers.append(("content-length", declared))  # streamed through, so say how long
     # The path as sent (still percent-encoded), checked by url_for: decoded, `%2e%2e` would
     # already be `..` and `%3f` a query.
     raw_path = request.scope.get("raw_path")
@@ -102,11 +115,9 @@ async def relay(
     await raise_for_status(upstream)
     body, on_done = upstream.aiter_raw(), None
     content_type = upstream.headers.get("content-type", "")
-    if counted and tally is not None and content_type.startswith("application/json") \
-            and upstream.headers.get("content-encoding", "identity") == "identity":
-        reader = ReplyUsage()
-        body = _read_while_relayed(body, reader)
-        on_done = partial(_count_reply, reader, tally)
+    if sent is not None and tally is not None:
+        metered = MeteredReply(sent, tally, sse=content_type.startswith("text/event-stream"))
+        body, on_done = metered.relay(body), metered.done
     return RelayResponse(
         body, status=upstream.status_code,
         headers=relay_headers(upstream.headers.multi_items()), close=upstream.aclose,
@@ -115,17 +126,15 @@ async def relay(
     )
 
 
-async def _read_while_relayed(body: AsyncIterator[bytes], reader: ReplyUsage) -> AsyncIterator[bytes]:
-    async for chunk in body:
-        reader.feed(chunk)
-        yield chunk
-
-
-def _count_reply(reader: ReplyUsage, tally: Tally, outcome: StreamOutcome) -> None:
-    """A whole reply's tokens (one cut short holds no usage to read)."""
-    if outcome.completed and (seen := reader.seen()) is not None:
-        tally.input_tokens = seen.input_tokens or 0
-        tally.output_tokens = seen.output_tokens or 0
+async def _metered(request: Request, state: AppState, key: ApiKey | None) -> MeteredBody:
+    """A counted request's body, read whole; a quota key's request reserves its estimate
+    (settled by count_usage when it ends)."""
+    raw = await read_body(request, state.settings.max_body_bytes)
+    sent = MeteredBody.read(request.url.path, raw, ask_usage=state.usage is not None
+                            and state.settings.usage_stream_options)
+    if key is not None and key.token_quota is not None and state.usage is not None:
+        request.state.usage_hold = await state.usage.reserve(key, sent.estimate())
+    return sent
 
 
 async def _limited(

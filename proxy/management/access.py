@@ -117,8 +117,7 @@ async def authorise(request: Request) -> Caller:
     if state.limits.applies(key):
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
-        state.limits.admit(*limit_keys(key, request, user_id, settings), stream=False,
-                           rate=key.rate_limit if key is not None else None)
+        await state.limits.take(key, limit_keys(key, request, user_id, settings), stream=False)
     return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared, key)
 
 

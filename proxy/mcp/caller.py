@@ -35,7 +35,6 @@ class McpCaller:
     session_id: str | None
     memory: MemoryEngine
     settings: Settings
-    limit_keys: tuple[str, ...] = ()  # the rate-limit buckets the request counts against
     # The client's name from its client info (initialize's, or the request's _meta), else
     # the HTTP User-Agent: on the 2025 protocol a stateless server never sees initialize's
     # client info with a later call.

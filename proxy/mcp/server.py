@@ -116,9 +116,13 @@ async def authorise(request: Request, state: AppState) -> McpCaller:
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
     session_id = resolve_session(headers, user_id, []) if "x-memory-session-id" in headers else None
+    if state.limits.applies(principal.key):
+        # Every message counts, not only tool calls: a resource read or a listing costs a
+        # database read as a search does (docs/security.md, "MCP messages past the rate limit").
+        await state.limits.take(principal.key, limit_keys(principal.key, request, user_id, settings),
+                                stream=False)
     return McpCaller(
         principal, user_id, org_id, session_id, state.memory, settings,
-        limit_keys=limit_keys(principal.key, request, user_id, settings),
         client=client_name(headers.get("user-agent")),
     )
 
@@ -174,10 +178,6 @@ async def call_tool(
     started = time.perf_counter()
     outcome, result = "ok", None
     try:
-        key = who.principal.key
-        if state.limits.applies(key):
-            state.limits.admit(*who.limit_keys, stream=False,
-                               rate=key.rate_limit if key is not None else None)
         result = await handler(who, arguments(params.name, params.arguments))
         return types.CallToolResult(
             content=[types.TextContent(text=_json_text(result))], structured_content=result

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from config import Settings
 from memory.index.embeddings import LocalEmbedder
 from proxy.app import create_app
+from proxy.mcp.schemas import PROFILE_URI
 from tests.support.memory import QUIET
 
 LOOPBACK, REMOTE = "127.0.0.1", "203.0.113.9"
@@ -173,12 +174,50 @@ async def test_tool_calls_count_against_the_keys_rate_limit(
         for _ in range(2):
             ok = await call_tool(alice, era, "application/json", "read_profile", {})
             assert ok["result"]["isError"] is False
-        limited = await call_tool(alice, era, "application/json", "add_memory", {"text": SECRET})
-        assert limited["result"]["isError"] is True
-        assert "rate" in limited["result"]["content"][0]["text"].lower()
+        limited = await alice.post("/mcp", content=json.dumps(envelope(
+            era, "tools/call", {"name": "add_memory", "arguments": {"text": SECRET}})),
+            headers={**era, "Accept": "application/json"})
+        assert limited.status_code == 429 and "rate" in limited.json()["error"]["message"]
         # The same bucket as the key's memory API and chat requests.
         api = await alice.get("/v1/memory/facts")
         assert api.status_code == 429
+
+
+MCP_METHODS: list[tuple[str, dict[str, Any]]] = [
+    ("resources/read", {"uri": PROFILE_URI}),
+    ("resources/list", {}),
+    ("resources/templates/list", {}),
+    ("tools/list", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "params"), MCP_METHODS)
+async def test_every_mcp_method_counts_against_the_rate_limit(
+    make_settings: Callable[..., Settings], embedder: LocalEmbedder, method: str,
+    params: dict[str, Any],
+) -> None:
+    """Issue 37, item 10: a resource read (or any message) is a request like a tool call:
+    past the key's rate it is 429, before the SDK or the database sees it."""
+    settings = make_settings(api_keys=KEYS, rate_limit=3, **QUIET)
+    era = ERAS[1]
+    extra = {"Mcp-Method": method}
+    if method == "resources/read":
+        extra["Mcp-Name"] = PROFILE_URI
+    body = json.dumps(envelope(era, method, params))
+    async with running(settings, embedder) as app, mcp_client(app, key=ALICE) as alice:
+        statuses = []
+        for _ in range(5):
+            answer = await alice.post("/mcp", content=body,
+                                      headers={**era, **extra, "Accept": "application/json"})
+            statuses.append(answer.status_code)
+            if answer.status_code == 200:
+                assert "error" not in answer.json(), answer.text
+        assert statuses == [200, 200, 200, 429, 429]
+        refused = await alice.post("/mcp", content=body,
+                                   headers={**era, **extra, "Accept": "application/json"})
+        error = refused.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["retry-after"]) >= 1
 
 
 async def test_a_cross_origin_write_to_mcp_is_refused(
