@@ -267,3 +267,27 @@ def test_an_llm_answer_still_malformed_after_its_repair_falls_back(
     answer = dry_run(proxy)
     assert answer.headers["x-memory-error"] == "rerank: malformed"
     assert answer.json()["block"] == expected
+
+
+def test_a_reranked_session_keeps_its_first_block_byte_for_byte(
+    remembering: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+    reranker: ScriptedUpstream,
+) -> None:
+    proxy = remembering(memory_budget=120)  # room for the reranker's first choice and little more
+    system = {"role": "system", "content": "Be brief."}
+    first = [system, {"role": "user", "content": QUESTION}]
+    reply = chat(proxy, first, session="s1", user="ada")
+    sent_first = upstream.history[-1].json["messages"]
+    assert SAID[2] in sent_first[0]["content"]  # the reranker's choice
+    # The reranker now puts the dog first: a later block may add it, the first stays.
+    reranker.respond_with(lambda r: JSONReply({"results": [
+        {"index": i, "relevance_score": 1.0 if "dog" in d else 0.0}
+        for i, d in enumerate(r.json["documents"])]}))
+    second = [*first, {"role": "assistant", "content": reply.text},
+              {"role": "user", "content": "And what do I do every morning?"}]
+    answered = chat(proxy, second, session="s1", user="ada")
+    assert "x-memory-error" not in answered.headers
+    sent_second = upstream.history[-1].json["messages"]
+    assert sent_second[: len(sent_first)] == sent_first
+    added = "".join(m["content"] for m in sent_second[len(sent_first):] if m["role"] == "system")
+    assert SAID[2] not in added  # nothing the first block shows is shown again
