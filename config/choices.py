@@ -9,3 +9,5 @@ SCOPES = ("session", "user", "organization")
 PLACEMENTS = ("system", "last_user")
 MODES = ("inject", "tool")
 INJECTIONS = ("stable", "fresh")
+# The rerank stage (MEMPROXY_RERANK); X-Memory-Rerank turns a configured one on or off.
+RERANKERS = ("off", "endpoint", "llm")

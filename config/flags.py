@@ -37,6 +37,8 @@ class Flags:
     # stable: earlier blocks of the session go back where they were and a request adds only
     # new items (the prompt prefix stays cacheable); fresh: one new block per request.
     injection: str = "stable"
+    # Reorder recall's best candidates with the configured reranker (MEMPROXY_RERANK).
+    rerank: bool = False
 
     @property
     def active(self) -> bool:
@@ -55,6 +57,7 @@ class Flags:
             compact=settings.memory and settings.compact,
             mode=settings.memory_mode,
             injection=settings.memory_injection,
+            rerank=settings.rerank != "off",
         )
 
     @classmethod
@@ -65,6 +68,7 @@ class Flags:
         write = _on_off(headers, "x-memory-write")
         dry_run = _on_off(headers, "x-memory-dry-run")
         compact = _on_off(headers, "x-memory-compact")
+        rerank = _on_off(headers, "x-memory-rerank")
         enabled = settings.memory if master is None else master
         return cls(
             read=enabled and (settings.memory_read if read is None else read),
@@ -80,6 +84,7 @@ class Flags:
             injection=_choice(
                 headers, "x-memory-injection", INJECTIONS, settings.memory_injection
             ),
+            rerank=settings.rerank != "off" if rerank is None else rerank,
         )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
-from config.sections.learning import LearningSettings
+from config.sections.rerank import RerankSettings
 
 ENV_PREFIX = "MEMPROXY_"
 # MEMPROXY_* variables read elsewhere than Settings: the settings file, the CLI client
@@ -36,7 +36,7 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings(LearningSettings):
+class Settings(RerankSettings):
     """All of memproxy's settings (the fields are in config/sections/). Field `x` is read
     from `MEMPROXY_X`."""
 
@@ -126,7 +126,10 @@ def load_settings(
                 errors.append(f"{where}: {exc}")
     if errors:
         raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
-    return Settings(**values)
+    settings = Settings(**values)
+    if problem := settings.rerank_problem():
+        raise SettingsError("invalid settings:\n  " + problem)
+    return settings
 
 
 def _source(name: str, env: Mapping[str, str]) -> str:
@@ -215,7 +218,8 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
             raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
     if (
-        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
+        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url",
+                   "rerank_base_url")
         and result is not None
         and not str(result).startswith(("http://", "https://"))
     ):

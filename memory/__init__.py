@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from memory.recall.lexical import ChunkSearch
     from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
     from memory.recall.query import build_query, for_embedding
+    from memory.recall.rerank import RerankFailed, RerankReport
+    from memory.recall.rerank import Scorer as RerankScorer
     from memory.recall.spooled import SpoolRecall
     from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
     from memory.redact import Redactor
@@ -79,6 +81,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RecallRequest": ("memory.recall.outcome", "RecallRequest"),
     "Recalled": ("memory.recall.outcome", "Recalled"),
     "SpoolRecall": ("memory.recall.spooled", "SpoolRecall"),
+    # the rerank stage's scorer, which the proxy gives (memory/recall/rerank.py)
+    "RerankScorer": ("memory.recall.rerank", "Scorer"),
+    "RerankFailed": ("memory.recall.rerank", "RerankFailed"),
+    "RerankReport": ("memory.recall.rerank", "RerankReport"),
     "UnsavedStamp": ("memory.recall.unsaved_blocks", "Stamp"),
     "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
     "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
@@ -205,6 +211,9 @@ __all__ = [
     "Redactor",
     "ReplyChain",
     "RequestMetrics",
+    "RerankFailed",
+    "RerankReport",
+    "RerankScorer",
     "SQLiteDatabase",
     "SharedBuckets",
     "SpoolRecall",

@@ -42,6 +42,7 @@ from memory.recall.learned_recall import LearnedRecall
 from memory.recall.outcome import Recalled, RecallRequest
 from memory.recall.pipeline import RecallPipeline
 from memory.recall.ranking import Weights
+from memory.recall.rerank import Scorer
 from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
 from memory.recall.unsaved_blocks import UnsavedBlocks
 from memory.redact import Redactor
@@ -172,11 +173,14 @@ class MemoryEngine:
 
     @classmethod
     async def open(
-        cls, settings: Settings, *, embedder: Embedder | None = None, llm: LLM | None = None
+        cls, settings: Settings, *, embedder: Embedder | None = None, llm: LLM | None = None,
+        rerank: Scorer | None = None,
     ) -> MemoryEngine:
         """Open the database, the vector index and the model, then start the worker.
 
         `llm` answers the learning jobs (facts, summaries); without one nothing is learned.
+        `rerank` scores recall's best candidates (memory.recall.rerank); without one a
+        request that asks for rerank keeps the fused order.
         """
         ensure_offline_tiktoken()
         # Process-wide: numpy's OpenBLAS keeps idle worker threads busy-waiting, and the
@@ -205,6 +209,7 @@ class MemoryEngine:
             raise
         engine = cls(settings, db, vectors, embedder)
         engine.learner.llm = llm
+        engine.recaller.reranker.scorer = rerank
         await engine.rebuild.fill_if_new(vectors)
         await engine.open_spool()
         await engine.worker.start()

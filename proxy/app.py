@@ -45,6 +45,7 @@ from proxy.state import AppState
 from proxy.upstream.client import Upstream
 from proxy.upstream.embeddings import UpstreamEmbedder
 from proxy.upstream.llm_client import LLMClient
+from proxy.upstream.rerank import reranker
 
 if TYPE_CHECKING:
     from proxy.http.tracing import Tracing
@@ -90,7 +91,10 @@ def create_app(
                     chosen = UpstreamEmbedder(state.upstream, settings.embedding_upstream_model,
                                               tracing=state.tracing)
                 state.llm = LLMClient(settings, state.upstream, state.tracing)
-                state.memory = await MemoryEngine.open(settings, embedder=chosen, llm=state.llm)
+                state.memory = await MemoryEngine.open(
+                    settings, embedder=chosen, llm=state.llm,
+                    rerank=reranker(settings, state.upstream, state.llm),
+                )
                 # Jobs stop when the shutdown begins, while streams drain, not after them.
                 jobs_stop = asyncio.get_running_loop().create_task(
                     _stop_jobs_at_shutdown(state.shutdown, state.memory)

@@ -12,6 +12,7 @@ from memory.recall.block import BlockPack, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.ranking import Candidate, Weights
 from memory.recall.render import LATER_PREAMBLE, PREAMBLE, Entry
+from memory.recall.rerank import RerankReport
 from memory.scopes import organization_memory
 from memory.tokens import count_tokens
 
@@ -36,6 +37,8 @@ class RecallRequest:
     # With `shown`: new items go in only when the best of them by meaning has at least this
     # raw cosine similarity to the query (`new_relevant`); 0: no such gate.
     similarity: float = 0.0
+    # Reorder the best fused candidates with the reranker (memory.recall.rerank).
+    rerank: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Recalled:
     embed_ms: float = 0.0
     skipped: str | None = None
     cached: bool = False  # reused from the recall cache
+    rerank: RerankReport | None = None  # when rerank was asked for: what it did
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (dry runs and the search API)."""

@@ -47,6 +47,7 @@ from memory.recall.ranking import (
     add_conversation,
     fuse,
 )
+from memory.recall.rerank import Reranker, RerankReport
 from memory.recall.speakers import SpeakerQuery
 from memory.recall.spooled import SpoolRecall, spooled_candidates
 from memory.storage import versions
@@ -78,6 +79,11 @@ class RecallPipeline:
             db, embed, weight=settings.query_name_weight, enabled=settings.query_split_names,
         )
         self.cache: RecallCache[Recalled] = RecallCache(settings.recall_cache_entries)
+        # Its scorer is set by the engine when the proxy gives one (MEMPROXY_RERANK).
+        self.reranker = Reranker(
+            None, top_n=settings.rerank_candidates, timeout_ms=settings.rerank_timeout_ms,
+            redact=redact,
+        )
         # Set by the engine when it runs a spool (memory.log.spooling); returns [] at once
         # while the spool is empty.
         self.spooled: SpooledTurns | None = None
@@ -101,7 +107,7 @@ class RecallPipeline:
         key = cache_key(
             request.user_id, request.session_id, request.model, request.budget, request.scope,
             org, sorted(request.shown), request.add_budget, request.relevance, request.similarity,
-            messages=request.messages,
+            request.rerank, messages=request.messages,
         )
         with tracing.db_span(self.db.dialect, "stamp", "memory_versions"):
             stamp = (
@@ -112,7 +118,8 @@ class RecallPipeline:
         if kept is not None:
             return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
         recalled = await self._recall(request, [])
-        self.cache.put(key, stamp, recalled)
+        if recalled.rerank is None or recalled.rerank.fallback is None:
+            self.cache.put(key, stamp, recalled)  # a fallback is not kept: the next try reranks
         return recalled
 
     async def recall(self, request: RecallRequest) -> Recalled:
@@ -220,7 +227,12 @@ class RecallPipeline:
         # was packed is on the recall span.
         with tracing.span("memproxy.recall.rank") as ranking:
             ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
-            recalled = self._pack(request, learned, ranked, started, embed_ms)
+            report: RerankReport | None = None
+            if request.rerank:
+                reranked = await self.reranker.rerank(query, request.user_id, ranked, learned)
+                ranked, learned, report = reranked.turns, reranked.learned, reranked.report
+            recalled = replace(self._pack(request, learned, ranked, started, embed_ms),
+                               rerank=report)
             if ranking is not None:
                 ranking.set_attributes({"memproxy.recall.candidates": len(ranked) + len(learned),
                                         "memproxy.recall.learned": len(learned)})

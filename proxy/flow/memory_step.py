@@ -104,6 +104,7 @@ class MemoryStep:
                 add_budget=round(self.flags.budget * self.state.settings.memory_stable_share),
                 relevance=self.state.settings.memory_delta_relevance,
                 similarity=self.state.settings.memory_delta_similarity,
+                rerank=self.flags.rerank,
             ))
             if self.placed is not None:
                 self._place(placed, self.recalled)
@@ -124,7 +125,19 @@ class MemoryStep:
             metrics.injected_tokens.observe(self.recalled.tokens)
             if self.state.settings.recall_cache_entries and self.recalled.skipped is None:
                 (metrics.recall_cache_hits if self.recalled.cached else metrics.recall_cache_misses).inc()
+            self._reranked(self.recalled)
         return self.recalled
+
+    def _reranked(self, recalled: Recalled) -> None:
+        """Count the rerank stage, and report a fallback to the fused order."""
+        report = recalled.rerank
+        if report is None or recalled.cached:
+            return
+        metrics = self.state.metrics
+        metrics.rerank_latency.observe(report.ms / 1000)
+        if report.fallback is not None:
+            metrics.rerank_fallbacks.labels(report.fallback).inc()
+            self.errors.append(f"rerank: {report.fallback}")
 
     async def _placed_blocks(self) -> dict[int, Injection]:
         """Stable injection: {user message number: block} of the blocks earlier requests

@@ -74,6 +74,16 @@ class Metrics:
             "memproxy_spool_oldest_seconds",
             "How long the oldest spooled turn has waited (0: none waits).", registry=self.registry,
         )
+        self.rerank_latency = Histogram(
+            "memproxy_rerank_seconds", "Time the rerank stage took, fallbacks included.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.rerank_fallbacks = Counter(
+            "memproxy_rerank_fallbacks",
+            "Recalls that kept the fused order although rerank was asked for, by reason: "
+            "timeout, unreachable, status, malformed, error, not configured.",
+            ["reason"], registry=self.registry,
+        )
         self.memory_errors = Counter(
             "memproxy_memory_errors", "Memory failures the chat went through despite.",
             ["stage"], registry=self.registry,

@@ -36,7 +36,7 @@ async def search(request: Request, who: Caller) -> Response:
     budget = who.settings.memory_budget if budget is None else budget
     recalled = await who.memory.recall(RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
-        None if who.shared else who.org_id,
+        None if who.shared else who.org_id, rerank=who.settings.rerank != "off",
     ))
     return respond({
         "object": "memory.search", "query": query, "user_id": who.user_id,

@@ -61,7 +61,7 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
     decide(who.principal, who.settings, user_id=who.user_id, org_id=who.org_id, action="read")
     recalled = await who.memory.recall(RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], SEARCH_MODEL,
-        budget, scope, who.org_id,
+        budget, scope, who.org_id, rerank=who.settings.rerank != "off",
     ))
     return {
         "query": query, "scope": scope, "budget": budget, "tokens": recalled.tokens,

@@ -167,6 +167,7 @@ class MemoryTool:
                 recalled = await self.memory.recall(RecallRequest(
                     step.identity.user_id, step.identity.session_id, asked, step.model,
                     self.budget, step.flags.scope, org_id=step.identity.org_id,
+                    rerank=step.flags.rerank,
                 ))
         except Exception as exc:  # memory never breaks the chat: the model goes on without it
             step.failed(TOOL_NAME, exc)
