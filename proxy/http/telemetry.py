@@ -64,11 +64,14 @@ def configure(environ: Mapping[str, str]) -> Provider:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    # Resource.create adds OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES over this default;
-    # the sampler comes from OTEL_TRACES_SAMPLER(_ARG). The lifespan shuts the provider down,
-    # bounded, instead of an atexit hook that would wait for a collector that is down.
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: "memproxy"}),
-                              shutdown_on_exit=False)
+    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; memproxy names
+    # the service only when they do not. The sampler comes from OTEL_TRACES_SAMPLER(_ARG).
+    # The lifespan shuts the provider down, bounded, instead of an atexit hook that would
+    # wait for a collector that is down.
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "memproxy"}))
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     protocol = _protocol(environ)
     provider.add_span_processor(BatchSpanProcessor(_exporter(protocol)))  # OTEL_BSP_*
     trace.set_tracer_provider(provider)
