@@ -122,7 +122,7 @@ async def _serve(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
         parent, kind = propagate.extract(_carrier(scope["headers"])), SpanKind.SERVER
     status = 0
 
-    def send_status(message: Message) -> Awaitable[None]:
+    def send_status(message: Message) -> Awaitable[None]:  # no coroutine of its own a chunk
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
