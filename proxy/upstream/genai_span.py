@@ -14,8 +14,8 @@ import functools
 import time
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
