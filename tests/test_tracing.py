@@ -21,7 +21,13 @@ from config import Route
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
+from tests.support.scripted_upstream import (
+    JSONReply,
+    ScriptedUpstream,
+    SSEReply,
+    chat_chunks,
+    chat_completion,
+)
 from tests.support.tracing import collecting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,6 +180,24 @@ def test_a_streamed_call_ends_its_span_at_the_last_byte(
     # It ends when the stream does, inside the request's span.
     assert server.start_ns <= upstream_call.start_ns <= upstream_call.end_ns <= server.end_ns
     assert upstream.history[-1].headers["traceparent"] == f"00-{CLIENT_TRACE}-{upstream_call.span_id}-01"
+
+
+def test_a_long_streams_span_reads_its_first_and_last_events(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    # 400 events of about 200 bytes: past the first 8 KB kept and the last chunks kept, so
+    # the model comes from the first event and usage and the finish reason from the last.
+    events = chat_chunks("word " * 8000, model="gpt-4o-2024", split=400, include_usage=True,
+                         finish_reason="length")
+    upstream.enqueue(SSEReply(events))
+    proxy = start_proxy()
+    stream = chat_client(proxy, CLIENT_HEADERS).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "a long one"}], stream=True)
+    assert len("".join(c.choices[0].delta.content or "" for c in stream if c.choices)) == 40000
+    call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.trace_id == CLIENT_TRACE)[0]
+    assert call.attributes["gen_ai.response.model"] == "gpt-4o-2024"
+    assert call.attributes["gen_ai.response.finish_reasons"] == ["length"]
+    assert call.attributes["gen_ai.usage.output_tokens"] == events[-1]["usage"]["completion_tokens"]
 
 
 def test_responses_and_messages_requests_get_genai_spans_of_their_format(

@@ -53,14 +53,10 @@ _FINISHED = frozenset({"completed", "incomplete", "failed"})  # a Responses repl
 class TextTee(Protocol):
     """A format's stream reader (proxy.formats.base.ReplyTee), for the captured reply."""
 
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes."""
-        ...
+    def feed(self, chunk: bytes) -> None: ...  # relayed bytes
 
     @property
-    def text(self) -> str:
-        """The reply so far."""
-        ...
+    def text(self) -> str: ...  # the reply so far
 
 
 def provider_name(target: Target, fallback: str) -> str:
@@ -226,17 +222,12 @@ class TracedReply:
 
     def _objects(self) -> list[dict[str, Any]]:
         if not self._stream:
-            body = _json(b"".join(self._head))
-            return [body] if body is not None else []
-        head = b"".join(self._head)
-        if self._tailed <= _TAIL_CHUNKS:
-            return [found for event in _events(head + b"".join(self._tail))
-                    if (found := _json(event)) is not None]
-        tail = b"".join(self._tail)
-        tail = tail[tail.find(b"\n\n") + 2:] if b"\n\n" in tail else b""  # from a whole event
-        first = next((found for event in _events(head) if (found := _json(event)) is not None), None)
-        last = [found for event in _events(tail)[-_TAIL_EVENTS:] if (found := _json(event)) is not None]
-        return [first, *last] if first is not None else last
+            found = _json(b"".join(self._head))
+            return [found] if found is not None else []
+        if self._tailed <= _TAIL_CHUNKS:  # all of it is here
+            return _objects_in(b"".join(self._head) + b"".join(self._tail))
+        # The middle fell out: the first object (the model), the last few (usage, reasons).
+        return _objects_in(b"".join(self._head))[:1] + _objects_in(b"".join(self._tail))[-_TAIL_EVENTS:]
 
     def _whole_text(self, objects: list[dict[str, Any]]) -> str:
         if self._stream or not objects or self.status_code >= 300:
@@ -301,9 +292,9 @@ def _server(base_url: str) -> dict[str, str | int]:
             "server.port": address.port or (443 if address.scheme == "https" else 80)}
 
 
-def _events(data: bytes) -> list[str]:
-    """The data of the whole SSE events in `data` (not `[DONE]`)."""
-    return [event.data for event in SSEDecoder().feed(data) if event.data != "[DONE]"]
+def _objects_in(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects the whole SSE events in `data` carry (`[DONE]` is none)."""
+    return [found for event in SSEDecoder().feed(data) if (found := _json(event.data)) is not None]
 
 
 def _json(data: bytes | str) -> dict[str, Any] | None:
