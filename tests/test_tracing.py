@@ -189,7 +189,7 @@ def test_a_long_streams_span_reads_its_first_and_last_events(
     # the model comes from the first event and usage and the finish reason from the last.
     events = chat_chunks("word " * 8000, model="gpt-4o-2024", split=400, include_usage=True,
                          finish_reason="length")
-    upstream.enqueue(SSEReply(events))
+    upstream.enqueue(SSEReply(events, delay=0.001))  # chunks of their own, mostly
     proxy = start_proxy()
     stream = chat_client(proxy, CLIENT_HEADERS).chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "a long one"}], stream=True)
