@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
+from config.otel import ENDPOINTS
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
-
-ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-
 
 @dataclass(frozen=True)
 class Provider:
@@ -38,7 +37,6 @@ class Provider:
 
     traced: bool
     owned: TracerProvider | None = None
-    exporter: str = ""
 
     async def shutdown(self, timeout: float) -> None:
         """Export what is left of memproxy's own provider, waiting up to `timeout` seconds
@@ -55,7 +53,7 @@ def configure(environ: Mapping[str, str]) -> Provider:
     endpoint is set (see the module's docstring)."""
     current = trace.get_tracer_provider()
     if not isinstance(current, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
-        return Provider(traced=True, exporter="the global TracerProvider")
+        return Provider(traced=True)
     exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
     disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     if disabled or exporter == "none" or not any(environ.get(name, "").strip() for name in ENDPOINTS):
@@ -72,10 +70,9 @@ def configure(environ: Mapping[str, str]) -> Provider:
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "memproxy"}))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    protocol = _protocol(environ)
-    provider.add_span_processor(BatchSpanProcessor(_exporter(protocol)))  # OTEL_BSP_*
+    provider.add_span_processor(BatchSpanProcessor(_exporter(_protocol(environ))))  # OTEL_BSP_*
     trace.set_tracer_provider(provider)
-    return Provider(traced=True, owned=provider, exporter=f"otlp {protocol}")
+    return Provider(traced=True, owned=provider)
 
 
 def _protocol(environ: Mapping[str, str]) -> str:

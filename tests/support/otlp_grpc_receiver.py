@@ -40,7 +40,7 @@ class GrpcOtlpReceiver(OtlpReceiver):
         class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
                 metadata = {key: value for key, value in context.invocation_metadata()}
-                receiver._received("/v1/traces", metadata, request.SerializeToString())
+                receiver.record("/v1/traces", metadata, request.SerializeToString())
                 return ExportTraceServiceResponse()
 
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
