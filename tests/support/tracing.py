@@ -6,8 +6,10 @@ process), which memproxy then uses instead of making its own (proxy/http/telemet
         proxy = start_proxy()  # its spans reach the receiver over OTLP/HTTP
 
 Between tests the provider samples nothing and exports nowhere; during one, it samples with
-the test's sampler and exports to the test's receiver with the SDK's batch processor. Tests
-of memproxy's own provider run it in a process of their own (tests/test_tracing_setup.py).
+the test's sampler and exports to the test's receiver with the SDK's batch processor. So a
+worker process that ran a tracing test runs its later apps traced but sampled out: they
+still send an unsampled `traceparent` upstream. Tests of memproxy's own provider, and of
+none, run memproxy in a process of their own (tests/test_tracing_setup.py).
 """
 
 from __future__ import annotations
