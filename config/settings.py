@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from config.otel import otel_errors
 from config.routing import ApiKey, Route, parse_api_keys, parse_routes
 from config.sections.rerank import RerankSettings
 
@@ -116,6 +117,7 @@ def load_settings(
     raw.update(flags)
     known = {f.name for f in setting_fields()}
     errors += [f"{key}: unknown setting" for key in raw if key not in known]
+    errors += otel_errors(env)  # tracing's own variables (config/otel.py)
     values: dict[str, Any] = {}
     for f in setting_fields():
         if f.name in raw:

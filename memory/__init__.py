@@ -69,8 +69,6 @@ if TYPE_CHECKING:
     from memory.storage.turns import NewTurn
     from memory.storage.usage import UsageCounts, UsageRow
     from memory.tokens import count_tokens, encoding_for_model
-    from memory.tracing import activate as activate_tracer
-    from memory.tracing import deactivate as deactivate_tracer
     from memory.tracing import span as trace_span
 
 # public name -> (module, name in that module)
@@ -110,9 +108,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "is_outage": ("memory.outages", "is_outage"),
     "encoding_for_model": ("memory.tokens", "encoding_for_model"),
     "Redactor": ("memory.redact", "Redactor"),
-    # tracing's neutral hook (memory/tracing.py): the proxy activates its tracer
-    "activate_tracer": ("memory.tracing", "activate"),
-    "deactivate_tracer": ("memory.tracing", "deactivate"),
+    # spans of the proxy's steps, through the OpenTelemetry API (memory/tracing.py)
     "trace_span": ("memory.tracing", "span"),
     # the management API's records, limits and errors
     "Fact": ("memory.storage.facts", "Fact"),
@@ -227,13 +223,11 @@ __all__ = [
     "UsageReport",
     "UsageRow",
     "VectorIndex",
-    "activate_tracer",
     "backup",
     "build_query",
     "check_record",
     "collection_name",
     "count_tokens",
-    "deactivate_tracer",
     "encoding_for_model",
     "find_model_dir",
     "for_embedding",

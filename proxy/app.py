@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -18,7 +18,7 @@ from starlette.routing import Mount, Route
 
 from config import Settings
 from config.settings import describe_storage
-from memory import Embedder, MemoryEngine, Redactor, activate_tracer, deactivate_tracer
+from memory import Embedder, MemoryEngine, Redactor
 from proxy.access.edge import EdgeGuard
 from proxy.access.stored_keys import StoredKeys
 from proxy.access.usage import UsageMeter
@@ -27,6 +27,7 @@ from proxy.formats.chat import CHAT
 from proxy.formats.messages import MESSAGES, count_message_tokens
 from proxy.formats.passthrough import passthrough
 from proxy.formats.responses import RESPONSES
+from proxy.http import telemetry
 from proxy.http.errors import (
     ProxyError,
     handle_http_exception,
@@ -37,6 +38,7 @@ from proxy.http.logs import configure_logging, get_logger
 from proxy.http.metrics import Metrics, metrics_endpoint
 from proxy.http.relay import SHUTDOWN_STATE
 from proxy.http.shutdown import Shutdown
+from proxy.http.tracing import TRACING_STATE, Tracing, TracingMiddleware
 from proxy.management import admin_keys
 from proxy.management import routes as management_routes
 from proxy.management.admin_usage import admin_usage_routes
@@ -48,7 +50,6 @@ from proxy.upstream.llm_client import LLMClient
 from proxy.upstream.rerank import reranker
 
 if TYPE_CHECKING:
-    from proxy.http.tracing import Tracing
     from proxy.mcp.server import McpEndpoint
 
 log = get_logger("app")
@@ -66,16 +67,15 @@ def create_app(
     """
 
     mcp = _mcp_endpoint(settings)
-    traced = tracing_requested(os.environ)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         configure_logging(settings.log_level, settings.log_format)
         state = AppState(settings, upstream or Upstream(settings), Metrics())
         app.state.memproxy = state
-        state.tracing = _open_tracing(settings) if traced else None
-        # Before the engine opens, so its job worker's tasks inherit the tracer.
-        tracer_token = activate_tracer(state.tracing) if state.tracing is not None else None
+        # The global TracerProvider, or memproxy's own (proxy/http/telemetry.py).
+        provider = telemetry.configure(os.environ)
+        state.tracing = Tracing.from_env(os.environ, Redactor(settings.redact)) if provider.traced else None
         # Compaction reads context windows from litellm's model map.
         uses_litellm = any(route.provider for route in settings.routes) or settings.compact
         if uses_litellm:
@@ -117,11 +117,9 @@ def create_app(
             })
             if learning not in ("ok", "off"):
                 log.warning(f"learning cannot reach a model: {learning}")
-            if state.tracing is not None:
-                state.tracing.freeze_startup_heap()
             # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py)
             # and the tracing (proxy/http/tracing.py).
-            yield {SHUTDOWN_STATE: state.shutdown, **_tracing_state(state.tracing)}
+            yield {SHUTDOWN_STATE: state.shutdown, **({TRACING_STATE: state.tracing} if state.tracing else {})}
         finally:
             app.state.ready = False
             await mcp_run.aclose()
@@ -142,11 +140,8 @@ def create_app(
                 from proxy.upstream.litellm_transport import close_clients
 
                 await close_clients()
-            if state.tracing is not None:
-                # The last spans go out within the grace; a collector that is down costs no more.
-                await state.tracing.shutdown(min(5.0, state.shutdown.remaining()))
-            if tracer_token is not None:
-                deactivate_tracer(tracer_token)
+            # The last spans go out within the grace; a collector that is down costs no more.
+            await provider.shutdown(min(5.0, state.shutdown.remaining()))
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -171,7 +166,7 @@ def create_app(
         lifespan=lifespan,
         # Host, Origin and Content-Type, before any route reads a byte (proxy/access/edge.py).
         middleware=[
-            *_tracing_middleware(traced),  # outermost: refused requests are traced too
+            Middleware(TracingMiddleware),  # outermost: refused requests are traced too
             Middleware(EdgeGuard, settings=settings,
                        envelopes={"/v1/messages": MESSAGES.error_response}),
         ],
@@ -192,37 +187,6 @@ def _mcp_endpoint(settings: Settings) -> McpEndpoint | None:
     from proxy.mcp.server import McpEndpoint
 
     return McpEndpoint(settings.max_body_bytes)
-
-
-def tracing_requested(environ: Mapping[str, str]) -> bool:
-    """Whether OpenTelemetry traces are on: an OTLP endpoint is set and the SDK is not
-    disabled (docs/tracing.md). Off, memproxy's tracing code is never imported."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    return any(environ.get(name, "").strip()
-               for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-
-
-def _tracing_middleware(traced: bool) -> list[Middleware]:
-    if not traced:
-        return []
-    from proxy.http.tracing import TracingMiddleware
-
-    return [Middleware(TracingMiddleware)]
-
-
-def _open_tracing(settings: Settings) -> Tracing:
-    from proxy.http.tracing import Tracing
-
-    return Tracing.from_env(redact=Redactor(settings.redact))
-
-
-def _tracing_state(tracing: Tracing | None) -> dict[str, Any]:
-    if tracing is None:
-        return {}
-    from proxy.http.tracing import TRACING_STATE
-
-    return {TRACING_STATE: tracing}
 
 
 def begin_shutdown(app: Starlette, at: float | None = None) -> None:

@@ -30,7 +30,7 @@ class AppState:
     metrics: Metrics
     memory: MemoryEngine | None = None
     llm: LLMClient | None = None
-    tracing: Tracing | None = None  # OpenTelemetry, when an OTLP endpoint is set
+    tracing: Tracing | None = None  # while a TracerProvider traces (proxy/http/telemetry.py)
     keys: StoredKeys | None = None  # keys in the database (None: memory, so the database, off)
     usage: UsageMeter | None = None  # with the database only (docs/usage.md)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)

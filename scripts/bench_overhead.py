@@ -455,7 +455,7 @@ def report_tracing(phases: dict[str, list[Phase]], pairs: tuple[tuple[str, str],
             differences = [b.proxy_cpu_ms - a.proxy_cpu_ms for a, b in zip(runs[off], runs[on], strict=True)]
             memory = "memory on" if "memory" in off else "memory off"
             what = "tracing off, this code against the baseline" if off.startswith("before") \
-                else f"tracing on{sampler_named()} (target <= 0.3)"
+                else f"tracing on{sampler_named()}"
             spread = f" (rounds {min(differences):+.2f} to {max(differences):+.2f})" if len(differences) > 1 else ""
             lines.append(f"added CPU per request {kind} c={c}, {memory}, {what}:"
                          f" {statistics.median(differences):+.3f} ms{spread}")

@@ -83,10 +83,9 @@ def test_each_third_party_store_library_lives_behind_one_module() -> None:
         ("aiosqlite", {"memory/storage/database.py"}),
         ("asyncpg", {"memory/storage/postgres.py", "memory/storage/postgres_schema.py"}),
         ("chromadb", {"memory/index/vectors.py"}),
-        # Traces: memory opens spans through its neutral hook (memory/tracing.py); the
-        # proxy's tracing, its spans and its exporter are imported only when tracing is on.
-        ("opentelemetry", {"proxy/http/tracing.py", "proxy/http/recorded_span.py",
-                           "proxy/http/otlp_export.py"}),
+        # Traces: the API in memory's and the proxy's tracing modules; the SDK is configured
+        # in one place (proxy/http/telemetry.py).
+        ("opentelemetry", {"memory/tracing.py", "proxy/http/tracing.py", "proxy/http/telemetry.py"}),
         # vectors.py checks Chroma's own SQLite file, never ours.
         ("sqlite3", {"memory/storage/database.py", "memory/storage/migrations.py",
                      "memory/storage/spool.py",

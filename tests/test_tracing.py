@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,12 +15,20 @@ import anthropic
 import httpx
 import openai
 import pytest
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from config import Route
 from tests.conftest import RunningProxy
 from tests.support.jobs import wait_for_jobs
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_completion
+from tests.support.scripted_upstream import (
+    JSONReply,
+    ScriptedUpstream,
+    SSEReply,
+    chat_chunks,
+    chat_completion,
+)
+from tests.support.tracing import collecting
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -30,19 +37,11 @@ CLIENT_HEADERS = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracest
 SECRET = "sk-proj-" + "Zq9" * 16  # a key the redaction knows
 
 
-def tracing_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
-    """Only standard OTEL_* variables: a short batch delay and export timeout for tests."""
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
-    monkeypatch.setenv("OTEL_SERVICE_NAME", "memproxy-under-test")
-    monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
-
-
 @pytest.fixture
 def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        tracing_env(monkeypatch, receiver.endpoint)
+    """A receiver that gets the spans of this test's memproxy, every request sampled."""
+    monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
+    with OtlpReceiver() as receiver, collecting(receiver.endpoint):
         yield receiver
 
 
@@ -183,6 +182,24 @@ def test_a_streamed_call_ends_its_span_at_the_last_byte(
     assert upstream.history[-1].headers["traceparent"] == f"00-{CLIENT_TRACE}-{upstream_call.span_id}-01"
 
 
+def test_a_long_streams_span_reads_its_first_and_last_events(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
+) -> None:
+    # 400 events of about 200 bytes: past the first 8 KB kept and the last chunks kept, so
+    # the model comes from the first event and usage and the finish reason from the last.
+    events = chat_chunks("word " * 8000, model="gpt-4o-2024", split=400, include_usage=True,
+                         finish_reason="length")
+    upstream.enqueue(SSEReply(events, delay=0.001))  # chunks of their own, mostly
+    proxy = start_proxy()
+    stream = chat_client(proxy, CLIENT_HEADERS).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "a long one"}], stream=True)
+    assert len("".join(c.choices[0].delta.content or "" for c in stream if c.choices)) == 40000
+    call = collector.wait_for(lambda s: s.kind == "CLIENT" and s.trace_id == CLIENT_TRACE)[0]
+    assert call.attributes["gen_ai.response.model"] == "gpt-4o-2024"
+    assert call.attributes["gen_ai.response.finish_reasons"] == ["length"]
+    assert call.attributes["gen_ai.usage.output_tokens"] == events[-1]["usage"]["completion_tokens"]
+
+
 def test_responses_and_messages_requests_get_genai_spans_of_their_format(
     collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
 ) -> None:
@@ -255,44 +272,6 @@ def test_message_contents_are_captured_only_when_asked_and_then_redacted(
     assert not [s for s in collector.spans if SECRET in json.dumps(s.attributes)]
 
 
-def test_a_collector_that_is_down_never_fails_a_request_nor_holds_the_shutdown(
-    monkeypatch: pytest.MonkeyPatch, start_proxy: Callable[..., RunningProxy],
-) -> None:
-    with OtlpReceiver() as gone:
-        endpoint = gone.endpoint  # a port nothing listens on once it is closed
-    tracing_env(monkeypatch, endpoint)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")  # the export would wait this long
-    proxy = start_proxy(memory=True)
-    client = chat_client(proxy, CLIENT_HEADERS)
-    for n in range(5):
-        reply = client.chat.completions.create(model="gpt-4o-mini", messages=[
-            {"role": "user", "content": f"hello {n}"}])
-        assert reply.choices[0].message.content == f"echo: hello {n}"
-    wait_for_jobs(proxy)
-    started = time.monotonic()
-    proxy.stop()
-    assert not proxy.thread.is_alive()
-    assert time.monotonic() - started < 15  # the export's own 30 s are not waited for
-
-
-def test_a_slow_collector_never_slows_a_request(
-    monkeypatch: pytest.MonkeyPatch, start_proxy: Callable[..., RunningProxy],
-) -> None:
-    with OtlpReceiver(delay=3.0) as slow:
-        tracing_env(monkeypatch, slow.endpoint)
-        proxy = start_proxy()
-        client = chat_client(proxy)
-        for n in range(8):
-            started = time.monotonic()
-            client.chat.completions.create(model="gpt-4o-mini", messages=[
-                {"role": "user", "content": f"hello {n}"}])
-            # Exports wait 3 s each; a request that waited for one would show it.
-            assert time.monotonic() - started < 1.5
-            time.sleep(0.1)  # the batch goes out meanwhile
-        assert slow.wait_for(lambda s: s.kind == "SERVER", timeout=20)
-        proxy.stop()
-
-
 def test_request_log_lines_carry_the_trace(
     collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy],
     capfd: pytest.CaptureFixture[str],
@@ -321,7 +300,7 @@ def test_text_log_lines_for_a_terminal(
     assert f"trace_id={CLIENT_TRACE}" in lines[0] and f"span_id={server.span_id}" in lines[0]
 
 
-def test_tracing_off_loads_no_tracing_and_forwards_the_clients_trace_untouched(tmp_path: Path) -> None:
+def test_tracing_off_exports_nothing_and_forwards_the_clients_trace_untouched(tmp_path: Path) -> None:
     script = """
 import sys
 import httpx
@@ -338,9 +317,11 @@ with ScriptedUpstream() as up:
                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200, reply.text
     print(up.history[-1].headers.get("traceparent"))
-    # Chroma imports the SDK itself (its own telemetry); memproxy's tracing and exporter stay out.
-    print(sorted(m for m in sys.modules if m.startswith(
-        ("opentelemetry.exporter.otlp.proto.http", "proxy.http.tracing"))))
+    # Chroma imports the SDK and its gRPC exporter itself (its own telemetry); memproxy makes
+    # no provider and imports no exporter.
+    from opentelemetry import trace
+    print(type(trace.get_tracer_provider()).__name__,
+          sorted(m for m in sys.modules if m.startswith("opentelemetry.exporter.otlp.proto.http")))
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(
@@ -352,7 +333,7 @@ with ScriptedUpstream() as up:
     forwarded, imported = done.stdout.strip().splitlines()[-2:]
     # Not a participant in the trace: the header goes on as any other, as before tracing.
     assert forwarded == CLIENT_HEADERS["traceparent"]
-    assert imported == "[]"
+    assert imported == "ProxyTracerProvider []"
 
 
 def test_refused_requests_are_traced_too(
@@ -368,22 +349,32 @@ def test_refused_requests_are_traced_too(
 
 
 def test_a_request_sampled_out_exports_nothing_and_still_propagates(
-    collector: OtlpReceiver, monkeypatch: pytest.MonkeyPatch,
     start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream,
 ) -> None:
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
-    proxy = start_proxy(memory=True)
-    client = chat_client(proxy, CLIENT_HEADERS)
-    reply = client.chat.completions.create(model="gpt-4o-mini", messages=[
-        {"role": "user", "content": "hello"}])
-    assert reply.choices[0].message.content == "echo: hello"
-    wait_for_jobs(proxy)
-    sent = upstream.history[-1].headers["traceparent"].split("-")
-    # The client's trace goes on, not sampled, through a span id of memproxy's own.
-    assert (sent[1], sent[3]) == (CLIENT_TRACE, "00") and sent[2] != CLIENT_SPAN
-    proxy.stop()  # flushes what the exporter holds
-    assert collector.spans == []
+    with OtlpReceiver() as receiver:
+        with collecting(receiver.endpoint, TraceIdRatioBased(0)):
+            proxy = start_proxy(memory=True)
+            client = chat_client(proxy, CLIENT_HEADERS)
+            reply = client.chat.completions.create(model="gpt-4o-mini", messages=[
+                {"role": "user", "content": "hello"}])
+            assert reply.choices[0].message.content == "echo: hello"
+            wait_for_jobs(proxy)
+            sent = upstream.history[-1].headers["traceparent"].split("-")
+            # The client's trace goes on, not sampled, through a span id of memproxy's own.
+            assert (sent[1], sent[3]) == (CLIENT_TRACE, "00") and sent[2] != CLIENT_SPAN
+            proxy.stop()
+        assert receiver.spans == []  # flushed as the block ended
+
+
+def test_health_probes_make_no_span(
+    collector: OtlpReceiver, start_proxy: Callable[..., RunningProxy],
+) -> None:
+    proxy = start_proxy()
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert httpx.get(f"{proxy.url}{path}", headers=CLIENT_HEADERS).status_code == 200
+    assert httpx.get(f"{proxy.base_url}/models", headers=CLIENT_HEADERS).status_code == 200
+    server = server_span(collector, "/v1/{path:path}", CLIENT_TRACE)  # the probes' came first
+    assert [s.attributes["url.path"] for s in collector.spans] == [server.attributes["url.path"]]
 
 
 def test_a_route_through_litellm_carries_memproxys_span_upstream(

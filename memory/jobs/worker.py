@@ -22,7 +22,6 @@ dead) waits for the database the same way instead of giving up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -331,11 +330,9 @@ class JobWorker:
             log.error("%s could not be settled", task.get_name(), exc_info=exc)
 
 
-def _span(jobs: list[Job]) -> AbstractContextManager[tracing.Span | None]:
+def _span(jobs: list[Job]) -> AbstractContextManager[tracing.Span]:
     """The span of one run of `jobs` (one, or a batch of one kind): a trace of its own,
     linked to the spans that queued each job (docs/tracing.md)."""
-    if not tracing.active():
-        return contextlib.nullcontext()
     links = [queued for job in jobs if isinstance(queued := job.payload.get(tracing.QUEUED_BY), str)]
     return tracing.linked(f"memproxy.job {jobs[0].kind}", links, {
         "memproxy.job.kind": jobs[0].kind, "memproxy.job.count": len(jobs),

@@ -10,6 +10,9 @@ from typing import Any
 import orjson
 
 LOGGER_NAME = "memproxy"
+# The OpenTelemetry SDK's and exporters' loggers (a collector down, a full span queue):
+# their records go out in memproxy's format, not as Python's plain-text last resort.
+OTEL_LOGGER = "opentelemetry"
 _RESERVED = frozenset(vars(logging.makeLogRecord({})))
 
 
@@ -50,6 +53,10 @@ def configure_logging(level: str, line_format: str = "json") -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+    sdk = logging.getLogger(OTEL_LOGGER)
+    sdk.handlers[:] = [handler]
+    sdk.setLevel(max(logging.WARNING, logger.level))  # its info lines are the SDK's own chatter
+    sdk.propagate = False
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -321,15 +321,15 @@ def forward_headers(
 ) -> list[tuple[str, str]]:
     """The client's headers minus hop-by-hop and memproxy's own, with the target's key.
 
-    `trace`: while tracing, the Trace Context headers of memproxy's CLIENT span, which
-    replace the client's (its traceparent names the client's span, not ours).
+    `trace`: while tracing, the headers the configured propagator writes for memproxy's
+    CLIENT span, which replace the client's (its traceparent names the client's span).
     """
     out = []
     for name, value in incoming:
         lower = name.lower()
         if lower in HOP_BY_HOP or lower.startswith("x-memory"):
             continue
-        if trace is not None and lower in TRACE_CONTEXT_HEADERS:
+        if trace is not None and (lower in TRACE_CONTEXT_HEADERS or lower in trace):
             continue
         if lower in PROXY_AUTH_HEADERS and (strip_auth or target.api_key):
             continue

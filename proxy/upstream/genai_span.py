@@ -1,17 +1,11 @@
-"""The upstream call's CLIENT span, with the GenAI semantic conventions (docs/tracing.md).
+"""The upstream call's CLIENT span, with the GenAI semantic conventions (docs/tracing.md,
+https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/).
 
-https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/: `gen_ai.operation.name`,
-the provider, the request and response models, token usage and finish reasons. The span
-wraps the transport's reply (`UpstreamReply`), so a streamed call's span ends at its last
-byte, when the relay closes it, and records the time to the first chunk.
-
-What the reply said is read from it after the fact, not as it passes: a whole body once,
-a stream's first event and last few (the model is in the first; usage and finish reasons
-in the last ones, in each API format), kept in bounded buffers. Message contents go on the
-span only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true, redacted as stored
-turns are.
-
-Nothing here imports OpenTelemetry: the app's `Tracing` (proxy/http/tracing.py) makes the span.
+The span wraps the transport's reply, so a streamed call's span ends at its last byte and
+records the time to the first chunk. What the reply said is read once at the end from
+bounded buffers: a whole body, or a stream's first events (the model) and last ones (usage,
+finish reasons). Message contents go on the span only when
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true, and only through `content`.
 """
 
 from __future__ import annotations
@@ -21,10 +15,12 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from proxy.http.sse import SSEDecoder
 from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
 
 if TYPE_CHECKING:
@@ -57,14 +53,10 @@ _FINISHED = frozenset({"completed", "incomplete", "failed"})  # a Responses repl
 class TextTee(Protocol):
     """A format's stream reader (proxy.formats.base.ReplyTee), for the captured reply."""
 
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes."""
-        ...
+    def feed(self, chunk: bytes) -> None: ...  # relayed bytes
 
     @property
-    def text(self) -> str:
-        """The reply so far."""
-        ...
+    def text(self) -> str: ...  # the reply so far
 
 
 def provider_name(target: Target, fallback: str) -> str:
@@ -122,22 +114,20 @@ def start(
     if target.base_url:
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
-        attributes["gen_ai.input.messages"] = _messages_json(messages(), tracing.redact)
+        attributes["gen_ai.input.messages"] = content(messages(), tracing.redact)
     started = time.time_ns()  # the span's start, which the time to the first chunk counts from
     span, headers = tracing.start_client(f"{operation} {model}".strip(), attributes, start_ns=started)
     return GenAICall(tracing, span, headers, started)
 
 
+@dataclass
 class GenAICall:
-    """One upstream call's open span and the Trace Context headers that carry it."""
+    """One upstream call's open span and the headers that carry it upstream."""
 
-    def __init__(
-        self, tracing: Tracing, span: Span, headers: dict[str, str] | None, started_ns: int
-    ) -> None:
-        self.tracing = tracing
-        self.span = span
-        self.headers = headers  # traceparent (and tracestate) of this CLIENT span
-        self.started_ns = started_ns
+    tracing: Tracing
+    span: Span
+    headers: dict[str, str] | None
+    started_ns: int
 
     def failed(self, exc: BaseException) -> None:
         """The call failed before a reply: end the span so."""
@@ -219,7 +209,7 @@ class TracedReply:
             if self._call.tracing.capture_content:
                 text = self._tee.text if self._tee is not None else self._whole_text(objects)
                 if text:
-                    found["gen_ai.output.messages"] = _messages_json(
+                    found["gen_ai.output.messages"] = content(
                         [{"role": "assistant", "content": text}], self._call.tracing.redact)
             span.set_attributes(found)
         finally:
@@ -232,17 +222,12 @@ class TracedReply:
 
     def _objects(self) -> list[dict[str, Any]]:
         if not self._stream:
-            body = _json(b"".join(self._head))
-            return [body] if body is not None else []
-        head = b"".join(self._head)
-        if self._tailed <= _TAIL_CHUNKS:
-            return [found for event in _events(head + b"".join(self._tail))
-                    if (found := _json(event)) is not None]
-        tail = b"".join(self._tail)
-        tail = tail[tail.find(b"\n\n") + 2:] if b"\n\n" in tail else b""  # from a whole event
-        first = next((found for event in _events(head) if (found := _json(event)) is not None), None)
-        last = [found for event in _events(tail)[-_TAIL_EVENTS:] if (found := _json(event)) is not None]
-        return [first, *last] if first is not None else last
+            found = _json(b"".join(self._head))
+            return [found] if found is not None else []
+        if self._tailed <= _TAIL_CHUNKS:  # all of it is here
+            return _objects_in(b"".join(self._head) + b"".join(self._tail))
+        # The middle fell out: the first object (the model), the last few (usage, reasons).
+        return _objects_in(b"".join(self._head))[:1] + _objects_in(b"".join(self._tail))[-_TAIL_EVENTS:]
 
     def _whole_text(self, objects: list[dict[str, Any]]) -> str:
         if self._stream or not objects or self.status_code >= 300:
@@ -307,17 +292,12 @@ def _server(base_url: str) -> dict[str, str | int]:
             "server.port": address.port or (443 if address.scheme == "https" else 80)}
 
 
-def _events(data: bytes) -> list[bytes]:
-    """The `data:` payloads of the whole SSE events in `data` (not `[DONE]`)."""
-    payloads = []
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines and lines != [b"[DONE]"]:
-            payloads.append(b"\n".join(lines))
-    return payloads
+def _objects_in(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects the whole SSE events in `data` carry (`[DONE]` is none)."""
+    return [found for event in SSEDecoder().feed(data) if (found := _json(event.data)) is not None]
 
 
-def _json(data: bytes) -> dict[str, Any] | None:
+def _json(data: bytes | str) -> dict[str, Any] | None:
     try:
         found = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -325,8 +305,9 @@ def _json(data: bytes) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def _messages_json(messages: Sequence[Mapping[str, Any]], redact: Callable[[str], str]) -> str:
-    """Messages in the GenAI conventions' shape (role and text parts), each text redacted."""
+def content(messages: Sequence[Mapping[str, Any]], redact: Callable[[str], str]) -> str:
+    """The one place message text goes on a span: `messages` in the GenAI conventions'
+    shape (role and text parts), each text through `redact` as stored turns are."""
     out = []
     for message in messages:
         content = message.get("content")

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import RunningProxy
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.tracing import collecting
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 MALFORMED = [
@@ -29,11 +30,8 @@ BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
-        monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
+    monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
+    with OtlpReceiver() as receiver, collecting(receiver.endpoint):
         yield receiver
 
 

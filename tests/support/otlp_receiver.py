@@ -93,7 +93,7 @@ class OtlpReceiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                receiver._received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                receiver.record(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 if receiver.delay:
                     time.sleep(receiver.delay)
                 answer = ExportTraceServiceResponse().SerializeToString()
@@ -128,7 +128,8 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def _received(self, path: str, headers: dict[str, str], body: bytes) -> None:
+    def record(self, path: str, headers: dict[str, str], body: bytes) -> None:
+        """Keep one export request (decoded unless `decode` is off)."""
         sent = gzip.decompress(body) if headers.get("content-encoding") == "gzip" and self.decode else body
         spans = decode(sent) if path == "/v1/traces" and self.decode else []
         with self._cond:
