@@ -60,11 +60,12 @@ SLOW_MARKERS = ("browser", "node", "postgres", "replicas", "soak", "fuzz")
 
 
 def runs_on_postgres(item: pytest.Item) -> bool:
-    """Whether a test runs on PostgreSQL: the postgres backend, or the server as a fixture."""
+    """Whether a test runs on PostgreSQL: the postgres backend, or a server as a fixture
+    (the shared `postgres_server`, or a module's own `postgres` that it may stop)."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None and callspec.params.get("backend") == "postgres":
         return True
-    return "postgres_server" in getattr(item, "fixturenames", ())
+    return not {"postgres_server", "postgres"}.isdisjoint(getattr(item, "fixturenames", ()))
 
 
 # tryfirst: the markers must be on the items before `-m` selects among them.
