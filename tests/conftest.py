@@ -55,6 +55,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
+# The markers that keep a test out of the fast lane, `pytest -m "not slow"` (CONTRIBUTING.md).
+SLOW_MARKERS = ("browser", "node", "postgres", "replicas", "soak", "fuzz")
+
+
+def runs_on_postgres(item: pytest.Item) -> bool:
+    """Whether a test runs on PostgreSQL: the postgres backend, or a server as a fixture
+    (the shared `postgres_server`, or a module's own `postgres` that it may stop)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "postgres":
+        return True
+    return not {"postgres_server", "postgres"}.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+# tryfirst: the markers must be on the items before `-m` selects among them.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark PostgreSQL tests `postgres`, and every test with a slow marker `slow`."""
+    for item in items:
+        if runs_on_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     """The storage backend of this test: "sqlite" (the default) or "postgres"."""

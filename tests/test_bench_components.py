@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
+
+# Out of the fast lane (CONTRIBUTING.md): a benchmark's smoke run.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,6 +37,8 @@ from tests.support.scripted_upstream import (
     chat_completion,
 )
 
+pytestmark = pytest.mark.fuzz
+
 BODY_LIMIT = 64 * 1024
 REPLY = "fuzzed reply"
 FUZZ = settings(

@@ -28,6 +28,8 @@ from proxy.management.openapi import DOCUMENT
 from tests.conftest import MODEL_DIR, RunningProxy, serve
 from tests.support.scripted_upstream import ScriptedUpstream
 
+pytestmark = pytest.mark.fuzz
+
 
 @pytest.fixture(scope="module")
 def server(embedder: LocalEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:

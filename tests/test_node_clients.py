@@ -24,6 +24,8 @@ from tests.support.jobs import wait_for_jobs
 from tests.support.memory import QUIET
 from tests.support.scripted_upstream import ScriptedUpstream
 
+pytestmark = pytest.mark.node
+
 NODE_DIR = Path(__file__).resolve().parent / "node"
 
 

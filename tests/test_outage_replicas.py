@@ -30,6 +30,8 @@ from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import query
 
+pytestmark = [pytest.mark.replicas, pytest.mark.postgres]
+
 SESSIONS, TURNS = 4, 8
 SMALL_BUDGET: dict[str, int | float] = {
     "job_max_attempts": 2, "job_backoff_seconds": 0.2, "job_outage_backoff_max_seconds": 1.0,

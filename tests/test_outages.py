@@ -168,6 +168,7 @@ async def test_a_batch_that_meets_an_outage_is_retried_without_spending_attempts
     assert await store.queue.job_counts() == {"queued": 0, "running": 0, "done": 3, "dead": 0}
 
 
+@pytest.mark.postgres
 async def test_a_job_that_finishes_while_postgresql_is_down_is_settled_once_it_is_back(
     tmp_path: Path,
 ) -> None:
@@ -197,6 +198,7 @@ async def test_a_job_that_finishes_while_postgresql_is_down_is_settled_once_it_i
     assert counts == {"queued": 0, "running": 0, "done": 1, "dead": 0}
 
 
+@pytest.mark.postgres
 async def test_the_pool_recovers_at_once_after_a_postgresql_restart(tmp_path: Path) -> None:
     with PostgresServer() as server:
         store = await Storage.open(tmp_path / "unused.db", url=server.create_database(),

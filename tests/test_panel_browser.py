@@ -33,6 +33,8 @@ if not CHROMIUM.exists():
 
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:

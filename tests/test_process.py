@@ -34,6 +34,9 @@ from tests.support.scripted_upstream import (
 )
 from tests.support.storage import Storage
 
+# Out of the fast lane (CONTRIBUTING.md): real memproxy processes killed and restarted.
+pytestmark = pytest.mark.slow
+
 
 @dataclass
 class Streamed:

@@ -25,6 +25,9 @@ from memory.index.quantized import (
 from memory.storage.turns import NewTurn
 from tests.conftest import MODEL_DIR
 
+# Out of the fast lane (CONTRIBUTING.md): builds the int8 model.
+pytestmark = pytest.mark.slow
+
 
 def test_built_once_checked_and_close_to_the_float_model(
     tmp_path: Path, embedder: LocalEmbedder

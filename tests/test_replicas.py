@@ -29,6 +29,8 @@ from tests.support.scripted_upstream import (
 from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import query
 
+pytestmark = pytest.mark.replicas
+
 # Renewed every third of it: long enough that a replica on a loaded 2-core machine keeps
 # its claim until it is killed (at 3 s a late renewal once let another replica take the
 # stuck job first, and the test waited for a state that could not come).

@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
@@ -16,6 +18,8 @@ from tests.support.scripted_upstream import JSONReply, ScriptedUpstream, chat_co
 from tests.support.servers import ChromaServer, PostgresServer
 from tests.support.sql import query
 from tests.test_memory_flow import system_text
+
+pytestmark = pytest.mark.replicas
 
 
 def test_memory_on_a_chroma_server_is_recalled_and_survives_a_restart(

@@ -18,6 +18,8 @@ from memory.engine import MemoryEngine
 from memory.recall.outcome import RecallRequest
 from tests.support.servers import ChromaServer, PostgresServer
 
+pytestmark = pytest.mark.replicas
+
 
 @pytest.fixture
 def shared_settings(

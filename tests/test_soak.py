@@ -13,6 +13,8 @@ from memory.storage.turns import NewTurn
 from scripts.soak import Failed, Ledger, User, audit, sse_text
 from tests.support.storage import Storage
 
+pytestmark = pytest.mark.soak
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

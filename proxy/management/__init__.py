@@ -8,6 +8,7 @@
     profile.py   consent and profile
     stats.py     counts, index sizes, jobs; request metrics
     openapi.py   the OpenAPI document of all of the above (and of the admin API)
+    bodies.py    every request body, declared once: validation and the document's schemas
 
 The admin API under /v1/admin (the admin key only) sits beside it, mounted by proxy/app.py:
 

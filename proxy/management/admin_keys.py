@@ -25,18 +25,12 @@ from starlette.routing import BaseRoute, Route
 from config import ApiKey
 from memory import KeyNotFound, KeyRevoked, KeyStore, StoredKey
 from proxy.access.decision import require_admin
-from proxy.access.identity import MAX_ID_LENGTH
 from proxy.access.stored_keys import StoredKeys
 from proxy.http.errors import Conflict, InvalidRequest, MemoryUnavailable, NotFound
 from proxy.management.access import respond
-from proxy.management.inputs import flag, json_object, number
+from proxy.management.bodies import ApiKeyChanges, NewApiKey
+from proxy.management.inputs import json_body
 from proxy.state import AppState
-
-MAX_TIME = 32503680000.0  # the year 3000
-MAX_RATE = 1_000_000  # requests per minute
-MAX_QUOTA = 2**62  # tokens per month
-CREATE_FIELDS = ("user", "org", "org_writer", "expires_at", "rate_limit", "token_quota")
-CHANGE_FIELDS = ("expires_at", "rate_limit", "token_quota", "org_writer")
 
 
 def routes() -> list[BaseRoute]:
@@ -69,21 +63,13 @@ async def create_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
     """POST /v1/admin/keys: 201 with the secret in `key` (never shown again)."""
-    body = await json_object(request, state.settings.max_body_bytes, CREATE_FIELDS)
-    # An optional field sent as null is absent; `user` is required, and null says "no user".
-    body = {name: value for name, value in body.items() if value is not None or name == "user"}
-    if "user" not in body:
-        raise InvalidRequest(
-            "user is required: the user id the key is bound to (null: bound to no user)",
-            param="user",
-        )
-    user_id, org_id = _id(body, "user"), _id(body, "org")
-    org_writer = bool(flag(body, "org_writer"))
-    if org_writer and org_id is None:
+    body = await json_body(request, state.settings.max_body_bytes, NewApiKey)
+    if body.org_writer and body.org is None:
         raise InvalidRequest("org_writer needs the key's organisation (org)", param="org_writer")
     stored, secret = await store.create(
-        user_id=user_id, org_id=org_id, org_writer=org_writer,
-        expires_at=_expiry(body), rate_limit=_rate(body), token_quota=_quota(body),
+        user_id=body.user, org_id=body.org, org_writer=bool(body.org_writer),
+        expires_at=_future(body.expires_at), rate_limit=body.rate_limit,
+        token_quota=body.token_quota,
     )
     cache.forget(stored.id)  # an org's members may have grown
     return respond({**stored_json(stored), "key": secret}, 201)
@@ -114,15 +100,8 @@ async def change_key(
 ) -> Response:
     """PATCH /v1/admin/keys/{key_id}: null clears expires_at, rate_limit or token_quota."""
     key_id = _changeable(state, request.path_params["key_id"])
-    body = await json_object(request, state.settings.max_body_bytes, CHANGE_FIELDS)
-    if not body:
-        raise InvalidRequest(f"give at least one of {', '.join(CHANGE_FIELDS)}")
-    changes: dict[str, Any] = {}
-    for name, read in (("expires_at", _expiry), ("rate_limit", _rate), ("token_quota", _quota)):
-        if name in body:
-            changes[name] = None if body[name] is None else read(body)
-    if "org_writer" in body:
-        changes["org_writer"] = bool(flag(body, "org_writer"))
+    changes = (await json_body(request, state.settings.max_body_bytes, ApiKeyChanges)).given()
+    _future(changes.get("expires_at"))
     current = await _stored(store.get(key_id))
     if changes.get("org_writer") and current.org_id is None:
         raise InvalidRequest("org_writer needs a key of an organisation", param="org_writer")
@@ -191,33 +170,9 @@ async def _stored(pending: Awaitable[StoredKey]) -> StoredKey:
         raise Conflict(str(exc), param="key_id", code="key_revoked") from None
 
 
-def _id(body: dict[str, Any], name: str) -> str | None:
-    """A user or organisation id: null, or 1 to MAX_ID_LENGTH printable characters."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH
-            or not value.isprintable() or value != value.strip()):
-        raise InvalidRequest(
-            f"{name} must be 1 to {MAX_ID_LENGTH} printable characters, without spaces at"
-            " either end", param=name,
-        )
-    return value
-
-
-def _expiry(body: dict[str, Any]) -> float | None:
-    at = number(body, "expires_at", low=0, high=MAX_TIME)
+def _future(at: float | None) -> float | None:
+    """An expiry time, which must be in the future (the body's schema cannot say so)."""
     if at is not None and at <= time.time():
         raise InvalidRequest("expires_at is in the past: give a future time in unix seconds",
                              param="expires_at")
-    return float(at) if at is not None else None
-
-
-def _rate(body: dict[str, Any]) -> int | None:
-    rate = number(body, "rate_limit", low=1, high=MAX_RATE, integer=True)
-    return int(rate) if rate is not None else None
-
-
-def _quota(body: dict[str, Any]) -> int | None:
-    quota = number(body, "token_quota", low=0, high=MAX_QUOTA, integer=True)
-    return int(quota) if quota is not None else None
+    return at

@@ -7,24 +7,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_TEXT_CHARS, Fact
+from memory import CATEGORIES, MAX_FACTS_PAGE, Fact
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.bodies import FactChanges, NewFact
 from proxy.management.inputs import (
-    choice,
-    flag,
-    json_object,
-    number,
+    json_body,
     path_id,
     query_choice,
     query_flag,
     query_limit,
     query_text,
-    text,
 )
-
-FIELDS = ("text", "category", "confidence", "importance", "expires_at")
-MAX_TIME = 32503680000.0  # the year 3000
 
 
 def fact_json(fact: Fact) -> dict[str, Any]:
@@ -50,15 +44,10 @@ async def list_facts(request: Request, who: Caller) -> Response:
 @endpoint
 async def add_fact(request: Request, who: Caller) -> Response:
     """POST /v1/memory/facts"""
-    body = await json_object(request, who.settings.max_body_bytes, (*FIELDS, "pinned"))
+    body = await json_body(request, who.settings.max_body_bytes, NewFact)
     fact = await who.memory.facts.add(
-        who.user_id,
-        text(body, "text", required=True, max_chars=MAX_TEXT_CHARS) or "",
-        choice(body, "category", CATEGORIES) or _required("category"),
-        confidence=_or(number(body, "confidence", low=0, high=1), 0.6),
-        importance=_or(number(body, "importance", low=1, high=10, integer=True), 5),
-        pinned=bool(flag(body, "pinned")),
-        expires_at=number(body, "expires_at", low=0, high=MAX_TIME),
+        who.user_id, body.text, body.category, confidence=body.confidence,
+        importance=body.importance, pinned=body.pinned, expires_at=body.expires_at,
         source="manual",
     )
     return respond(fact_json(fact), 201)
@@ -78,18 +67,9 @@ async def get_fact(request: Request, who: Caller) -> Response:
 async def edit_fact(request: Request, who: Caller) -> Response:
     """PATCH /v1/memory/facts/{fact_id}: a new version; the old one stays as history."""
     fact_id = path_id(request, "fact_id")
-    body = await json_object(request, who.settings.max_body_bytes, FIELDS)
-    if not body:
-        raise InvalidRequest(f"give at least one of {', '.join(FIELDS)}")
+    body = await json_body(request, who.settings.max_body_bytes, FactChanges)
     await _current(who, fact_id)
-    fact = await who.memory.facts.edit(
-        who.user_id, fact_id,
-        text=text(body, "text", max_chars=MAX_TEXT_CHARS),
-        category=choice(body, "category", CATEGORIES),
-        confidence=number(body, "confidence", low=0, high=1),
-        importance=number(body, "importance", low=1, high=10, integer=True),
-        expires_at=number(body, "expires_at", low=0, high=MAX_TIME),
-    )
+    fact = await who.memory.facts.edit(who.user_id, fact_id, **body.given())
     return respond(fact_json(fact))
 
 
@@ -149,10 +129,3 @@ def _cursor(cursor: str | None) -> str | None:
         raise InvalidRequest("invalid cursor", param="cursor")
     return cursor
 
-
-def _required(name: str) -> str:
-    raise InvalidRequest(f"{name} is required", param=name)
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value

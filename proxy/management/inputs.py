@@ -1,7 +1,8 @@
 """Reading management request bodies and query strings: typed, bounded, 400 naming the field.
 
-A field that is absent takes its default; a field sent as null is an error, as the OpenAPI
-document says (no field is nullable)."""
+Bodies are declared once in proxy/management/bodies.py. The field readers (`text`, `number`,
+`flag`, `choice`) read the MCP tools' arguments (proxy/mcp/tools.py), whose schemas are still
+written by hand in proxy/mcp/schemas.py (docs/dependencies.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidRequest, NotFound
+from proxy.management.bodies import B, parse
 
 _MISSING: Any = object()
 # How deep a management body may nest. Nothing the API takes needs more than a few levels;
@@ -21,25 +23,18 @@ _MISSING: Any = object()
 MAX_DEPTH = 32
 
 
-async def json_object(
-    request: Request, limit: int, allowed: Collection[str], *, empty_ok: bool = False
-) -> dict[str, Any]:
-    """The body as a JSON object holding only `allowed` fields."""
+async def json_body(request: Request, limit: int, model: type[B], *, empty_ok: bool = False) -> B:
+    """The body as `model` declares it (proxy/management/bodies.py): 400 naming the field."""
     raw = await read_body(request, limit)
     if not raw and empty_ok:  # no body at all; whitespace is not JSON
-        return {}
+        return parse(model, {})
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise InvalidRequest("the body must be valid JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
     if nested_too_deep(body):
         raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise InvalidRequest(f"unknown field {unknown[0]!r}", param=unknown[0])
-    return body
+    return parse(model, body)
 
 
 def nested_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:

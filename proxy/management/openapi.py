@@ -1,7 +1,8 @@
 """The OpenAPI 3.0 document of the memory API, served at /v1/memory/openapi.json.
 
-Hand-written and kept next to the handlers; tests check every route is described and
-every answer matches its schema.
+The request bodies' schemas come from their declaration (proxy/management/bodies.py), which
+also validates them; the answers' schemas are written here. Tests check every route is
+described, every route that takes a body declares it, and every answer matches its schema.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config.choices import MAX_BUDGET
 from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
+from proxy.management.bodies import openapi_schemas
 from proxy.management.openapi_admin import ADMIN_PATHS, ADMIN_SCHEMAS
-from proxy.management.openapi_records import NON_BLANK, RECORD_SCHEMAS, TEXT
+from proxy.management.openapi_records import RECORD_SCHEMAS
 from proxy.management.openapi_usage import USAGE_PATHS, USAGE_SCHEMAS
 
 JSON = "application/json"
@@ -94,14 +95,6 @@ _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
 # An empty cursor is the first page.
 _SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
-_EDITABLE = {
-    "text": TEXT,
-    "category": {"type": "string", "enum": list(CATEGORIES)},
-    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-    "importance": {"type": "integer", "minimum": 1, "maximum": 10},
-    "expires_at": {"type": "number", "minimum": 0, "maximum": 32503680000},
-}
-
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object", "required": ["error"],
@@ -133,14 +126,6 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "FactList": _list("Fact"),
-    "NewFact": {
-        "type": "object", "required": ["text", "category"], "additionalProperties": False,
-        "properties": {**_EDITABLE, "pinned": {"type": "boolean"}},
-    },
-    "FactChanges": {
-        "type": "object", "minProperties": 1, "additionalProperties": False,
-        "properties": _EDITABLE,
-    },
     "Deleted": {
         "type": "object", "required": ["object", "id", "deleted"],
         "properties": {"object": {"type": "string"}, "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
@@ -173,23 +158,6 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "TurnList": _list("Turn"),
-    "SearchQuery": {
-        "type": "object", "required": ["query"], "additionalProperties": False,
-        # scope "session" needs a session_id
-        "anyOf": [{"not": {"required": ["scope"]}},
-                  {"properties": {"scope": {"enum": ["user", "organization"]}}},
-                  {"required": ["session_id"]}],
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": NON_BLANK},
-            "budget": {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET},
-            "scope": {"type": "string", "enum": ["user", "session", "organization"],
-                      "description": "session needs session_id"},
-            "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
-                           "pattern": NON_BLANK},
-            "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NON_BLANK,
-                      "description": "Whose tokenizer counts the budget (default gpt-4o)."},
-        },
-    },
     "SearchResult": {
         "type": "object",
         "required": ["object", "query", "budget", "scope", "block", "items", "tokens"],
@@ -349,15 +317,11 @@ PATHS: dict[str, Any] = {
                             _json(_ref("SearchResult")), "400", "413",
                             body=_body(_ref("SearchQuery")))},
     "/clear": {"post": _op("Clear all memory; returns an undo token", _json(_ref("Clear")),
-                           "400", "413", body=_body({"type": "object", "maxProperties": 0},
-                                                    required=False))},
+                           "400", "413", body=_body(_ref("ClearRequest"), required=False))},
     "/clear/undo": {"post": _op(
         "Undo a clear or a fact's deletion within its window (409 after it)", _json(_ref("ImportReport")), "400",
         "404", "409",
-        "413", body=_body({"type": "object", "required": ["undo_token"],
-                           "additionalProperties": False, "properties": {
-                               "undo_token": {"type": "string", "minLength": 1, "maxLength": 200,
-                                              "pattern": NON_BLANK}}}))},
+        "413", body=_body(_ref("UndoRequest")))},
     "/export": {"get": _op("Export as JSON Lines (streamed)", {
         "description": "meta, turns, facts, summaries, profile: one JSON object per line",
         "content": {NDJSON: {"schema": {"type": "string"}}}})},
@@ -374,16 +338,12 @@ PATHS: dict[str, Any] = {
     "/consent": {
         "get": _op("Consent and profile", _json(_ref("Profile"))),
         "put": _op("Give or revoke consent (revoking deletes the profile)",
-                   _json(_ref("Profile")), "400", "413", body=_body({
-                       "type": "object", "required": ["consent"], "additionalProperties": False,
-                       "properties": {"consent": {"type": "boolean"}}})),
+                   _json(_ref("Profile")), "400", "413", body=_body(_ref("ConsentChange"))),
     },
     "/profile": {
         "get": _op("Consent and profile", _json(_ref("Profile"))),
         "put": _op("Write the profile (needs consent)", _json(_ref("Profile")), "400", "409",
-                   "413", body=_body({"type": "object", "additionalProperties": False,
-                                      "properties": {"fields": {"type": "object"},
-                                                     "text": {"type": "string"}}})),
+                   "413", body=_body(_ref("ProfileBody"))),
         "delete": _op("Delete the profile (consent stays)", _json(_ref("Profile"))),
     },
     "/stats": {"get": _op("Counts, index sizes, job queue and dead letters",
@@ -418,7 +378,7 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS, **USAGE_SCHEMAS},
+        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS, **USAGE_SCHEMAS, **openapi_schemas()},
     },
     # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
     "paths": {**PATHS, **ADMIN_PATHS, **USAGE_PATHS},

@@ -1,12 +1,10 @@
 """The admin API's part of the OpenAPI document (proxy/management/openapi.py): paths under
-/v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only)."""
+/v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only). Its
+request bodies (NewApiKey, ApiKeyChanges) come from proxy/management/bodies.py."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from proxy.access.identity import MAX_ID_LENGTH
-from proxy.management.admin_keys import MAX_QUOTA, MAX_RATE, MAX_TIME
 
 JSON = "application/json"
 ADMIN_SERVERS = [{"url": "/v1/admin"}]
@@ -45,13 +43,6 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "nullable": True}
 
 
-_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
-       "pattern": r"^\S(.*\S)?$"}
-_TIME = {"type": "number", "minimum": 0, "maximum": MAX_TIME}
-_RATE = {"type": "integer", "minimum": 1, "maximum": MAX_RATE,
-         "description": "Requests per minute (replaces MEMPROXY_RATE_LIMIT for this key)."}
-_QUOTA = {"type": "integer", "minimum": 0, "maximum": MAX_QUOTA,
-          "description": "Tokens per calendar month (UTC)."}
 _KEY_PROPERTIES: dict[str, Any] = {
     "object": {"type": "string", "enum": ["api_key"]},
     "id": {"type": "string"},
@@ -72,27 +63,11 @@ _KEY_PROPERTIES: dict[str, Any] = {
 ADMIN_SCHEMAS: dict[str, Any] = {
     "ApiKey": {"type": "object", "required": list(_KEY_PROPERTIES),
                "additionalProperties": False, "properties": _KEY_PROPERTIES},
-    "NewApiKey": {
-        "type": "object", "required": ["user"], "additionalProperties": False,
-        "properties": {
-            "user": _nullable({**_ID, "description": "The user the key is bound to (null: none)."}),
-            "org": _nullable(_ID), "org_writer": _nullable({"type": "boolean"}),
-            "expires_at": _nullable({**_TIME, "description": "Unix seconds, in the future."}),
-            "rate_limit": _nullable(_RATE), "token_quota": _nullable(_QUOTA),
-        },
-    },
     "ApiKeyCreated": {
         "type": "object", "required": [*_KEY_PROPERTIES, "key"], "additionalProperties": False,
         "properties": {**_KEY_PROPERTIES, "key": {
             "type": "string", "pattern": "^mp-[0-9a-f]{8}_[A-Za-z0-9_-]{43}$",
             "description": "The secret: shown here once, never again."}},
-    },
-    "ApiKeyChanges": {
-        "type": "object", "minProperties": 1, "additionalProperties": False,
-        "properties": {
-            "expires_at": _nullable(_TIME), "rate_limit": _nullable(_RATE),
-            "token_quota": _nullable(_QUOTA), "org_writer": {"type": "boolean"},
-        },
     },
     "ApiKeyList": {
         "type": "object", "required": ["object", "data"], "additionalProperties": False,

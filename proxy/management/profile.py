@@ -7,9 +7,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.http.errors import InvalidRequest
 from proxy.management.access import Caller, endpoint, respond
-from proxy.management.inputs import flag, json_object
+from proxy.management.bodies import ConsentChange, ProfileBody
+from proxy.management.inputs import json_body
 
 
 async def _state(who: Caller) -> dict[str, Any]:
@@ -31,25 +31,16 @@ async def get_profile(request: Request, who: Caller) -> Response:
 @endpoint
 async def put_consent(request: Request, who: Caller) -> Response:
     """PUT /v1/memory/consent: revoking deletes the profile and its vector."""
-    body = await json_object(request, who.settings.max_body_bytes, ("consent",))
-    consent = flag(body, "consent")
-    if consent is None:
-        raise InvalidRequest("consent is required", param="consent")
-    await who.memory.profiles.set_consent(who.user_id, consent)
+    body = await json_body(request, who.settings.max_body_bytes, ConsentChange)
+    await who.memory.profiles.set_consent(who.user_id, body.consent)
     return respond(await _state(who))
 
 
 @endpoint
 async def put_profile(request: Request, who: Caller) -> Response:
     """PUT /v1/memory/profile: the whole profile; 409 without consent."""
-    body = await json_object(request, who.settings.max_body_bytes, ("fields", "text"))
-    fields = body.get("fields", {})
-    if not isinstance(fields, dict):
-        raise InvalidRequest("fields must be an object", param="fields")
-    text = body.get("text", "")
-    if not isinstance(text, str):
-        raise InvalidRequest("text must be a string", param="text")
-    await who.memory.profiles.put(who.user_id, fields, text)
+    body = await json_body(request, who.settings.max_body_bytes, ProfileBody)
+    await who.memory.profiles.put(who.user_id, body.fields, body.text)
     return respond(await _state(who))
 
 

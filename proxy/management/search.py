@@ -9,31 +9,25 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config.choices import MAX_BUDGET, SCOPES
 from memory import RecallRequest
-from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest
 from proxy.management.access import Caller, endpoint, respond
-from proxy.management.inputs import choice, json_object, number, text
+from proxy.management.bodies import SearchQuery
+from proxy.management.inputs import json_body
 
 DEFAULT_MODEL = "gpt-4o"
-MAX_QUERY_CHARS = 8000
 
 
 @endpoint
 async def search(request: Request, who: Caller) -> Response:
     """What recall injects for `query` within `budget` and `scope`."""
-    body = await json_object(
-        request, who.settings.max_body_bytes, ("query", "budget", "scope", "session_id", "model")
-    )
-    query = text(body, "query", required=True, max_chars=MAX_QUERY_CHARS) or ""
-    budget = number(body, "budget", low=0, high=MAX_BUDGET, integer=True)
-    scope = choice(body, "scope", SCOPES) or who.settings.memory_scope
-    session_id = text(body, "session_id", max_chars=MAX_ID_LENGTH)
+    body = await json_body(request, who.settings.max_body_bytes, SearchQuery)
+    query, session_id = body.query, body.session_id
+    scope = body.scope or who.settings.memory_scope
     if scope == "session" and session_id is None:
         raise InvalidRequest("scope session needs a session_id", param="session_id")
-    model = text(body, "model", max_chars=200) or DEFAULT_MODEL
-    budget = who.settings.memory_budget if budget is None else budget
+    model = body.model or DEFAULT_MODEL
+    budget = who.settings.memory_budget if body.budget is None else body.budget
     recalled = await who.memory.recall(RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
         None if who.shared else who.org_id, rerank=who.settings.rerank != "off",

@@ -26,6 +26,8 @@ if not CHROMIUM.exists():
 
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 # What a hostile page runs: requests a page may send anywhere without asking first
 # (no-cors: the page cannot read the answer, but the request is sent), and one that asks.
 ATTACK = """async (target) => {

@@ -1,0 +1,251 @@
+"""The request bodies of the memory and admin APIs, declared once (docs/dependencies.md).
+
+Each body is a pydantic model. The same declaration validates a request (`parse`, whose
+errors are 400s in OpenAI's envelope naming the field in `param`) and gives the OpenAPI
+document its request schemas (`openapi_schemas`). Strict: a JSON true is not a number, a
+number is not a string; a field absent takes its default, and a field sent as null is an
+error unless the declaration says `| None`. The only module that imports pydantic.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from config.choices import MAX_BUDGET
+from memory import CATEGORIES, MAX_TEXT_CHARS
+from proxy.access.identity import MAX_ID_LENGTH
+from proxy.http.errors import InvalidRequest
+
+# At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
+NON_BLANK = r"[^\s\x1c-\x1f\x85]"
+MAX_TIME = 32503680000.0  # the year 3000
+MAX_RATE = 1_000_000  # requests per minute
+MAX_QUOTA = 2**62  # tokens per month
+
+
+def _text(max_chars: int) -> StringConstraints:
+    """1 to `max_chars` characters, one of them not blank."""
+    return StringConstraints(min_length=1, max_length=max_chars, pattern=NON_BLANK)
+
+
+_STRIPPED = AfterValidator(str.strip)  # checked as sent, kept stripped
+FactText = Annotated[str, _text(MAX_TEXT_CHARS), _STRIPPED]
+IdText = Annotated[str, _text(MAX_ID_LENGTH), _STRIPPED]
+Token = Annotated[str, _text(200), _STRIPPED]
+
+
+def _id(value: Any) -> Any:
+    """A user or organisation id: 1 to MAX_ID_LENGTH printable characters, unpadded."""
+    if (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH
+            or not value.isprintable() or value != value.strip()):
+        raise PydanticCustomError("id", f"1 to {MAX_ID_LENGTH} printable characters, without"
+                                        " spaces at either end")
+    return value
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH,
+                                      pattern=r"^\S(.*\S)?$"), BeforeValidator(_id)]
+Category = Literal[CATEGORIES]  # type: ignore[valid-type]
+Seconds = Annotated[float, Field(ge=0, le=MAX_TIME)]
+Importance = Annotated[int, Field(ge=1, le=10)]
+Confidence = Annotated[float, Field(ge=0, le=1)]
+Rate = Annotated[int, Field(ge=1, le=MAX_RATE, description=(
+    "Requests per minute (replaces MEMPROXY_RATE_LIMIT for this key)."))]
+Quota = Annotated[int, Field(ge=0, le=MAX_QUOTA, description="Tokens per calendar month (UTC).")]
+
+
+class Body(BaseModel):
+    """A request body: a JSON object of exactly these fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def given(self) -> dict[str, Any]:
+        """The fields the client sent, as sent."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+class Changes(Body):
+    """A body that must change at least one field."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Changes:
+        if not self.model_fields_set:
+            raise PydanticCustomError("empty", "give at least one of "
+                                      + ", ".join(type(self).model_fields))
+        return self
+
+
+class NewFact(Body):
+    text: FactText
+    category: Category
+    confidence: Confidence = 0.6
+    importance: Importance = 5
+    expires_at: Seconds = None  # type: ignore[assignment]
+    pinned: bool = False
+
+
+class FactChanges(Changes):
+    text: FactText = None  # type: ignore[assignment]
+    category: Category = None
+    confidence: Confidence = None  # type: ignore[assignment]
+    importance: Importance = None  # type: ignore[assignment]
+    expires_at: Seconds = None  # type: ignore[assignment]
+
+
+class SearchQuery(Body):
+    # scope "session" needs a session_id (checked by the handler, said here for the document)
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"not": {"required": ["scope"]}},
+        {"properties": {"scope": {"enum": ["user", "organization"]}}},
+        {"required": ["session_id"]}]})
+
+    query: Annotated[str, _text(8000), _STRIPPED]
+    budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)] = None  # type: ignore[assignment]
+    scope: Literal["user", "session", "organization"] = Field(
+        None, description="session needs session_id")  # type: ignore[arg-type]
+    session_id: IdText = None  # type: ignore[assignment]
+    model: Annotated[str, _text(200), _STRIPPED] = Field(  # type: ignore[assignment]
+        None, description="Whose tokenizer counts the budget (default gpt-4o).")
+
+
+class ClearRequest(Body):
+    pass
+
+
+class UndoRequest(Body):
+    undo_token: Token
+
+
+class ConsentChange(Body):
+    consent: bool
+
+
+class ProfileBody(Body):
+    fields: dict[str, Any] = {}
+    text: str = ""
+
+
+class NewApiKey(Body):
+    # `user` is required, and null says "no user"; an optional field sent as null is absent.
+    user: Id | None = Field(description="The user the key is bound to (null: none).")
+    org: Id | None = None
+    org_writer: bool | None = None
+    expires_at: Seconds | None = Field(None, description="Unix seconds, in the future.")
+    rate_limit: Rate | None = None
+    token_quota: Quota | None = None
+
+
+class ApiKeyChanges(Changes):
+    # null clears expires_at, rate_limit or token_quota
+    expires_at: Seconds | None = None
+    rate_limit: Rate | None = None
+    token_quota: Quota | None = None
+    org_writer: bool = None  # type: ignore[assignment]
+
+
+BODIES: tuple[type[Body], ...] = (NewFact, FactChanges, SearchQuery, ClearRequest, UndoRequest,
+                                  ConsentChange, ProfileBody, NewApiKey, ApiKeyChanges)
+
+
+B = TypeVar("B", bound=Body)
+
+
+def parse(model: type[B], value: Any) -> B:
+    """`value` (a decoded JSON body) as `model`; the first problem as a 400 naming the field."""
+    if not isinstance(value, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # An unknown field first: the rest of such a body was not meant for this API.
+        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        raise _invalid(model, error) from None
+
+
+def _invalid(model: type[Body], error: ErrorDetails) -> InvalidRequest:
+    name = str(error["loc"][0]) if error["loc"] else None
+    kind = error["type"]
+    if name is None:
+        return InvalidRequest(error["msg"])
+    if kind == "extra_forbidden":
+        return InvalidRequest(f"unknown field {name!r}", param=name)
+    if kind == "missing":
+        return InvalidRequest(f"{name} is required", param=name)
+    if kind == "id":
+        return InvalidRequest(f"{name} must be {error['msg']}", param=name)
+    return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
+
+
+def _what(schema: dict[str, Any], kind: str) -> str:
+    """What a field must be, in words, from its declared schema."""
+    if "enum" in schema:
+        return "one of " + ", ".join(schema["enum"])
+    if schema.get("type") == "boolean":
+        return "true or false"
+    if schema.get("type") in ("integer", "number"):
+        if kind.startswith(("greater_than", "less_than")):
+            return f"between {schema['minimum']:g} and {schema['maximum']:g}"
+        return "an integer" if schema["type"] == "integer" else "a number"
+    if schema.get("type") == "string" and "maxLength" in schema:
+        return f"a string of 1 to {schema['maxLength']} characters"
+    return {"object": "an object"}.get(schema.get("type", ""), "a string")
+
+
+@functools.cache
+def _properties(model: type[Body]) -> dict[str, Any]:
+    return dict(openapi_schema(model)["properties"])
+
+
+def _property(model: type[Body], name: str) -> dict[str, Any]:
+    schema: dict[str, Any] = _properties(model)[name]
+    return schema
+
+
+@functools.cache
+def openapi_schema(model: type[Body]) -> dict[str, Any]:
+    """The OpenAPI 3.0 schema of a body: pydantic's JSON Schema, in 3.0's dialect."""
+    return _openapi(model.model_json_schema())  # type: ignore[no-any-return]
+
+
+def openapi_schemas() -> dict[str, Any]:
+    """Every body's schema, by its model's name, for the document's components."""
+    return {model.__name__: openapi_schema(model) for model in BODIES}
+
+
+def _openapi(node: Any) -> Any:
+    """JSON Schema 2020-12 -> OpenAPI 3.0: `X | None` is `nullable`, `const` an enum, no
+    titles, and no null default (3.0 has no null type to default to)."""
+    if isinstance(node, list):
+        return [_openapi(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _openapi(value) for key, value in node.items()
+           if key != "title" and not (key == "default" and value is None)}
+    if "properties" in node:  # names, not keywords: a field may be called "title"
+        out["properties"] = {name: _openapi(value) for name, value in node["properties"].items()}
+    options = out.pop("anyOf", None)
+    if options is not None:
+        kept = [option for option in options if option != {"type": "null"}]
+        if len(kept) == 1 and len(kept) < len(options):
+            out = {**kept[0], **out, "nullable": True}
+        else:
+            out["anyOf"] = options
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    return out
