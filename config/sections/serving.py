@@ -146,9 +146,9 @@ class ServingSettings:
     )
     metrics_key: str | None = setting(
         None,
-        "Bearer token for /metrics and /readyz's details (the admin key works too). Unset: "
-        "with proxy keys or an admin key configured, only the admin key reads them; with "
-        "none, anyone who reaches the port does.",
+        "Bearer token remote clients show for /metrics and /readyz's details (the admin key "
+        "works too; clients on this machine need none). With no key of any kind configured "
+        "they are open to anyone who reaches the port.",
         secret=True,
     )
     mcp: bool = setting(

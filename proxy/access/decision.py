@@ -98,16 +98,18 @@ async def require_admin(
 
 
 def require_operator(request: Request, settings: Settings) -> None:
-    """/metrics and /readyz's details: open while no key of any kind is configured (one
-    local user, or an operator who opened memproxy on purpose); else MEMPROXY_METRICS_KEY or
-    the admin key as a Bearer token, from loopback too (401 without, 403 when neither is
-    set). Under MEMPROXY_AUTH=keys every request shows a key; these do too."""
+    """/metrics and /readyz's details (docs/security.md, "Operations endpoints"): a client
+    on this machine (not relayed by a proxy there), MEMPROXY_METRICS_KEY or the admin key as
+    a Bearer token; with no key of any kind configured, anyone (one local user, or an
+    operator who opened memproxy on purpose). Else 401, or 403 when no key could do."""
     secrets = [secret for secret in (settings.metrics_key, settings.admin_key) if secret]
     if not (secrets or settings.keys_required):
         return
+    if is_loopback(request, relayed_trusted=settings.trusted_proxies is not None):
+        return
     if not secrets:
-        raise PermissionDenied("/metrics and /readyz's details need MEMPROXY_METRICS_KEY (or"
-                               " MEMPROXY_ADMIN_KEY) to be set")
+        raise PermissionDenied("/metrics and /readyz's details answer remote clients only with"
+                               " MEMPROXY_METRICS_KEY (or MEMPROXY_ADMIN_KEY) set")
     presented = presented_key(request.headers)
     if not presented:
         raise AuthenticationFailed("missing API key: send MEMPROXY_METRICS_KEY or the admin key"
