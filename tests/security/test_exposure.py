@@ -16,6 +16,7 @@ item 9).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,10 +36,16 @@ CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"
 
 
 def serve_exit(tmp_path: Path, upstream: ScriptedUpstream, **settings: str) -> tuple[int, str]:
-    """Run `memproxy serve` with `settings`; it must exit by itself (exit code, output)."""
+    """Run `memproxy serve` with `settings`; it must exit by itself (exit code, output).
+
+    The port is held (bound, never listening) by this test, so a server that did not refuse
+    could not listen on it either, and would exit too."""
     env = {**memproxy_env(upstream.base_url, **settings), "MEMPROXY_DATA_DIR": str(tmp_path / "d")}
-    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", "1"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        port = str(held.getsockname()[1])
+        done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", port], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120, check=False)
     return done.returncode, done.stdout + done.stderr
 
 
