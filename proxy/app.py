@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import os
 import sys
-from logging import INFO, WARNING
 from collections.abc import AsyncIterator, Mapping
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette

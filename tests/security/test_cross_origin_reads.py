@@ -62,7 +62,7 @@ def cors_upstream(req: Received) -> Reply:
 
 
 # Every way a relayed answer comes back: (method, path, body).
-RELAYED = [
+RELAYED: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/chat/completions", CHAT),
     ("POST", "/v1/chat/completions", {**CHAT, "stream": True}),
     ("POST", "/v1/responses", {"model": "gpt-4o-mini", "input": "hello"}),

@@ -30,8 +30,7 @@ pytestmark = pytest.mark.both_backends
 
 ALICE, BOB, APP, ORG = "key-alice-000001", "key-bob-0000001", "key-app-0000001", "key-org-0000001"
 KEYS = f"{ALICE}:alice,{BOB}:bob,{APP},{ORG}:org=acme"
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "My PIN is 4512."}],
-        "store": True}
+PIN = "My PIN is 4512."
 
 
 @pytest.fixture
@@ -82,10 +81,13 @@ def test_another_users_stored_completion_is_not_found(
     memproxy: RunningProxy, upstream: ScriptedUpstream, alice: openai.OpenAI, stream: bool,
 ) -> None:
     if stream:
-        chunks = list(alice.chat.completions.create(**CHAT, stream=True))
+        chunks = list(alice.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": PIN}], store=True,
+            stream=True))
         completion_id = chunks[0].id
     else:
-        completion_id = alice.chat.completions.create(**CHAT).id
+        completion_id = alice.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": PIN}], store=True).id
     stored_for(memproxy, completion_id, "alice")
     sent = len(upstream.history)
     for method, tail, body in (("GET", "", None), ("GET", "/messages", None),
@@ -104,7 +106,7 @@ def test_another_users_stored_completion_is_not_found(
 def test_another_users_response_input_is_not_found_however_spelled(
     memproxy: RunningProxy, upstream: ScriptedUpstream, alice: openai.OpenAI,
 ) -> None:
-    response_id = alice.responses.create(model="gpt-4o-mini", input="My PIN is 4512.").id
+    response_id = alice.responses.create(model="gpt-4o-mini", input=PIN).id
     stored_for(memproxy, response_id, "alice")
     sent = len(upstream.history)
     for method, tail in (("GET", "/input_items"), ("GET", ""), ("DELETE", ""), ("POST", "/cancel")):
