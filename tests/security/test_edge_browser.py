@@ -1,5 +1,6 @@
 """Item 2 in a real browser (headless Chromium): with no keys, a page of another origin
-cannot write memproxy's memory or chat through it, and the panel on memproxy's own origin
+cannot write memproxy's memory or chat through it, nor read what the operator's key reaches
+even when the upstream answers CORS (issue 37 item 1), and the panel on memproxy's own origin
 still works. Both origins are loopback names of the same server (http://localhost:PORT
 attacks http://127.0.0.1:PORT), so nothing but memproxy's own checks stands in the way."""
 
