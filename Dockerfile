@@ -3,6 +3,9 @@
 # MEMPROXY_EMBEDDING_MODEL_DIR at it (or let chromadb's cache path hold it).
 FROM python:3.11-slim
 
+# Bound to 0.0.0.0: with MEMPROXY_UPSTREAM_API_KEY set, also set MEMPROXY_API_KEYS (or
+# MEMPROXY_OPEN_RELAY=on, if anyone who reaches the port may spend that key): serve refuses
+# to start an open relay (docs/security.md).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True \

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -19,6 +20,8 @@ from starlette.routing import Mount, Route
 from config import Settings
 from config.settings import describe_storage
 from memory import Embedder, MemoryEngine, Redactor
+from proxy.access import exposure
+from proxy.access.decision import require_operator
 from proxy.access.edge import EdgeGuard
 from proxy.access.stored_keys import StoredKeys
 from proxy.access.usage import UsageMeter
@@ -110,13 +113,19 @@ def create_app(
                 await mcp_run.enter_async_context(mcp.run())
             app.state.ready = True
             learning = state.llm.readiness() if state.llm is not None else "off"
-            log.info("memproxy ready", extra={
+            # Quietly wrong configurations are said here, once (proxy/access/exposure.py).
+            warnings = exposure.warnings(settings)
+            if learning not in ("ok", "off"):
+                warnings.append(f"learning cannot reach a model: {learning}")
+            log.log(WARNING if warnings else INFO, "memproxy ready", extra={
                 "upstream": settings.upstream_base_url, "data_dir": str(settings.data_dir),
                 "memory": state.memory is not None, "learning": learning,
+                **exposure.describe(settings, tracing=state.tracing is not None),
                 **(describe_storage(settings) if state.memory is not None else {}),
+                **({"warnings": warnings} if warnings else {}),
             })
-            if learning not in ("ok", "off"):
-                log.warning(f"learning cannot reach a model: {learning}")
+            for warning in warnings:
+                log.warning(warning)
             # Lifespan state: every request's scope carries the shutdown (proxy/http/relay.py)
             # and the tracing (proxy/http/tracing.py).
             yield {SHUTDOWN_STATE: state.shutdown, **({TRACING_STATE: state.tracing} if state.tracing else {})}
@@ -146,7 +155,7 @@ def create_app(
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/chat/completions", endpoint(CHAT), methods=["POST"]),
         # Other methods (GET/DELETE /v1/responses/{id}, ...) fall through to the pass-through.
         Route("/v1/responses", endpoint(RESPONSES), methods=["POST"]),
@@ -207,8 +216,15 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus's text, for the operator (`require_operator`)."""
+    require_operator(request, request.app.state.memproxy.settings)
+    return await metrics_endpoint(request)
+
+
 async def readyz(request: Request) -> Response:
-    """200 once every dependency is open and answering, else 503 naming the failing parts."""
+    """200 once every dependency is open and answering, else 503; the parts (and what
+    fails in them) only for the operator (`require_operator`), the status for any probe."""
     state: AppState | None = getattr(request.app.state, "memproxy", None)
     if state is None or not request.app.state.ready:
         return JSONResponse({"status": "starting"}, status_code=503)
@@ -219,5 +235,10 @@ async def readyz(request: Request) -> Response:
     if state.llm is not None:
         # Said, not counted: a replica whose learning fails still serves every chat.
         parts["learning"] = state.llm.readiness()
-    return JSONResponse({"status": "ok" if ok else "degraded", "parts": parts},
-                        status_code=200 if ok else 503)
+    body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
+    try:
+        require_operator(request, state.settings)
+        body["parts"] = parts
+    except ProxyError:
+        pass  # a probe gets the status; what fails, and where, is the operator's
+    return JSONResponse(body, status_code=200 if ok else 503)

@@ -115,14 +115,41 @@ class ServingSettings:
         None,
         "Host names memproxy answers under, comma-separated (`*`: any), so a web page whose "
         "name a DNS answer pointed at memproxy (DNS rebinding) gets 400. IP addresses and "
-        "localhost always pass. Unset: any name when proxy keys or an admin key are set, "
-        "else only localhost, addresses and the host it binds to.",
+        "localhost always pass. Unset: any name when every request needs a proxy key "
+        "(api_keys, or auth=keys), else only localhost, addresses and the host it binds to.",
     )
     management_remote: bool = setting(
         False,
         "Without proxy keys, let clients other than loopback reach memory: the memory API "
         "(/v1/memory), panel data, and recall and remembering in their chats (else their "
         "chats go through with memory off). With keys set, keys decide.",
+    )
+    shared_account_objects: bool = setting(
+        False,
+        "With an upstream key, let keys bound to a user or organisation reach the upstream "
+        "account's own objects through the pass-through (/v1/files, batches, vector stores, "
+        "assistants, ...), which every key holder then shares; off, they get 403 and only "
+        "unbound keys reach them (docs/security.md).",
+    )
+    open_relay: bool = setting(
+        False,
+        "Let `memproxy serve` start bound beyond loopback with an upstream key and no proxy "
+        "keys: anyone who reaches the port then chats on that key. Off, it refuses to start "
+        "in that shape (set api_keys, bind 127.0.0.1, or unset the upstream key).",
+    )
+    trusted_proxies: str | None = setting(
+        None,
+        "Addresses (comma-separated IPs or networks, `*`: any) of reverse proxies whose "
+        "X-Forwarded-For and X-Forwarded-Proto name the client. Unset: no forwarding header "
+        "is trusted, and a loopback connection that carries one is not taken as a local "
+        "user (it was relayed for someone else).",
+    )
+    metrics_key: str | None = setting(
+        None,
+        "Bearer token remote clients show for /metrics and /readyz's details (the admin key "
+        "works too; clients on this machine need none). With no key of any kind configured "
+        "they are open to anyone who reaches the port.",
+        secret=True,
     )
     mcp: bool = setting(
         True,

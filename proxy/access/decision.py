@@ -66,7 +66,7 @@ async def identify(
     request whose memory `decide` refuses. `stored`: the keys in the database (None: memory,
     and so the database, is off).
     """
-    loopback = is_loopback(request)
+    loopback = is_loopback(request, relayed_trusted=settings.trusted_proxies is not None)
     admin_key = settings.admin_key
     if admin_allowed and admin_key:
         presented = presented_key(request.headers)
@@ -95,6 +95,30 @@ async def require_admin(
     if not principal.admin:
         raise PermissionDenied("the admin API answers the admin key only")
     return principal
+
+
+def require_operator(request: Request, settings: Settings) -> None:
+    """/metrics and /readyz's details (docs/security.md, "Operations endpoints"): a client
+    on this machine (not relayed by a proxy there), MEMPROXY_METRICS_KEY or the admin key as
+    a Bearer token; with no key of any kind configured, anyone (one local user, or an
+    operator who opened memproxy on purpose). Else 401, or 403 when no key could do."""
+    secrets = [secret for secret in (settings.metrics_key, settings.admin_key) if secret]
+    if not (secrets or settings.keys_required):
+        return
+    if is_loopback(request, relayed_trusted=settings.trusted_proxies is not None):
+        return
+    if not secrets:
+        raise PermissionDenied("/metrics and /readyz's details answer remote clients only with"
+                               " MEMPROXY_METRICS_KEY (or MEMPROXY_ADMIN_KEY) set")
+    presented = presented_key(request.headers)
+    if not presented:
+        raise AuthenticationFailed("missing API key: send MEMPROXY_METRICS_KEY or the admin key"
+                                   " as a Bearer token")
+    matched = False
+    for secret in secrets:  # each compared, in constant time
+        matched |= hmac.compare_digest(presented.encode(), secret.encode())
+    if not matched:
+        raise AuthenticationFailed("incorrect API key provided")
 
 
 def decide(
@@ -179,9 +203,26 @@ def members(keys: tuple[ApiKey, ...]) -> Mapping[str, frozenset[str]]:
     return {org: frozenset(users) for org, users in found.items()}
 
 
-def is_loopback(request: Request) -> bool:
-    """Whether the client connected from this machine."""
+def confined_to_own(key: ApiKey | None, *, shared: bool) -> bool:
+    """Whether the caller may reach only its own objects on the upstream account: a key bound
+    to a user or an organisation, while the operator's key goes upstream (`shared`: every
+    key holder's objects live in one account; proxy/access/ownership.py). An unbound key
+    speaks for any user, and without keys there is one user."""
+    return shared and key is not None and (key.user_id is not None or key.org_id is not None)
+
+
+# Headers a reverse proxy adds for the client it relays (RFC 7239, and the de facto ones).
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
+def is_loopback(request: Request, *, relayed_trusted: bool = False) -> bool:
+    """Whether the client is on this machine: it connected from loopback, and did not come
+    through a reverse proxy there. Unless the operator named trusted proxies (uvicorn then
+    puts the client they name in the scope: `relayed_trusted`), a forwarding header on a
+    loopback connection means a proxy relayed someone else (docs/security.md)."""
     host = request.client.host if request.client else ""
+    if not relayed_trusted and any(name in request.headers for name in FORWARDING_HEADERS):
+        return False
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

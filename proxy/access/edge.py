@@ -1,14 +1,23 @@
 """What a request must look like before any route sees it (a pure ASGI middleware).
 
 With no keys configured, the user's browser is a loopback client like any other, so any web
-page it opens could send requests to memproxy: write or clear memory, or chat on the
-operator's upstream key. Three checks close that, before routing:
+page it opens could send requests to memproxy: write or clear memory, chat on the
+operator's upstream key, or read what the upstream keeps on that key. Four checks close
+that, before routing:
 
+- Path: one spelling (`proxy/http/paths.py`), so every check below, the router, access and
+  ownership read the path the upstream gets.
 - Host: a page whose DNS name an attacker pointed at 127.0.0.1 (DNS rebinding) sends its own
-  name. Only memproxy's names pass (`MEMPROXY_ALLOWED_HOSTS`; unset, without keys: localhost
-  and IP addresses, which no DNS answer can put in a browser's Host header for another site).
-- Origin: a write (any method but GET, HEAD, OPTIONS) whose `Origin` names another host, or
-  that has none but `Sec-Fetch-Site: cross-site`/`same-site`, is refused, on every route.
+  name. Only memproxy's names pass (`MEMPROXY_ALLOWED_HOSTS`; unset: localhost and IP
+  addresses, which no DNS answer can put in a browser's Host header for another site),
+  unless every request needs a proxy key (a rebound page has none): while anything (a chat,
+  the pass-through, memory on loopback) is served without a key, the Host is checked.
+- Origin: a request from a web page of another origin (its `Origin` names another host,
+  or, with none, `Sec-Fetch-Site` says `cross-site`/`same-site`, or a browser's
+  `Sec-Fetch-Mode` comes without `Sec-Fetch-Site: same-origin`/`none`) is refused: every
+  write, and on every path but the public ones (`PUBLIC_PATHS`, the panel's files) reads
+  too, since a read of `/v1/...` is paid for by the operator's key or holds memory.
+  memproxy sends no CORS headers (nor relays the upstream's: `proxy/upstream/client.py`).
 - Content-Type: memproxy's own JSON endpoints take JSON only (or no Content-Type, as
   non-browser clients may send), never the form and text types a browser sends cross-origin
   without a preflight (Fetch standard, "CORS-safelisted request-header").
@@ -28,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import Settings
 from proxy.http.errors import HostNotAllowed, OriginRefused, ProxyError, UnsupportedMediaType
+from proxy.http.paths import normalised
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -45,6 +55,13 @@ JSON_PATHS = frozenset({
 MEMORY_PREFIX = "/v1/memory/"
 ADMIN_PREFIX = "/v1/admin/"  # the admin API (docs/keys.md): JSON only, like the memory API
 IMPORT_PATH = "/v1/memory/import"
+# What a page of another origin may still read: liveness and readiness (no key pays for
+# them; /metrics and /readyz's details have their own gate, proxy/access/decision.py) and
+# the panel's static files (its data comes from /v1/memory, which is guarded).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/ui"})
+PANEL_PREFIX = "/ui/"
+# Sec-Fetch-Site values that prove a request is not from another site's page.
+OWN_SITES = frozenset({b"same-origin", b"none"})
 
 Render = Callable[[ProxyError], Response]
 
@@ -58,12 +75,14 @@ class HostPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HostPolicy:
-        """`allowed_hosts`, else any name with keys (a rebound page has no key), else none
-        but localhost, addresses and the bound name."""
+        """`allowed_hosts`, else any name when every request needs a proxy key (a rebound
+        page has none), else none but localhost, addresses and the bound name. An admin key
+        or stored keys alone do not open it: keyless chats and the pass-through are still
+        served on the operator's key."""
         if settings.allowed_hosts is not None:
             names = {name.strip().lower().rstrip(".") for name in settings.allowed_hosts.split(",")}
             return cls("*" in names, frozenset(names - {"*"}))
-        if settings.keys_required or settings.admin_key:
+        if settings.keys_required:
             return cls(True)
         bound = settings.host.strip().lower()
         return cls(False, frozenset() if bound in WILDCARD_BINDS else frozenset({bound}))
@@ -88,15 +107,17 @@ class EdgeGuard:
         self.envelopes = dict(envelopes or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (error := self.refusal(scope)) is not None:
-            response = self._render(scope["path"], error)
-            await response(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            scope = normalised(scope)  # before anything reads the path (proxy/http/paths.py)
+            if (error := self.refusal(scope)) is not None:
+                response = self._render(scope["path"], error)
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
     def refusal(self, scope: Scope) -> ProxyError | None:
         """Why this request is refused, or None."""
-        host = origin = content_type = fetch_site = None
+        host = origin = content_type = fetch_site = fetch_mode = None
         for name, value in scope["headers"]:
             if name == b"host":
                 host = host if host is not None else value.decode("latin-1")
@@ -106,12 +127,15 @@ class EdgeGuard:
                 content_type = value.decode("latin-1")
             elif name == b"sec-fetch-site":
                 fetch_site = value
+            elif name == b"sec-fetch-mode":
+                fetch_mode = value
         if host and not self.hosts.allows(split_authority(host)[0]):
             return HostNotAllowed(
                 f"this memproxy does not answer under the name {host!r}: add it to"
                 " MEMPROXY_ALLOWED_HOSTS (a guard against DNS rebinding)"
             )
-        if scope["method"] in SAFE_METHODS:
+        path = scope["path"]
+        if scope["method"] in SAFE_METHODS and _public(path):
             return None
         if origin is not None:
             if not self._own_origin(origin, host):
@@ -119,7 +143,13 @@ class EdgeGuard:
                                      " (cross-origin)")
         elif fetch_site in (b"cross-site", b"same-site"):
             return OriginRefused("requests from another site's web page are refused")
-        return _media_type_refusal(scope["path"], content_type)
+        elif fetch_mode is not None and fetch_site not in OWN_SITES:
+            # Browsers send Sec-Fetch-Mode and Sec-Fetch-Site together; one without a
+            # same-origin Sec-Fetch-Site is not known to come from memproxy's own pages.
+            return OriginRefused("requests from a web page not of this origin are refused")
+        if scope["method"] in SAFE_METHODS:
+            return None
+        return _media_type_refusal(path, content_type)
 
     def _own_origin(self, origin: str, host: str | None) -> bool:
         """Whether `origin` is this server: the Host's name (and its port, when the Host
@@ -144,6 +174,11 @@ class EdgeGuard:
             if path == prefix or path.startswith(prefix + "/"):
                 return render(error)
         return error.to_response()
+
+
+def _public(path: str) -> bool:
+    """Whether a page of any origin may read `path` (module docstring)."""
+    return path in PUBLIC_PATHS or path.startswith(PANEL_PREFIX)
 
 
 def _media_type_refusal(path: str, content_type: str | None) -> ProxyError | None:

@@ -16,6 +16,7 @@ from types import FrameType
 
 from config import SettingsError, load_settings
 from config.settings import unknown_env_warnings
+from proxy.access.exposure import start_refusal
 from proxy.cli import keys as cli_keys
 from proxy.cli import memory as cli_memory
 
@@ -155,6 +156,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for warning in unknown_env_warnings(os.environ):
         print(f"memproxy: warning: {warning}", file=sys.stderr)
+    if (refusal := start_refusal(settings)) is not None:
+        print(f"memproxy: {refusal}", file=sys.stderr)
+        return 2
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)

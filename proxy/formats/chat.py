@@ -64,8 +64,10 @@ class ChatFormat:
                                      *messages[end:]]}
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
-        """Choice 0's content and tool calls."""
-        return Reply(reply_text(body))
+        """Choice 0's content and tool calls, under the completion's id (a stored
+        completion's owner is then known: proxy/access/ownership.py)."""
+        reply_id = body.get("id")
+        return Reply(reply_text(body), reply_id if isinstance(reply_id, str) and reply_id else None)
 
     def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
         """The tokens a reply or one of its stream's events reports (`proxy.formats.usage`)."""

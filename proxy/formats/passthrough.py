@@ -17,7 +17,7 @@ from starlette.responses import Response
 from config import ApiKey
 from proxy.access.identity import DEFAULT_USER, authenticate, proxy_key_sent
 from proxy.access.limits import limit_keys
-from proxy.access.ownership import check_response_path
+from proxy.access.ownership import check_upstream_path
 from proxy.access.quota import METERED_PATHS, refuse_unmetered_path
 from proxy.access.usage import Tally, count_usage
 from proxy.formats.metered import MeteredBody, MeteredReply
@@ -72,7 +72,8 @@ async def relay(
     request.state.usage_key = key
     if key is not None and key.token_quota is not None and state.usage is not None:
         await state.usage.check_quota(key)  # a spent key reaches no upstream path
-    await check_response_path(request, key, state.memory)
+    await check_upstream_path(request, key, state.memory, settings,
+                              shared=target.api_key is not None)
     refuse_unmetered_path(key, request.method, request.url.path)
     if state.limits.applies(key):
         # Only a request without any key counts against its user (the body is not parsed here).

@@ -135,10 +135,14 @@ def protocol_for(settings: Settings) -> type[BoundedHttpTools]:
 
 
 def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
-    """uvicorn's config for `app`: the bounded protocol, no access log or server header."""
+    """uvicorn's config for `app`: the bounded protocol, no access log or server header,
+    and forwarding headers trusted only from MEMPROXY_TRUSTED_PROXIES (uvicorn trusts
+    127.0.0.1 by default: every client of a local proxy could name itself; docs/security.md)."""
     defaults: dict[str, Any] = {
         "host": settings.host, "port": settings.port, "log_level": settings.log_level,
         "access_log": False, "server_header": False,
+        "proxy_headers": settings.trusted_proxies is not None,
+        "forwarded_allow_ips": settings.trusted_proxies,
     }
     return uvicorn.Config(app, http=protocol_for(settings), **{**defaults, **options})
 

@@ -100,7 +100,9 @@ class ChatReplyTee:
     finished: bool = False
     errored: bool = False
     malformed: bool = False  # an unnamed event whose data is neither a JSON object nor [DONE]
-    reply_id: str | None = None  # chat replies are remembered under the request's id
+    # The upstream's id of the completion (`chatcmpl-...`): the reply is remembered under
+    # it, so memproxy knows whose a stored completion is (proxy/access/ownership.py).
+    reply_id: str | None = None
 
     def feed(self, chunk: bytes) -> None:
         """Take relayed bytes."""
@@ -127,6 +129,8 @@ class ChatReplyTee:
         # Any field may hold any type: the relay must never fail on what it only reads.
         model = payload.get("model")
         self.model = self.model or (model if isinstance(model, str) else None)
+        if self.reply_id is None and isinstance(reply_id := payload.get("id"), str) and reply_id:
+            self.reply_id = reply_id
         for choice in _list(payload.get("choices")):
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 self._choice(choice)

@@ -44,7 +44,10 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length",
 })
-NOT_RELAYED = HOP_BY_HOP | {"date"}
+NOT_RELAYED = HOP_BY_HOP | {"date", "timing-allow-origin"}
+# CORS answers (Fetch standard): an upstream that sends them (vLLM and LiteLLM do) would let
+# any web page read what memproxy relays on the operator's key; memproxy sends none.
+CORS_PREFIX = "access-control-"
 # W3C Trace Context (https://www.w3.org/TR/trace-context/), swapped for ours while tracing.
 TRACE_CONTEXT_HEADERS = frozenset({"traceparent", "tracestate"})
 # Credentials the client sent to memproxy itself when proxy keys are on.
@@ -349,9 +352,10 @@ def forward_headers(
 
 
 def relay_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The upstream's response headers that go back to the client (not `Date`: uvicorn
-    writes its own, and a response must not carry two)."""
-    return {name: value for name, value in headers if name.lower() not in NOT_RELAYED}
+    """The upstream's response headers that go back to the client: not `Date` (uvicorn
+    writes its own, and a response must not carry two), nor CORS (docs/security.md)."""
+    return {name: value for name, value in headers
+            if (lower := name.lower()) not in NOT_RELAYED and not lower.startswith(CORS_PREFIX)}
 
 
 def url_for(target: Target, path: str, query: str = "") -> str:

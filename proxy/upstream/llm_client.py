@@ -175,7 +175,7 @@ class LLMClient:
             target = self.target(settings.extract_model or "", route)
             has_key = target.api_key or settings.learning_api_key or target.via_litellm
             # Without proxy keys, learning borrows the client's key; a local server needs none.
-            if not has_key and settings.api_keys and not _is_local(target.base_url):
+            if not has_key and settings.keys_required and not _is_local(target.base_url):
                 return (f"no key for learning on route {route}: set MEMPROXY_LEARNING_API_KEY"
                         f" (or {_key_setting(settings, route)})")
         for route, failure in self._failing.items():

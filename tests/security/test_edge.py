@@ -142,8 +142,8 @@ def test_same_origin_and_non_browser_writes_still_work(
     # A file upload to the pass-through stays multipart.
     upload = http.post("/v1/files", files={"file": ("a.jsonl", b"{}")}, data={"purpose": "batch"})
     assert upload.status_code == 200, upload.text
-    # Reads from any page are answered (the browser keeps them from the page: no CORS headers).
-    assert http.get("/v1/memory/facts", headers={"Origin": "http://evil.example"}).status_code == 200
+    # Reads from another page are refused too (issue 37 item 1: tests/security/test_cross_origin_reads.py).
+    assert http.get("/v1/memory/facts", headers={"Origin": "http://evil.example"}).status_code == 403
 
 
 @pytest.mark.parametrize(("method", "path"), [

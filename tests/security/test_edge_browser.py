@@ -1,5 +1,6 @@
 """Item 2 in a real browser (headless Chromium): with no keys, a page of another origin
-cannot write memproxy's memory or chat through it, and the panel on memproxy's own origin
+cannot write memproxy's memory or chat through it, nor read what the operator's key reaches
+even when the upstream answers CORS (issue 37 item 1), and the panel on memproxy's own origin
 still works. Both origins are loopback names of the same server (http://localhost:PORT
 attacks http://127.0.0.1:PORT), so nothing but memproxy's own checks stands in the way."""
 
@@ -89,3 +90,34 @@ def test_a_page_of_another_origin_cannot_write_memory_or_chat(
             body: JSON.stringify({text: "Added in the panel", category: "context"})})).status""")
         assert status == 201
         assert "Added in the panel" in [f["text"] for f in http.get("/v1/memory/facts").json()["data"]]
+
+
+# What a hostile page runs to read: plain GETs, as a page may send them anywhere (issue 37
+# item 1: with an upstream that answers CORS, each was readable).
+READ = """async (target) => {
+  const read = {};
+  for (const path of ["/v1/chat/completions", "/v1/chat/completions/chatcmpl-1/messages",
+                      "/v1/files", "/v1/models", "/v1/memory/facts"]) {
+    try { read[path] = await (await fetch(target + path)).text(); }
+    catch (e) { read[path] = "blocked"; }
+  }
+  return read;
+}"""
+
+
+def test_a_page_of_another_origin_cannot_read_through_an_upstream_that_answers_cors(
+    browser: Browser, start_proxy: Starter, upstream: ScriptedUpstream,
+) -> None:
+    from tests.security.test_cross_origin_reads import cors_upstream
+
+    upstream.respond_with(cors_upstream)
+    proxy: RunningProxy = start_proxy(memory=True, upstream_api_key="sk-operator", **QUIET)
+    own = f"http://127.0.0.1:{proxy.port}"
+    hostile = page_at(browser, f"http://localhost:{proxy.port}/healthz")
+    read = hostile.evaluate(READ, own)
+    assert set(read.values()) == {"blocked"}, read
+    assert upstream.history == []
+    # The same reads from memproxy's own origin (the panel's) are answered.
+    panel = page_at(browser, f"{own}/ui/")
+    mine = panel.evaluate(READ, "")
+    assert "chatcmpl-1" in mine["/v1/chat/completions"], mine

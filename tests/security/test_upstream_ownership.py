@@ -3,7 +3,7 @@
 - A `previous_response_id` memproxy stored for another user is refused with the 404 the
   upstream gives for an id it does not know, memory on or off for the request; so is
   GET/DELETE /v1/responses/{id} (and its /input_items). An id memproxy never stored still
-  goes to the upstream, and /v1/files stays the upstream account's own.
+  goes to the upstream.
 - A pass-through path never leaves /v1 on the upstream, however it is spelled.
 """
 
@@ -99,12 +99,13 @@ def test_another_users_response_is_not_found_by_id(
                                      headers={"authorization": f"Bearer {BOB}"})
                 not_found(reply, f"Response with id '{ada.id}' not found.", None, None)
         assert len(upstream.history) == sent
-        # Her own, an unknown id and the account's files go to the upstream.
-        for key, path in ((ADA, f"/v1/responses/{ada.id}"), (BOB, "/v1/responses/resp_never_seen"),
-                          (BOB, "/v1/files")):
+        # Her own and an unknown id go to the upstream; the account's files are refused to a
+        # key bound to a user (tests/security/test_stored_objects.py).
+        for key, path in ((ADA, f"/v1/responses/{ada.id}"), (BOB, "/v1/responses/resp_never_seen")):
             http.get(path, headers={"authorization": f"Bearer {key}"})
             assert upstream.history[-1].path == path
             assert upstream.history[-1].headers["authorization"] == "Bearer sk-operator"
+        assert http.get("/v1/files", headers={"authorization": f"Bearer {BOB}"}).status_code == 403
 
 
 TRAVERSALS = [
