@@ -621,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.requests, args.concurrency, args.users = 120, 8, 10
         args.warmup, args.baseline, args.cap, args.drain_timeout = 20, 40, 60.0, 60.0
         args.first_token_delay, args.chunks, args.chunk_delay = "0.01:0.03", "20:50", "0:0.002"
-        args.large, args.large_mb = 2, 0.05
+        args.large, args.large_mb = 2, 0.01
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
     print(f"soak: {args.requests} requests, c={args.concurrency}, {args.users} users; "
           f"load average {load_average()}", file=sys.stderr)
