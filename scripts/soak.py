@@ -614,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="MEMPROXY_X=VALUE",
                         help="a setting for memproxy (repeatable), e.g. MEMPROXY_VECTOR_CACHE_MB=0")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 120 requests, c=8, 10 users, short delays")
+                        help="smoke run: 120 requests, c=8, 10 users, short delays, two 10 kB large messages")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:

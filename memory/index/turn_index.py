@@ -19,8 +19,8 @@ from memory.tokens import count_tokens
 CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
 # Characters of turn text in one batch of index jobs past which the process hands the heap
 # it freed back to the system once they are indexed (heap_fill.release_free_heap): a 2 MB
-# message otherwise left 70 MB behind (docs/benchmarks.md, "Large messages"). About 30
-# ordinary chat turns stay under it.
+# message otherwise left 70 MB behind (docs/benchmarks.md, "Large messages"). A batch of
+# ordinary chat turns, hundreds of characters each, stays under it.
 RELEASE_OVER_CHARS = 64_000
 
 
