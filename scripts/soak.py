@@ -12,7 +12,9 @@ half the requests stream. The phases:
 3. the soak itself: `--requests` requests at `--concurrency`;
 4. drain: wait (bounded) until every request's writes landed and the job queue is empty;
 5. audit: every turn the clients sent or received must be in memproxy's SQLite exactly
-   once, every job done, every turn indexed.
+   once, every job done, every turn indexed;
+6. large messages: ten users send one 2 MB message each at once; once their work is done,
+   RSS must be back within 200 MB of its idle level before them (scripts/soak_large.py).
 
 Added latency compares memproxy with the direct baseline: time to first body byte for
 streams, total time for JSON. Proxy RSS and CPU come from /proc/<pid>.
@@ -40,7 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -57,6 +59,7 @@ from scripts.bench_overhead import (
     percentile,
     serving,
 )
+from scripts.soak_large import LARGE_RSS_LIMIT_MB, LargePhase, run_large
 
 SYSTEM_PROMPTS = (
     "You are a helpful assistant.",
@@ -79,6 +82,7 @@ TOPICS = (
     "my thesis code", "the garden irrigation timer", "the family budget sheet", "the API gateway",
 )
 RSS_GROWTH_LIMIT_MB = 50.0
+P = TypeVar("P")  # what a phase measures
 
 
 @dataclass
@@ -378,6 +382,7 @@ class Soak:
     written_at_end_of_load: int = 0  # requests whose turns and metrics row were in the database
     drain_cpu_seconds: float = 0.0
     audit: dict[str, int] = field(default_factory=dict)
+    large: LargePhase | None = None
 
 
 async def soak(args: argparse.Namespace, upstream: Target, proxy: Target, db_path: Path) -> Soak:
@@ -387,7 +392,7 @@ async def soak(args: argparse.Namespace, upstream: Target, proxy: Target, db_pat
     users = [User(f"soak-{i:03d}") for i in range(args.users)]
     half = args.baseline // 2
 
-    def step(label: str, phase: Awaitable[Phase]) -> Awaitable[Phase]:
+    def step(label: str, phase: Awaitable[P]) -> Awaitable[P]:
         print(f"  {label} (load average {load_average()})", file=sys.stderr)
         return phase
 
@@ -417,6 +422,16 @@ async def soak(args: argparse.Namespace, upstream: Target, proxy: Target, db_pat
     merge(direct, second)
     result.phases = {"direct": direct, "warmup": warmup, "proxy": phase}
     result.audit = await asyncio.to_thread(audit, db_path, ledger)
+    if args.large:
+        written = await asyncio.to_thread(metrics_rows, db_path)
+
+        async def drained(requests: int, timeout: float) -> bool:
+            return (await drain(db_path, written + requests, timeout))[1]
+
+        result.large = await step(
+            f"large messages: {args.large} of {args.large_mb:g} MB at once",
+            run_large(proxy.url, proxy.pid, args.large, args.large_mb, seed=args.seed,
+                      drain=drained, rss_mb=rss_mb, timeout=args.drain_timeout))
     return result
 
 
@@ -476,7 +491,7 @@ def targets(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
          f"{audit_['jobs_dead']}; writes and queue drained in {result.drain_seconds:.1f} s "
          f"(bound {args.drain_timeout:.0f} s)"),
         (audit_["turns_unindexed"] == 0, f"turns without an index entry: {audit_['turns_unindexed']}"),
-    ] + ([] if args.quick else [
+    ] + large_targets(args, result.large) + ([] if args.quick else [
         # A quick run's 20 warm-up requests never reach the steady state this bound is
         # defined against (the full run warms up with 1000): its growth is the first drain's
         # high-water mark of the embedding batches, +27 to +61 MB from run to run on the
@@ -484,6 +499,21 @@ def targets(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
         (growth < RSS_GROWTH_LIMIT_MB,
          f"proxy RSS growth after warm-up: {growth:+.1f} MB (target < {RSS_GROWTH_LIMIT_MB:.0f})"),
     ])
+
+
+def large_targets(args: argparse.Namespace, large: LargePhase | None) -> list[tuple[bool, str]]:
+    """The large-message phase's targets: every message answered and its work done, then RSS
+    back within LARGE_RSS_LIMIT_MB of idle (not for a quick run's small messages)."""
+    if large is None:
+        return []
+    checks = [(large.ok == large.messages and large.drained,
+               f"large messages answered {large.ok} of {large.messages}, work drained: "
+               f"{large.drained}" + (f" {large.failures[:3]}" if large.failures else ""))]
+    if not args.quick:
+        checks.append((large.growth_mb < LARGE_RSS_LIMIT_MB,
+                       f"proxy RSS after {large.messages} messages of {large.megabytes:g} MB: "
+                       f"{large.growth_mb:+.1f} MB over idle (target < {LARGE_RSS_LIMIT_MB:.0f})"))
+    return checks
 
 
 def failed_turns(audit_: dict[str, int]) -> str:
@@ -526,6 +556,10 @@ def report(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
           f" of {served} served{waiting}")
     print(f"metrics rows: {result.audit['metrics_rows']}, incomplete turns: "
           f"{result.audit['turns_incomplete']}")
+    if (large := result.large) is not None:
+        print(f"large messages: {large.messages} of {large.megabytes:g} MB in {large.seconds:.0f} s; "
+              f"RSS idle {large.rss_idle_mb:.0f} MB, peak {large.rss_peak_mb:.0f} MB, after "
+              f"{large.rss_after_mb:.0f} MB ({large.growth_mb:+.1f} MB)")
     print(f"load average (1/5/15 min): start {result.load['start']}, end of load "
           f"{result.load['end_of_load']} on {os.cpu_count()} CPUs\n")
     checks = targets(args, result)
@@ -552,6 +586,7 @@ def document(args: argparse.Namespace, result: Soak, checks: list[tuple[bool, st
         "drain_cpu_seconds": result.drain_cpu_seconds, "audit": result.audit,
         "jobs_at_end_of_load": result.jobs_at_end_of_load,
         "written_at_end_of_load": result.written_at_end_of_load,
+        "large": result.large.as_dict() if result.large is not None else None,
         "targets": [{"pass": ok, "line": line} for ok, line in checks],
     }
 
@@ -573,16 +608,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chunk-delay", default="0.005:0.02", metavar="S:S",
                         help="the upstream's delay between chunks")
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--large", type=int, default=10,
+                        help="users sending one large message each at the end (0: none)")
+    parser.add_argument("--large-mb", type=float, default=2.0, help="size of each large message")
     parser.add_argument("--set", action="append", default=[], metavar="MEMPROXY_X=VALUE",
                         help="a setting for memproxy (repeatable), e.g. MEMPROXY_VECTOR_CACHE_MB=0")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 120 requests, c=8, 10 users, short delays")
+                        help="smoke run: 120 requests, c=8, 10 users, short delays, two 10 kB large messages")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.concurrency, args.users = 120, 8, 10
         args.warmup, args.baseline, args.cap, args.drain_timeout = 20, 40, 60.0, 60.0
         args.first_token_delay, args.chunks, args.chunk_delay = "0.01:0.03", "20:50", "0:0.002"
+        args.large, args.large_mb = 2, 0.01
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
     print(f"soak: {args.requests} requests, c={args.concurrency}, {args.users} users; "
           f"load average {load_average()}", file=sys.stderr)

@@ -17,6 +17,8 @@ from tokenizers import Tokenizer
 
 from memory.index.embeddings import (
     DIMENSION,
+    MAX_BATCH_TOKENS,
+    MAX_TOKENS,
     MODEL_FILES,
     EmbeddingModelMissing,
     LocalEmbedder,
@@ -97,6 +99,25 @@ def test_batches_mix_only_similar_lengths() -> None:
         [11, 12, 12], [12, 13], [40, 41, 44], [250], [300],
     ]
     assert all(len(batch) <= 3 for batch in batches)
+
+
+def test_a_batch_of_long_texts_is_bounded_in_tokens() -> None:
+    """A huge message's chunks run a few at a time: a run's memory grows with its rows
+    times its width squared (memory/index/embeddings.py, MAX_BATCH_TOKENS)."""
+    lengths = [MAX_TOKENS] * 100 + [30] * 64
+    batches = _batches(lengths, 32)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert all(len(batch) * max(lengths[i] for i in batch) <= MAX_BATCH_TOKENS for batch in batches)
+    assert [len(b) for b in batches if lengths[b[0]] == 30] == [32, 32]  # short ones as before
+    assert len(batches) == 2 + -(-100 // (MAX_BATCH_TOKENS // MAX_TOKENS))
+
+
+def test_long_batches_give_the_same_vectors(embedder: LocalEmbedder) -> None:
+    """Bounded batches, and the runs that hand their memory back, change no vector."""
+    long_texts = [f"note {i}: " + "the billing service runs Postgres 16 " * 40 for i in range(12)]
+    together = embedder.embed_sync(long_texts)
+    alone = np.stack([embedder.embed_sync([text])[0] for text in long_texts])
+    assert np.abs(together - alone).max() < 1e-5
 
 
 def test_duplicates_get_identical_vectors(embedder: LocalEmbedder) -> None:

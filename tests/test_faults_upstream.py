@@ -1,9 +1,9 @@
 """Upstream faults through a running memproxy with memory on, and upstream retries.
 
 Each case checks what the client gets (a status in OpenAI's envelope, or one SSE error event
-after a stream started), that the user's turn was stored exactly once, that an interrupted
-reply is either absent or stored flagged incomplete, and that no job is left queued,
-running or dead. tests/test_gateway_errors.py covers the same statuses without memory.
+after a stream started), that a request the upstream never answered stored nothing, that a
+stream cut midway stored the user's turn exactly once and its reply either not at all or
+flagged incomplete, and that no job is left queued, running or dead. tests/test_gateway_errors.py covers the same statuses without memory.
 """
 
 from __future__ import annotations
@@ -100,8 +100,12 @@ class Chat:
         return [(str(role), str(content), int(flag)) for role, content, flag in rows]
 
     def assert_user_turn_only(self) -> None:
-        """The failed request's user turn is stored once and no assistant turn is."""
+        """The cut stream's user turn is stored once and no assistant turn is."""
         assert self.turns() == [("user", self.prompt, 0)]
+
+    def assert_nothing_stored(self) -> None:
+        """The unanswered request left no turn: its retry resends the message."""
+        assert self.turns() == []
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
@@ -147,7 +151,7 @@ def memproxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
 
 
 @pytest.mark.parametrize("where", ["refused", "dns"])
-def test_unreachable_upstream_is_502_and_the_user_turn_is_kept(
+def test_unreachable_upstream_is_502_and_nothing_is_stored(
     start_proxy: Callable[..., RunningProxy], where: str
 ) -> None:
     base = f"http://127.0.0.1:{closed_port()}/v1" if where == "refused" else "http://nonexistent.invalid:1/v1"
@@ -158,7 +162,7 @@ def test_unreachable_upstream_is_502_and_the_user_turn_is_kept(
         assert answer.status == 502
         error = answer.error()
         assert (error["type"], error["code"]) == ("api_error", "upstream_unreachable")
-        chat.assert_user_turn_only()
+        chat.assert_nothing_stored()
 
 
 def test_timeout_before_headers_is_504(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
@@ -170,7 +174,7 @@ def test_timeout_before_headers_is_504(memproxy: RunningProxy, upstream: Scripte
         assert time.monotonic() - started < 10  # gave up after upstream_timeout, not the hang
         assert answer.status == 504
         assert answer.error()["code"] == "upstream_timeout"
-        chat.assert_user_turn_only()
+        chat.assert_nothing_stored()
         assert len(upstream.history) == count
 
 
@@ -188,7 +192,7 @@ def test_upstream_error_status_keeps_status_envelope_and_retry_after(
         assert error["message"] == f"upstream says {status}"
         assert error["type"] == ("requests" if status == 429 else "server_error")
         assert answer.headers.get("retry-after") == after
-        chat.assert_user_turn_only()
+        chat.assert_nothing_stored()
         assert len(upstream.history) == count  # retries are off by default
 
 
@@ -200,7 +204,7 @@ def test_invalid_json_body_with_200_is_502(memproxy: RunningProxy, upstream: Scr
         assert answer.status == 502
         error = answer.error()
         assert (error["type"], error["code"]) == ("api_error", "upstream_invalid_response")
-        chat.assert_user_turn_only()
+        chat.assert_nothing_stored()
 
 
 def test_the_sdk_sees_an_invalid_body_as_a_server_error(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
@@ -237,7 +241,7 @@ def test_a_json_body_that_stalls_past_the_timeout_is_504(memproxy: RunningProxy,
     assert time.monotonic() - started < 4
     assert answer.status == 504
     assert answer.error()["code"] == "upstream_timeout"
-    chat.assert_user_turn_only()
+    chat.assert_nothing_stored()
 
 
 def test_a_slow_stream_within_the_timeout_completes(memproxy: RunningProxy, upstream: ScriptedUpstream) -> None:
@@ -358,7 +362,7 @@ def test_retries_stop_at_the_limit(retrying: RunningProxy, upstream: ScriptedUps
     assert answer.headers["retry-after"] == "0"
     assert len(upstream.history) == 3  # the first try and two retries
     assert upstream.pending == 1
-    chat.assert_user_turn_only()
+    chat.assert_nothing_stored()
 
 
 def test_retries_back_off_and_honour_retry_after(retrying: RunningProxy, upstream: ScriptedUpstream) -> None:
@@ -412,7 +416,7 @@ def test_a_connect_timeout_is_retried(start_proxy: Callable[..., RunningProxy], 
     assert answer.status == 504
     assert answer.error()["code"] == "upstream_timeout"
     assert log.retries == [{"attempt": 1, "error": "upstream_timeout"}, {"attempt": 2, "error": "upstream_timeout"}]
-    chat.assert_user_turn_only()
+    chat.assert_nothing_stored()
 
 
 def test_what_is_not_retried(retrying: RunningProxy, upstream: ScriptedUpstream) -> None:

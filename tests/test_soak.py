@@ -36,6 +36,9 @@ def test_a_quick_soak_loses_nothing(tmp_path: Path) -> None:
     assert audit_["turns_unindexed"] == audit_["turns_missing"] == audit_["turns_extra"] == 0
     assert figures["rss_mb"]["after_warmup"] > 0
     assert figures["added"]["ttfb_p50_ms"] is not None
+    large = figures["large"]  # the large-message phase, with small messages in a quick run
+    assert large["ok"] == large["messages"] == 2 and large["drained"]
+    assert large["rss_idle_mb"] > 0 and large["rss_after_mb"] > 0
 
 
 async def test_the_audit_finds_missing_and_extra_turns(tmp_path: Path) -> None:

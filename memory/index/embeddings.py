@@ -29,6 +29,15 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSION = 384
 MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model, as chromadb uses
 PAD_SLACK = 1.1  # longest row of a batch over its shortest (+4 tokens), see _batches
+# Most tokens (rows x padded width) one run of the model takes. onnxruntime's memory for a
+# run grows with rows x width^2 (attention): 32 rows of 256 tokens peaked at 1.17 GB of RSS
+# for a 2 MB message's 100 chunks, 8 rows at 0.58 GB (docs/benchmarks.md, "Large messages").
+# Short texts still go 32 to a batch.
+MAX_BATCH_TOKENS = 8 * MAX_TOKENS
+# A run larger than this hands the memory it took back to the system when it ends:
+# onnxruntime's arena otherwise keeps its peak for the life of the process. Smaller runs (a
+# recall query) keep the arena warm: shrinking it after each of them cost 0.5 ms a query.
+RELEASE_OVER_TOKENS = 2 * MAX_TOKENS
 MODEL_FILES = (
     "config.json",
     "model.onnx",
@@ -167,6 +176,7 @@ class LocalEmbedder:
         # its memory is part of the start and not growth under the first index jobs.
         self._workers = max(1, threads or os.cpu_count() or 1)
         self._single: ort.InferenceSession | None = self._load(1) if self._workers > 1 else None
+        self._release = release_options()
 
     @property
     def dimension(self) -> int:
@@ -244,12 +254,14 @@ class LocalEmbedder:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = np.asarray(session.run([self._output], feeds)[0], dtype=np.float32)
+        options = self._release if ids.size > RELEASE_OVER_TOKENS else None
+        hidden = np.asarray(session.run([self._output], feeds, options)[0], dtype=np.float32)
         return _normalise(_mean_pool(hidden, mask))
 
 
 def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
-    """Indexes grouped shortest first into batches whose lengths stay within PAD_SLACK.
+    """Indexes grouped shortest first into batches whose lengths stay within PAD_SLACK and
+    whose padded size stays within MAX_BATCH_TOKENS.
 
     Every row of a batch costs as much as its longest (padding is computed, then masked), so
     batches mix only similar lengths. Measured on 300 chat turns of 10-300 tokens, one thread:
@@ -260,7 +272,8 @@ def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
     batches: list[list[int]] = []
     for i in order:
         batch = batches[-1] if batches else None
-        if batch is None or len(batch) >= size or lengths[i] > PAD_SLACK * lengths[batch[0]] + 4:
+        if batch is None or len(batch) >= size or lengths[i] > PAD_SLACK * lengths[batch[0]] + 4 \
+                or (len(batch) + 1) * lengths[i] > MAX_BATCH_TOKENS:  # the longest row is the last
             batches.append([i])
         else:
             batch.append(i)
@@ -280,6 +293,14 @@ def session_options(threads: int | None) -> ort.SessionOptions:
     # CPU from the event loop, SQLite and Chroma between queries.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+def release_options() -> ort.RunOptions:
+    """Options for a run whose arena memory goes back to the system at its end
+    (onnxruntime's `memory.enable_memory_arena_shrinkage` run setting, for the CPU)."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
 
 

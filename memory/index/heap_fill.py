@@ -49,3 +49,19 @@ def mallopt(parameter: int, value: int) -> bool:
         return bool(libc.mallopt(parameter, value))
     except (OSError, AttributeError):
         return False
+
+
+def release_free_heap() -> bool:
+    """Hand the pages glibc holds free inside its heaps back to the system (`malloc_trim(0)`);
+    False where there is no glibc.
+
+    free() returns memory to the system only from the top of the main heap: a large text's
+    buffers, freed in the middle of a heap or in another thread's arena (and filled with
+    FILL there, so resident), otherwise stay in the process's RSS for good. Walks every
+    arena: milliseconds, so it runs after large work only (memory/index/turn_index.py).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

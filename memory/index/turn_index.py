@@ -10,11 +10,18 @@ import numpy as np
 
 from config import Settings
 from memory.index.chunking import chunk_text
+from memory.index.heap_fill import release_free_heap
 from memory.index.shared_vectors import SharedVectors
 from memory.log.turn_log import TurnLog
+from memory.storage.turns import Turn
 from memory.tokens import count_tokens
 
 CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
+# Characters of turn text in one batch of index jobs past which the process hands the heap
+# it freed back to the system once they are indexed (heap_fill.release_free_heap): a 2 MB
+# message otherwise left 70 MB behind (docs/benchmarks.md, "Large messages"). A batch of
+# ordinary chat turns, hundreds of characters each, stays under it.
+RELEASE_OVER_CHARS = 64_000
 
 
 class TurnIndexer:
@@ -40,6 +47,13 @@ class TurnIndexer:
         """Chunk the jobs' turns, embed every chunk in one call and add them in one write."""
         turn_ids = dict.fromkeys(i for payload in payloads for i in payload["turn_ids"])
         turns = await self.log.get_turns(list(turn_ids))
+        size = sum(len(turn.content) for turn in turns)
+        await self._index(turns)
+        del turns  # the texts are freed before the heap is trimmed
+        if size > RELEASE_OVER_CHARS:
+            await asyncio.to_thread(release_free_heap)
+
+    async def _index(self, turns: Sequence[Turn]) -> None:
         ids: list[str] = []
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []

@@ -94,7 +94,7 @@ async def _compacted(
     assert state.memory is not None
     try:
         summary = await state.memory.session_summary(
-            call.identity.user_id, call.identity.session_id, through=await step.stored_turn(),
+            call.identity.user_id, call.identity.session_id, through=await step.answered_turn(),
             model=model, route=step.route,
         )
     except Exception as exc:  # memory never breaks the chat: it goes through uncompacted

@@ -178,7 +178,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     if flags.dry_run:
         return _dry_run(call, recalled, step)
     step.lend_client_key(request.headers, call.target)
-    step.start_remembering()
+    step.check_room()  # the turns are stored once the upstream answered (_relay)
     # Without a change the client's own bytes go out: nothing re-encoded.
     payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
     call.sent, call.sent_size = body, len(payload)  # a reply without usage counts this prompt
@@ -296,20 +296,19 @@ async def _relay(
     state: AppState, call: Call, upstream: UpstreamReply, step: MemoryStep
 ) -> Response | RelayResponse:
     """Relay the reply (streamed or whole) and remember what it said."""
-    # Memory headers last, once the request's turns are stored (MemoryStep.stored).
-    await step.stored()
-    out_headers = {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-        return _relay_stream(state, call, upstream, out_headers, step)
+        if upstream.status_code < 300:
+            step.start_remembering()  # the stream has started: a cut keeps the user's turn
+        return _relay_stream(state, call, upstream, await _out_headers(call, upstream, step), step)
     try:
         content = await read_upstream_body(upstream)
     finally:
         await upstream.aclose()
     if upstream.status_code >= 300:
-        step.remember_reply(None, incomplete=False)
+        step.remember_reply(None, incomplete=False)  # not an answer: nothing is stored
         if state.usage is not None:
             count_error(call, content)
-        return Response(content, upstream.status_code, out_headers)
+        return Response(content, upstream.status_code, await _out_headers(call, upstream, step))
     reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
     reply = call.fmt.read_reply(reply_body) if step.writing else None
     if state.usage is not None:  # counted only where usage is kept (the memory database)
@@ -318,13 +317,22 @@ async def _relay(
             call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
             relayed=lambda: (reply or call.fmt.read_reply(reply_body)).text,
         )
+    step.start_remembering()  # the exchange completed
     step.remember_reply(
         reply.text if reply else None, incomplete=not (reply is None or reply.complete),
         reply_id=reply.reply_id if reply else None,
     )
+    headers = await _out_headers(call, upstream, step)
     if call.fmt.continuable:
         await step.reply_stored()
-    return Response(content, upstream.status_code, out_headers)
+    return Response(content, upstream.status_code, headers)
+
+
+async def _out_headers(call: Call, upstream: UpstreamReply, step: MemoryStep) -> dict[str, str]:
+    """The response's headers: the upstream's, the call's, then memory's, once the
+    request's turns are stored (MemoryStep.stored) so a failure to store them shows."""
+    await step.stored()
+    return {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
 
 
 def _relay_stream(

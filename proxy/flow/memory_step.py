@@ -196,22 +196,31 @@ class MemoryStep:
         if key:
             llm.lend_key(self.identity.user_id, target, key)
 
-    def start_remembering(self) -> None:
-        """Store the request's turns in the background, alongside forwarding.
+    def check_room(self) -> None:
+        """Refuse (503, before anything is forwarded) while the database is unreachable and
+        the local spool holds its bound of turns: answered, the request's turns would be lost."""
+        memory = self.state.memory
+        if memory is None or not self.writing or not memory.spool_full():
+            return
+        raise MemoryUnavailable(
+            "memory's database is unreachable and this replica's spool is full "
+            f"({memory.spool_status()[0]} turns waiting, MEMPROXY_SPOOL_MAX_TURNS): "
+            "the conversation cannot be remembered now; retry later, or send "
+            "X-Memory-Write: off to chat without remembering"
+        )
 
-        Refused (503, before anything is forwarded) while the database is unreachable and the
-        local spool holds its bound of turns: answered, the request's turns would be lost.
+    def start_remembering(self) -> None:
+        """Store the request's turns in the background, once the upstream has answered.
+
+        Only an exchange that completed is remembered (docs/api-formats.md, "Errors and
+        retries"): a request the upstream refused or never answered would leave a question
+        without its answer, which later recalls would bring back; the client's retry resends
+        it anyway. A stream counts from its first byte, so one cut midway keeps its user
+        turn. A second call does nothing.
         """
         memory = self.state.memory
-        if memory is None or not self.writing:
+        if memory is None or not self.writing or self._stored is not None:
             return
-        if memory.spool_full():
-            raise MemoryUnavailable(
-                "memory's database is unreachable and this replica's spool is full "
-                f"({memory.spool_status()[0]} turns waiting, MEMPROXY_SPOOL_MAX_TURNS): "
-                "the conversation cannot be remembered now; retry later, or send "
-                "X-Memory-Write: off to chat without remembering"
-            )
         self._stored = self.state.spawn(memory.remember_request(
             self.identity.user_id, self.identity.session_id, self.messages,
             model=self.model, request_id=self.request_id, after=self.after,
@@ -221,20 +230,25 @@ class MemoryStep:
     async def stored(self, timeout: float = STORE_WAIT_SECONDS) -> None:
         """Wait up to `timeout` seconds for the request's turns to be committed; never raises.
 
-        The write runs during the upstream call, so this usually returns at once. Once it is
-        committed, a crash in the middle of the reply cannot lose a turn the client saw
+        The write starts once the upstream answered and takes a few milliseconds. Once it is
+        committed, a crash in the middle of a stream cannot lose a turn the client saw
         accepted, and a storage failure can still go out in X-Memory-Error.
         """
         if self._stored is not None and not self._stored.done():
             await asyncio.wait({self._stored}, timeout=timeout)
 
-    async def stored_turn(self, timeout: float = STORE_WAIT_SECONDS) -> int | None:
-        """The id of the request's last stored turn, once stored (None if it is not)."""
-        await self.stored(timeout)
-        task = self._stored
-        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+    async def answered_turn(self) -> int | None:
+        """The id of the last reply the request's history holds, storing its conversation up
+        to there now (each turn once): compaction summarises that history before the
+        upstream has answered this request's new messages (proxy/flow/compaction.py)."""
+        memory = self.state.memory
+        replies = [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
+        if memory is None or not self.writing or not replies:
             return None
-        stored = task.result()
+        stored = await memory.remember_request(
+            self.identity.user_id, self.identity.session_id, self.messages[: replies[-1] + 1],
+            model=self.model, request_id=self.request_id, after=self.after,
+        )
         return stored if isinstance(stored, int) else None  # spooled: no id yet
 
     def remember_reply(
