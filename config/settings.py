@@ -215,7 +215,8 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
             raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
     if (
-        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
+        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url",
+                   "learning_api_key_url")
         and result is not None
         and not str(result).startswith(("http://", "https://"))
     ):

@@ -39,6 +39,12 @@ class LearningSettings(MemorySettings):
         "Needed when proxy keys are on and the route has no key of its own.",
         secret=True,
     )
+    learning_api_key_url: str | None = setting(
+        None,
+        "Base URL of the upstream MEMPROXY_LEARNING_API_KEY belongs to: learning sends that "
+        "key only to this scheme, host and port, never to another route's host. Unset: "
+        "MEMPROXY_ANTHROPIC_BASE_URL when set, else MEMPROXY_UPSTREAM_BASE_URL.",
+    )
     extract_min_confidence: float = setting(
         0.7, "Extracted facts below this confidence (0-1) are not kept.", min=0.0, max=1.0
     )
