@@ -47,6 +47,7 @@ from memory.redact import Redactor
 from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
 from memory.storage.facts import Fact
+from memory.storage.file_modes import open_data_dir
 from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.spool import SpoolFile
@@ -181,6 +182,8 @@ class MemoryEngine:
         # products recall needs (one query against a user's vectors) gain nothing from them.
         # The busy-waiting cost about 20 ms of CPU per recall (docs/dependencies.md).
         threadpool_limits(1, user_api="blas")
+        # 0700, or a warning when an existing one lets other accounts in (file_modes.py).
+        await asyncio.to_thread(open_data_dir, settings.data_dir)
         db = await open_database(settings.database_url, settings.db_path)
         try:
             # The first recall after a start waited 2.3 s for these (counting its block).

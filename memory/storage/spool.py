@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memory.storage.file_modes import private_database
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spooled (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -62,10 +64,11 @@ class SpoolFile:
 
     @classmethod
     def _open(cls, path: Path) -> SpoolFile:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_database(path)  # 0600, its WAL too (memory/storage/file_modes.py)
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # a commit is on the disk when put() returns
+        conn.execute("PRAGMA secure_delete=ON")  # a replayed entry's text is zeroed, not freed
         conn.execute(_SCHEMA)
         return cls(conn, path)
 
@@ -118,6 +121,10 @@ class SpoolFile:
         with self._lock:
             self._conn.execute(sql, params)
             self.depth, self.oldest = self._totals()
+            if self.depth == 0:
+                # Replayed: the turns are the database's now, and a clear there must not
+                # leave them in this file's WAL (docs/security.md, what a clear erases).
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def _select(self, where: str, params: tuple[Any, ...]) -> list[SpooledEntry]:
         def select() -> list[SpooledEntry]:
