@@ -147,7 +147,7 @@ class MemoryEngine:
         self.spooling = Spooling(
             await SpoolFile.open(self.settings.spool_path), max_turns=self.settings.spool_max_turns,
             replay=self._replay_spooled, backoff_max=self.settings.job_outage_backoff_max_seconds,
-            redact=self.redact,
+            redact=self.redact, share=self.settings.spool_max_turns_per_user,
         )
         self.recaller.spooled = self._spooled_turns
         self.spooling.start()
@@ -159,9 +159,10 @@ class MemoryEngine:
             return []
         return await spooling.session_turns(user_id, session_id)
 
-    def spool_full(self) -> bool:
-        """Whether the spool holds its bound: a request that would store turns is refused."""
-        return self.spooling is not None and self.spooling.full()
+    def spool_full(self, user_id: str) -> bool:
+        """Whether the spool holds its bound, or this user's share of it: the user's
+        request that would store turns is refused."""
+        return self.spooling is not None and self.spooling.full(user_id)
 
     def spool_status(self) -> tuple[int, float | None]:
         """(turns waiting in the spool, seconds the oldest has waited or None)."""

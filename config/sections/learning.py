@@ -124,6 +124,13 @@ class LearningSettings(MemorySettings):
         "before it is forwarded, rather than answered and then lost (0: no spool; turns the "
         "database cannot take are reported in X-Memory-Error and lost).", min=0
     )
+    spool_max_turns_per_user: int = setting(
+        1000, "Most turns one user may hold in the local spool (a share of "
+        "MEMPROXY_SPOOL_MAX_TURNS), so one user cannot fill it for everyone: with the user's "
+        "share full, that user's requests that would store turns get 503; a request whose "
+        "own turns do not fit in what is left is answered, not remembered, and says so in "
+        "X-Memory-Error.", min=1
+    )
     job_lease_seconds: float = setting(
         60.0, "PostgreSQL: how long a claimed job is held unless its worker renews it (at a "
         "third of this); a job of a replica that died runs again after it.", min=1.0,

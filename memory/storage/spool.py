@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS spooled (
 """
 
 
+class SpoolFull(Exception):
+    """An entry that does not fit: the spool's bound, or its user's share, is reached."""
+
+
 @dataclass(frozen=True, slots=True)
 class SpooledEntry:
     """One write waiting for the database: `entry` is what memory.log.spooling put."""
@@ -55,6 +59,7 @@ class SpoolFile:
         self._conn = conn
         self.path = path
         self._lock = threading.Lock()  # one statement at a time on the one connection
+        self.by_user: dict[str, int] = {}  # turns waiting, per user
         self.depth, self.oldest = self._totals()
 
     @classmethod
@@ -73,27 +78,48 @@ class SpoolFile:
         return cls(conn, path)
 
     def _totals(self) -> tuple[int, float | None]:
-        row = self._conn.execute(
-            "SELECT COALESCE(SUM(turns), 0), MIN(created_at) FROM spooled WHERE failed_at IS NULL"
-        ).fetchone()
-        return int(row[0]), row[1]
+        rows = self._conn.execute(
+            "SELECT user_id, SUM(turns), MIN(created_at) FROM spooled WHERE failed_at IS NULL"
+            " GROUP BY user_id"
+        ).fetchall()
+        self.by_user = {str(r[0]): int(r[1]) for r in rows if r[1]}
+        oldest = min((r[2] for r in rows), default=None)
+        return sum(self.by_user.values()), oldest
 
-    async def put(self, user_id: str, session_id: str, turns: int, entry: dict[str, Any]) -> int:
-        """Append an entry, committed and fsynced; return its id."""
+    async def put(
+        self, user_id: str, session_id: str, turns: int, entry: dict[str, Any], *,
+        room: tuple[int, int] | None = None, need: int | None = None,
+    ) -> int:
+        """Append an entry, committed and fsynced; return its id.
+
+        `room`: (the spool's bound, one user's share). The entry goes in only when `need`
+        more turns (default `turns`) fit under both, checked and counted under one lock so
+        concurrent puts cannot pass a bound together; SpoolFull otherwise."""
         now = time.time()
         text = json.dumps(entry)
 
         def insert() -> int:
             with self._lock:
+                if room is not None:
+                    self._check_room(user_id, turns if need is None else need, *room)
                 cursor = self._conn.execute(
                     "INSERT INTO spooled (created_at, user_id, session_id, turns, entry)"
                     " VALUES (?, ?, ?, ?, ?)", (now, user_id, session_id, turns, text),
                 )
                 self.depth += turns
+                self.by_user[user_id] = self.by_user.get(user_id, 0) + turns
                 self.oldest = now if self.oldest is None else self.oldest
                 return int(cursor.lastrowid or 0)
 
         return await asyncio.to_thread(insert)
+
+    def _check_room(self, user_id: str, need: int, bound: int, share: int) -> None:
+        held = self.by_user.get(user_id, 0)
+        if need > 0 and (self.depth + need > bound or held + need > share):
+            raise SpoolFull(
+                f"{need} turn(s) do not fit in the spool ({self.depth} of {bound} waiting, "
+                f"{held} of this user's {share}): not remembered"
+            )
 
     async def first(self) -> SpooledEntry | None:
         """The oldest entry still waiting, if any."""

@@ -192,12 +192,12 @@ class MemoryStep:
         memory = self.state.memory
         if memory is None or not self.writing:
             return
-        if memory.spool_full():
+        if memory.spool_full(self.identity.user_id):
             raise MemoryUnavailable(
-                "memory's database is unreachable and this replica's spool is full "
-                f"({memory.spool_status()[0]} turns waiting, MEMPROXY_SPOOL_MAX_TURNS): "
-                "the conversation cannot be remembered now; retry later, or send "
-                "X-Memory-Write: off to chat without remembering"
+                "memory's database is unreachable and this replica's spool is full for this "
+                f"user ({memory.spool_status()[0]} turns waiting; MEMPROXY_SPOOL_MAX_TURNS, "
+                "MEMPROXY_SPOOL_MAX_TURNS_PER_USER): the conversation cannot be remembered "
+                "now; retry later, or send X-Memory-Write: off to chat without remembering"
             )
         self._stored = self.state.spawn(memory.remember_request(
             self.identity.user_id, self.identity.session_id, self.messages,
