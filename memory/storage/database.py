@@ -137,7 +137,9 @@ class SQLiteDatabase:
         connection), a deleted row's pages are zeroed in the file, and the WAL frames that
         still held it are gone (docs/security.md, what a clear erases)."""
         async with self._write_lock:
-            await self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # (busy, frames in the WAL, frames copied): busy when a reader still holds an
+            # older snapshot; the next purge truncates it (new writes overwrite it meanwhile).
+            await self._writer.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a reader connection and return its rows."""
