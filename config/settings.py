@@ -221,7 +221,7 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
             raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
     if (
         f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url",
-                   "rerank_base_url")
+                   "rerank_base_url", "learning_api_key_url")
         and result is not None
         and not str(result).startswith(("http://", "https://"))
     ):

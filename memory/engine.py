@@ -49,6 +49,7 @@ from memory.redact import Redactor
 from memory.storage import injections, metrics, versions
 from memory.storage.database import Database, Transaction, open_database
 from memory.storage.facts import Fact
+from memory.storage.file_modes import open_data_dir
 from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.spool import SpoolFile
@@ -149,7 +150,7 @@ class MemoryEngine:
         self.spooling = Spooling(
             await SpoolFile.open(self.settings.spool_path), max_turns=self.settings.spool_max_turns,
             replay=self._replay_spooled, backoff_max=self.settings.job_outage_backoff_max_seconds,
-            redact=self.redact,
+            redact=self.redact, share=self.settings.spool_max_turns_per_user,
         )
         self.recaller.spooled = self._spooled_turns
         self.spooling.start()
@@ -161,9 +162,10 @@ class MemoryEngine:
             return []
         return await spooling.session_turns(user_id, session_id)
 
-    def spool_full(self) -> bool:
-        """Whether the spool holds its bound: a request that would store turns is refused."""
-        return self.spooling is not None and self.spooling.full()
+    def spool_full(self, user_id: str) -> bool:
+        """Whether the spool holds its bound, or this user's share of it: the user's
+        request that would store turns is refused."""
+        return self.spooling is not None and self.spooling.full(user_id)
 
     def spool_status(self) -> tuple[int, float | None]:
         """(turns waiting in the spool, seconds the oldest has waited or None)."""
@@ -187,6 +189,8 @@ class MemoryEngine:
         # products recall needs (one query against a user's vectors) gain nothing from them.
         # The busy-waiting cost about 20 ms of CPU per recall (docs/dependencies.md).
         threadpool_limits(1, user_api="blas")
+        # 0700, or a warning when an existing one lets other accounts in (file_modes.py).
+        await asyncio.to_thread(open_data_dir, settings.data_dir)
         db = await open_database(settings.database_url, settings.db_path)
         try:
             # The first recall after a start waited 2.3 s for these (counting its block).

@@ -39,6 +39,12 @@ class LearningSettings(MemorySettings):
         "Needed when proxy keys are on and the route has no key of its own.",
         secret=True,
     )
+    learning_api_key_url: str | None = setting(
+        None,
+        "Base URL of the upstream MEMPROXY_LEARNING_API_KEY belongs to: learning sends that "
+        "key only to this scheme, host and port, never to another route's host. Unset: "
+        "MEMPROXY_ANTHROPIC_BASE_URL when set, else MEMPROXY_UPSTREAM_BASE_URL.",
+    )
     extract_min_confidence: float = setting(
         0.7, "Extracted facts below this confidence (0-1) are not kept.", min=0.0, max=1.0
     )
@@ -117,6 +123,13 @@ class LearningSettings(MemorySettings):
         "is unreachable; with it full, a request that would store turns is refused with 503 "
         "before it is forwarded, rather than answered and then lost (0: no spool; turns the "
         "database cannot take are reported in X-Memory-Error and lost).", min=0
+    )
+    spool_max_turns_per_user: int = setting(
+        1000, "Most turns one user may hold in the local spool (a share of "
+        "MEMPROXY_SPOOL_MAX_TURNS), so one user cannot fill it for everyone: with the user's "
+        "share full, that user's requests that would store turns get 503; a request whose "
+        "own turns do not fit in what is left is answered, not remembered, and says so in "
+        "X-Memory-Error.", min=1
     )
     job_lease_seconds: float = setting(
         60.0, "PostgreSQL: how long a claimed job is held unless its worker renews it (at a "

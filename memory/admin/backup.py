@@ -26,6 +26,7 @@ from memory.index.rebuild import queue_vector_rebuild
 from memory.log.turn_log import INDEX_JOB
 from memory.storage import turns
 from memory.storage.database import DatabaseError, SQLiteDatabase
+from memory.storage.file_modes import private_dir
 from memory.storage.snapshot import copy_database, integrity_problems, sidecars
 
 
@@ -63,7 +64,7 @@ def _backup(source: Path, dest_dir: Path) -> BackupResult:
     target = dest_dir / source.name
     if target.exists():
         raise BackupError(f"{target} already exists; back up into a new directory")
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(dest_dir)  # a backup is memory: 0700 and 0600 (storage/file_modes.py)
     partial = target.with_name(target.name + ".partial")
     _remove(partial)
     try:

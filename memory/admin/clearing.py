@@ -178,7 +178,9 @@ class Clears:
 
     async def _purge(self, clear_id: str) -> None:
         async with self.db.write() as tx:
-            await clears.purge(tx, clear_id, time.time())
+            purged = await clears.purge(tx, clear_id, time.time())
+        if purged:  # the kept copies leave the database's files too, where it can
+            await self.db.erase_deleted()
 
     async def _restore(self, clear_id: str, user_id: str) -> ImportReport:
         # Undo and the settle job may both ask; the first one's task serves both.

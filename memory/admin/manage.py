@@ -30,7 +30,7 @@ class Management:
     ) -> None:
         db = log.db
         self.sessions = SessionStore(db, notify=notify)
-        self.records = RecordSource(db, facts, summaries, profiles)
+        self.records = RecordSource(db, facts, summaries, profiles, redact=log.redact)
         self.importer = Importer(
             log, profiles, index_job=index_job, max_attempts=settings.job_max_attempts,
             max_pinned=settings.fact_max_pinned, notify=notify,

@@ -8,17 +8,22 @@
 
 Ids are the exporting database's; import maps them to new ones (parents, fact versions and
 source turns keep pointing at the right rows). Records come in id order, parents first.
+
+Text is redacted again on the way out (docs/security.md, secrets in stored text): a row
+stored before a shape was known, or under `MEMPROXY_REDACT=off`, leaves redacted by the
+mode the process runs with now.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
+from memory.redact import keep, redact_fields, redact_record
 from memory.storage import turns
 from memory.storage.database import Database
 from memory.storage.facts import Fact
@@ -53,12 +58,14 @@ class RecordSource:
     """Reads one user's memory as records, page by page."""
 
     def __init__(
-        self, db: Database, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore
+        self, db: Database, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
+        *, redact: Callable[[str], str] = keep,
     ) -> None:
         self.db = db
         self.facts = facts
         self.summaries = summaries
         self.profiles = profiles
+        self.redact = redact
 
     async def counts(self, user_id: str) -> dict[str, int]:
         """How many records of each type the user's export holds."""
@@ -79,14 +86,21 @@ class RecordSource:
                 "exported_at": time.time(), "counts": await self.counts(user_id),
             }
         async for turn in self.turns(user_id):
-            yield turn
+            yield {**turn, "content": self.redact(turn["content"])}
         for fact in await self.fact_records(user_id):
-            yield fact
+            yield redact_record(fact, self.redact)
         for summary in await self.summary_records(user_id):
-            yield summary
+            yield redact_record(summary, self.redact)
         profile = await self.profile_record(user_id)
         if profile is not None:
-            yield profile
+            yield self._redacted_profile(profile)
+
+    def _redacted_profile(self, record: dict[str, Any]) -> dict[str, Any]:
+        body = record["profile"]
+        if body is None:
+            return record
+        return {**record, "profile": {**body, "text": self.redact(str(body["text"])),
+                                      "fields": redact_fields(body["fields"], self.redact)}}
 
     async def turns(self, user_id: str) -> AsyncIterator[dict[str, Any]]:
         """The user's turns in id order (a parent always before its children)."""

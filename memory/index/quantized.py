@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from memory.index.embeddings import MODEL_FILES, LocalEmbedder, missing_files, onnx_dir
+from memory.storage.file_modes import private_dir, private_tree
 
 FOLDER = "all-MiniLM-L6-v2-int8"
 CHECK_FILE = "agreement.json"
@@ -56,7 +57,7 @@ def int8_model_dir(float_dir: Path, data_dir: Path) -> Path:
     target = data_dir / "models" / FOLDER
     if not missing_files(target) and (target / CHECK_FILE).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)  # under the data directory: 0700 (storage/file_modes.py)
     # Built and checked in a scratch folder, moved into place only once accepted, so an
     # interrupted build or a rejected model never looks usable on the next start.
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
@@ -73,6 +74,7 @@ def int8_model_dir(float_dir: Path, data_dir: Path) -> Path:
             "min_cosine": round(worst, 5), "mean_cosine": round(mean, 5),
             "sentences": len(CHECK_SENTENCES),
         }))
+        private_tree(built)
         shutil.rmtree(target, ignore_errors=True)
         built.rename(target)
     log.info("built the int8 embedding model in %s (cosine to float: min %.4f, mean %.4f)",

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from memory.index.vector_cache import MISSING, UserVectors
+from memory.storage.file_modes import PRIVATE_FILE, private_dir
 
 log = logging.getLogger(f"memproxy.{__name__}")
 VERSION = 1
@@ -39,7 +40,7 @@ class CopyFiles:
     def __init__(self, folder: Path, collection_id: str) -> None:
         self.folder = folder
         self.collection_id = collection_id
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
 
     def path(self, user_id: str) -> Path:
         """The user's file (named by a digest: user ids are free text)."""
@@ -97,7 +98,9 @@ class CopyFiles:
         path = self.path(user_id)
         partial = path.with_suffix(".partial")
         try:
-            with partial.open("wb") as out:
+            # 0600 whatever the umask: a user's vectors are memory (file_modes.py).
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE),
+                      "wb") as out:
                 out.write(len(head).to_bytes(8, "little"))
                 out.write(head)
                 out.write(np.ascontiguousarray(vectors.matrix[:n], dtype=np.float32).tobytes())
@@ -118,4 +121,4 @@ class CopyFiles:
     def clear(self) -> None:
         """Remove every file (a write whose users are unknown, or a new collection)."""
         shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)

@@ -41,6 +41,7 @@ from memory.index.heap_fill import fill_heap
 from memory.index.vector_cache import Row, VectorCache
 from memory.index.vector_copies import CopyFiles
 from memory.outages import Unavailable
+from memory.storage.file_modes import private_dir, private_tree
 
 Metadata = Mapping[str, str | int | float | bool]
 PAGE = 5000  # vectors per read when loading a user's copy
@@ -116,6 +117,7 @@ class VectorIndex:
         with self._lock:
             owners = self._healing(upsert)
             self._cache.upsert(ids, np.asarray(vectors, dtype=np.float32), metadatas)
+            self._private()
         return owners
 
     def query(
@@ -164,6 +166,7 @@ class VectorIndex:
         with self._lock:
             owners = self._healing(remove)
             self._cache.forget(ids=ids, user_id=where.get("user_id") if where else None)
+            self._private()
         return owners
 
     def refresh(self, generations: Mapping[str, int]) -> None:
@@ -252,6 +255,13 @@ class VectorIndex:
         with self._lock:
             self._cache.save()
             self._close_client()
+            self._private()
+
+    def _private(self) -> None:
+        """Chroma writes its files with the umask's mode: make them 0600 (and its folders
+        0700) after each write (memory/storage/file_modes.py; about 0.1 ms)."""
+        if self.path is not None:
+            private_tree(self.path)
 
     def _healing(self, call: Callable[[], T]) -> T:
         """Run a Chroma call (holding the lock); when the collection turns out to be lost,
@@ -301,11 +311,13 @@ class VectorIndex:
         # PersistentClient and HttpClient are typed as the ClientAPI protocol but build a
         # Client, which adds close(); telemetry off (then chromadb makes no calls of its own).
         if self.path is not None:
-            self.path.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path)
             fill_heap()  # hnswlib writes memory it never set into its files: index/heap_fill.py
-            return cast(Client, chromadb.PersistentClient(
+            client = cast(Client, chromadb.PersistentClient(
                 path=str(self.path), settings=_client_settings()
             ))
+            private_tree(self.path)
+            return client
         assert self.url is not None
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -10,9 +10,15 @@ found by its hashes and stored again as nothing (memory.log.turn_log): a replay 
 twice, or races a client resending its history, stores every turn once.
 
 Order: while anything is spooled, new writes of this process go to the spool too, behind
-it, so a session's turns reach the database in the order they were said. The bound
-(`max_turns`) is checked by the caller before a request is forwarded (`full`): past it, the
-request is refused rather than answered and then dropped.
+it, so a session's turns reach the database in the order they were said.
+
+Bounds: the spool holds at most `max_turns`, and one user at most `share` of them, so one
+user cannot fill it for everyone (docs/deploy.md, the spool). The caller refuses a request
+before it is forwarded while its user's share, or the spool, is full (`full`): refused
+rather than answered and then dropped. An entry is put only when it fits under both bounds
+(`SpoolFull` otherwise, which the request reports in X-Memory-Error): a request whose own
+turns outnumber what is left is answered and not remembered, and nobody else is refused for
+it. A request keeps room for its reply: its turns go in only when one more turn fits.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 from memory.learning.learner import DEFAULT_ROUTE
 from memory.outages import is_outage
-from memory.storage.spool import SpooledEntry, SpoolFile
+from memory.storage.spool import SpooledEntry, SpoolFile, SpoolFull
 from memory.storage.turns import NewTurn
 
 log = logging.getLogger("memproxy.memory.spool")
@@ -54,10 +60,11 @@ class Spooling:
 
     def __init__(
         self, spool: SpoolFile, *, max_turns: int, replay: Replay, backoff_max: float,
-        redact: Callable[[str], str],
+        redact: Callable[[str], str], share: int | None = None,
     ) -> None:
         self.file = spool
         self.max_turns = max_turns
+        self.share = max_turns if share is None else min(share, max_turns)
         self._replay = replay
         self._backoff_max = max(_MIN_WAIT, backoff_max)
         self._redact = redact
@@ -74,10 +81,11 @@ class Spooling:
         """Whether anything waits: new writes then queue behind it."""
         return self.file.depth > 0
 
-    def full(self) -> bool:
-        """Whether the spool holds its bound of turns: a request that would store turns is
-        refused until the database takes some."""
-        return self.file.depth >= self.max_turns
+    def full(self, user_id: str) -> bool:
+        """Whether the spool holds its bound of turns, or `user_id` its share: that user's
+        request that would store turns is refused until the database takes some."""
+        return (self.file.depth >= self.max_turns
+                or self.file.by_user.get(user_id, 0) >= self.share)
 
     def oldest_age(self, now: float | None = None) -> float | None:
         """Seconds the oldest waiting entry has waited, None when none waits."""
@@ -107,7 +115,13 @@ class Spooling:
         # A client resends its history: count (and bound) only the turns not spooled yet.
         known = {(t.role, t.content) for t in await self.session_turns(user_id, session_id)}
         new = sum((t.role, t.content) not in known for t in redacted)
-        await self.file.put(user_id, session_id, new, entry)
+        try:
+            await self.file.put(user_id, session_id, new, entry, room=(self.max_turns, self.share),
+                                need=new if reply or new == 0 else new + 1)
+        except SpoolFull:
+            log.warning("database unreachable: %d new turn(s) of one request do not fit in the"
+                        " spool (%d waiting): not remembered", new, self.file.depth)
+            raise
         log.warning("database unreachable: %d new turn(s) spooled (%d waiting)", new,
                     self.file.depth)
         self._wake.set()

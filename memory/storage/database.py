@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from memory.storage import migrations
+from memory.storage.file_modes import private_database
 from memory.storage.interface import Connection as Connection
 from memory.storage.interface import Database as Database
 from memory.storage.interface import Dialect as Dialect
@@ -97,7 +98,7 @@ class SQLiteDatabase:
         """Create or upgrade the database at `path` and open its connections."""
         if readers < 1:
             raise ValueError("a database needs at least one reader connection")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(private_database, path)  # 0600, its WAL too (file_modes.py)
         read_only_uri = await asyncio.to_thread(_prepare_database, path)
         opened: list[aiosqlite.Connection] = []
         try:
@@ -130,6 +131,15 @@ class SQLiteDatabase:
         """The file and its write-ahead log, in bytes."""
         files = [self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm"))]
         return sum(f.stat().st_size for f in files if f.exists())
+
+    async def erase_deleted(self) -> None:
+        """Checkpoint the WAL into the file and truncate it: with secure_delete on (every
+        connection), a deleted row's pages are zeroed in the file, and the WAL frames that
+        still held it are gone (docs/security.md, what a clear erases)."""
+        async with self._write_lock:
+            # (busy, frames in the WAL, frames copied): busy when a reader still holds an
+            # older snapshot; the next purge truncates it (new writes overwrite it meanwhile).
+            await self._writer.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a reader connection and return its rows."""
@@ -221,6 +231,7 @@ def _prepare_database(path: Path) -> str:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA secure_delete = ON")  # migrations delete too
         # WAL is a property of the file: set once here, every later connection uses it.
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -238,6 +249,9 @@ async def _connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
             f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
             "PRAGMA foreign_keys = ON",
             "PRAGMA synchronous = NORMAL",
+            # Deleted content is overwritten with zeros, not left in free pages for anyone
+            # who reads the file (docs/security.md, what a clear erases).
+            "PRAGMA secure_delete = ON",
         ):
             await conn.execute(pragma)
     except BaseException:

@@ -70,6 +70,11 @@ class Database(Connection, Protocol):
         """How much storage the database takes."""
         ...
 
+    async def erase_deleted(self) -> None:
+        """After a purge: leave no copy of deleted rows in the database's own files where
+        the backend can do that cheaply (docs/security.md, what a clear erases)."""
+        ...
+
     async def close(self) -> None:
         """Close every connection; safe to call twice."""
         ...

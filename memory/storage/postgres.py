@@ -166,6 +166,13 @@ class PostgresDatabase:
         rows = await self.fetch("SELECT pg_database_size(current_database())")
         return int(rows[0][0])
 
+    async def erase_deleted(self) -> None:
+        """Nothing: PostgreSQL keeps a deleted row's bytes in its pages until VACUUM lets
+        them be reused and new rows overwrite them, and in WAL until the segment is recycled.
+        memproxy does not VACUUM after a purge: autovacuum does it for every replica, and
+        only VACUUM FULL (an exclusive lock on each table) would rewrite the files
+        (docs/security.md, what a clear erases)."""
+
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a pooled connection and return its rows."""
         async with _unavailable_when_lost():

@@ -11,11 +11,14 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+from memory.storage.file_modes import private_database
+
 
 def copy_database(source: Path, dest: Path) -> None:
     """Copy the database at `source` into the new file `dest`."""
     # pages=-1: all pages in one step, under one read transaction, hence one moment. Copied
     # in steps, a write by the server between two steps would restart the copy.
+    private_database(dest)  # a copy of memory is 0600 whatever the umask (file_modes.py)
     with closing(sqlite3.connect(source, timeout=30)) as src, \
             closing(sqlite3.connect(dest)) as dst:
         src.backup(dst, pages=-1)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memory.storage.file_modes import private_database
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spooled (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -31,6 +33,10 @@ CREATE TABLE IF NOT EXISTS spooled (
     error TEXT
 )
 """
+
+
+class SpoolFull(Exception):
+    """An entry that does not fit: the spool's bound, or its user's share, is reached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,7 @@ class SpoolFile:
         self._conn = conn
         self.path = path
         self._lock = threading.Lock()  # one statement at a time on the one connection
+        self.by_user: dict[str, int] = {}  # turns waiting, per user
         self.depth, self.oldest = self._totals()
 
     @classmethod
@@ -62,35 +69,57 @@ class SpoolFile:
 
     @classmethod
     def _open(cls, path: Path) -> SpoolFile:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_database(path)  # 0600, its WAL too (memory/storage/file_modes.py)
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # a commit is on the disk when put() returns
+        conn.execute("PRAGMA secure_delete=ON")  # a replayed entry's text is zeroed, not freed
         conn.execute(_SCHEMA)
         return cls(conn, path)
 
     def _totals(self) -> tuple[int, float | None]:
-        row = self._conn.execute(
-            "SELECT COALESCE(SUM(turns), 0), MIN(created_at) FROM spooled WHERE failed_at IS NULL"
-        ).fetchone()
-        return int(row[0]), row[1]
+        rows = self._conn.execute(
+            "SELECT user_id, SUM(turns), MIN(created_at) FROM spooled WHERE failed_at IS NULL"
+            " GROUP BY user_id"
+        ).fetchall()
+        self.by_user = {str(r[0]): int(r[1]) for r in rows if r[1]}
+        oldest = min((r[2] for r in rows), default=None)
+        return sum(self.by_user.values()), oldest
 
-    async def put(self, user_id: str, session_id: str, turns: int, entry: dict[str, Any]) -> int:
-        """Append an entry, committed and fsynced; return its id."""
+    async def put(
+        self, user_id: str, session_id: str, turns: int, entry: dict[str, Any], *,
+        room: tuple[int, int] | None = None, need: int | None = None,
+    ) -> int:
+        """Append an entry, committed and fsynced; return its id.
+
+        `room`: (the spool's bound, one user's share). The entry goes in only when `need`
+        more turns (default `turns`) fit under both, checked and counted under one lock so
+        concurrent puts cannot pass a bound together; SpoolFull otherwise."""
         now = time.time()
         text = json.dumps(entry)
 
         def insert() -> int:
             with self._lock:
+                if room is not None:
+                    self._check_room(user_id, turns if need is None else need, *room)
                 cursor = self._conn.execute(
                     "INSERT INTO spooled (created_at, user_id, session_id, turns, entry)"
                     " VALUES (?, ?, ?, ?, ?)", (now, user_id, session_id, turns, text),
                 )
                 self.depth += turns
+                self.by_user[user_id] = self.by_user.get(user_id, 0) + turns
                 self.oldest = now if self.oldest is None else self.oldest
                 return int(cursor.lastrowid or 0)
 
         return await asyncio.to_thread(insert)
+
+    def _check_room(self, user_id: str, need: int, bound: int, share: int) -> None:
+        held = self.by_user.get(user_id, 0)
+        if need > 0 and (self.depth + need > bound or held + need > share):
+            raise SpoolFull(
+                f"{need} turn(s) do not fit in the spool ({self.depth} of {bound} waiting, "
+                f"{held} of this user's {share}): not remembered"
+            )
 
     async def first(self) -> SpooledEntry | None:
         """The oldest entry still waiting, if any."""
@@ -118,6 +147,10 @@ class SpoolFile:
         with self._lock:
             self._conn.execute(sql, params)
             self.depth, self.oldest = self._totals()
+            if self.depth == 0:
+                # Replayed: the turns are the database's now, and a clear there must not
+                # leave them in this file's WAL (docs/security.md, what a clear erases).
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def _select(self, where: str, params: tuple[Any, ...]) -> list[SpooledEntry]:
         def select() -> list[SpooledEntry]:

@@ -198,15 +198,16 @@ class MemoryStep:
 
     def check_room(self) -> None:
         """Refuse (503, before anything is forwarded) while the database is unreachable and
-        the local spool holds its bound of turns: answered, the request's turns would be lost."""
+        the local spool holds its bound of turns, or this user's share of them: answered, the
+        request's turns would be lost."""
         memory = self.state.memory
-        if memory is None or not self.writing or not memory.spool_full():
+        if memory is None or not self.writing or not memory.spool_full(self.identity.user_id):
             return
         raise MemoryUnavailable(
-            "memory's database is unreachable and this replica's spool is full "
-            f"({memory.spool_status()[0]} turns waiting, MEMPROXY_SPOOL_MAX_TURNS): "
-            "the conversation cannot be remembered now; retry later, or send "
-            "X-Memory-Write: off to chat without remembering"
+            "memory's database is unreachable and this replica's spool is full for this "
+            f"user ({memory.spool_status()[0]} turns waiting; MEMPROXY_SPOOL_MAX_TURNS, "
+            "MEMPROXY_SPOOL_MAX_TURNS_PER_USER): the conversation cannot be remembered "
+            "now; retry later, or send X-Memory-Write: off to chat without remembering"
         )
 
     def start_remembering(self) -> None:

@@ -67,7 +67,7 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
         "query": query, "scope": scope, "budget": budget, "tokens": recalled.tokens,
         "truncated": recalled.truncated, "block": recalled.block,
         "items": [
-            {"id": item.id, "kind": item.source, "text": item.text,
+            {"id": item.id, "kind": item.source, "text": who.memory.redact(item.text),
              "created_at": item.created_at, "session_id": item.session_id,
              "score": round(item.score, 4)}
             for item in recalled.items
@@ -107,7 +107,8 @@ async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
         facts, after = await who.memory.facts.list(
             owner, category=category, limit=limit, cursor=cursor
         )
-        return {"items": [fact_json(f, shared) for f in facts], "next_cursor": after}
+        return {"items": [fact_json(f, shared, who.memory.redact) for f in facts],
+                "next_cursor": after}
     if category is not None:
         raise InvalidRequest("category filters facts only", param="category")
     found = await who.memory.summaries.list(owner)
@@ -116,7 +117,8 @@ async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
     page = found[:limit]
     return {
         "items": [
-            {"id": f"s{s.id}", "kind": "summary", "text": s.text, "created_at": s.created_at,
+            {"id": f"s{s.id}", "kind": "summary", "text": who.memory.redact(s.text),
+             "created_at": s.created_at,
              "session_id": s.session_id, "shared": shared}
             for s in page
         ],
@@ -194,10 +196,11 @@ async def session_summary(who: McpCaller, session_id: str) -> str | None:
     return None if summary is None else summary.text
 
 
-def fact_json(fact: Fact, shared: bool) -> dict[str, Any]:
-    """A fact as the tools show it."""
+def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> dict[str, Any]:
+    """A fact as the tools show it; a listing redacts its text again (a fact stored before
+    a secret's shape was known leaves redacted, docs/security.md)."""
     return {
-        "id": f"f{fact.id}", "kind": "fact", "text": fact.text, "category": fact.category,
+        "id": f"f{fact.id}", "kind": "fact", "text": redact(fact.text), "category": fact.category,
         "pinned": fact.pinned, "importance": fact.importance, "created_at": fact.created_at,
         "expires_at": fact.expires_at, "session_id": fact.source_session, "shared": shared,
         "source": fact.source, "client": fact.client,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from proxy.http.sse import SSEDecoder
+from proxy.upstream.captured_messages import captured_messages
 from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def start(
     if target.base_url:
         attributes.update(_server(target.base_url))
     if tracing.capture_content and messages is not None:
-        attributes["gen_ai.input.messages"] = content(messages(), tracing.redact)
+        attributes["gen_ai.input.messages"] = captured_messages(messages(), tracing.redact)
     started = time.time_ns()  # the span's start, which the time to the first chunk counts from
     span, headers = tracing.start_client(f"{operation} {model}".strip(), attributes, start_ns=started)
     return GenAICall(tracing, span, headers, started)
@@ -209,7 +210,7 @@ class TracedReply:
             if self._call.tracing.capture_content:
                 text = self._tee.text if self._tee is not None else self._whole_text(objects)
                 if text:
-                    found["gen_ai.output.messages"] = content(
+                    found["gen_ai.output.messages"] = captured_messages(
                         [{"role": "assistant", "content": text}], self._call.tracing.redact)
             span.set_attributes(found)
         finally:
@@ -303,17 +304,4 @@ def _json(data: bytes | str) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return found if isinstance(found, dict) else None
-
-
-def content(messages: Sequence[Mapping[str, Any]], redact: Callable[[str], str]) -> str:
-    """The one place message text goes on a span: `messages` in the GenAI conventions'
-    shape (role and text parts), each text through `redact` as stored turns are."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        text = content if isinstance(content, str) else orjson.dumps(content).decode() \
-            if content is not None else ""
-        out.append({"role": str(message.get("role", "")),
-                    "parts": [{"type": "text", "content": redact(text)}]})
-    return orjson.dumps(out).decode()
 

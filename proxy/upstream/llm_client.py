@@ -7,8 +7,10 @@ table sends the extraction model. `extract_base_url`, when set, takes every call
 completions.
 
 Credentials, in order: the route's own key (`extract_api_key` with `extract_base_url`,
-`anthropic_api_key`, a route's or the default upstream's), then `learning_api_key`, else
-the key the user's client sent to that same upstream (bring-your-own-key). Client keys
+`anthropic_api_key`, a route's or the default upstream's), then `learning_api_key` when the
+call goes to the host it belongs to (`learning_key_for`), else the key the user's client
+sent to that same upstream (bring-your-own-key). No key is ever sent to a host other than
+the one it was configured for or sent to (docs/security.md, keys that learning borrows). Client keys
 live only in this object's memory while the process runs: never in a job payload, the
 database or a log line; a client key is only ever sent to the base URL it was originally
 sent to. After a restart a user's jobs have no borrowed key until that user's next
@@ -104,7 +106,7 @@ class LLMClient:
     ) -> str:
         """The text of the model's reply to `messages`."""
         target = self.target(model, route)
-        key = target.api_key or self.settings.learning_api_key
+        key = target.api_key or learning_key_for(self.settings, target)
         if key is None:
             key = self._client_keys.get((user_id, target.base_url))
         call = self._span(target, model)
@@ -173,7 +175,7 @@ class LLMClient:
         routes = [OPENAI_ROUTE] + ([ANTHROPIC_ROUTE] if settings.anthropic_base_url else [])
         for route in routes:
             target = self.target(settings.extract_model or "", route)
-            has_key = target.api_key or settings.learning_api_key or target.via_litellm
+            has_key = target.api_key or learning_key_for(settings, target) or target.via_litellm
             # Without proxy keys, learning borrows the client's key; a local server needs none.
             if not has_key and settings.keys_required and not _is_local(target.base_url):
                 return (f"no key for learning on route {route}: set MEMPROXY_LEARNING_API_KEY"
@@ -231,6 +233,30 @@ class LLMClient:
                 scrub(f"learning call got HTTP {response.status_code}: {text}", key)
             )
         return content
+
+
+def learning_key_for(settings: Settings, target: Target) -> str | None:
+    """MEMPROXY_LEARNING_API_KEY when `target` is the upstream it belongs to (same scheme,
+    host and port as MEMPROXY_LEARNING_API_KEY_URL, by default the Anthropic or default
+    upstream): a keyless local route must never receive it. A litellm route without a
+    base URL goes where litellm decides, so it never gets it either."""
+    key = settings.learning_api_key
+    if key is None or not target.base_url:
+        return None
+    home = settings.learning_api_key_url or settings.anthropic_base_url or settings.upstream_base_url
+    return key if _origin(target.base_url) == _origin(home) else None
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the port made explicit: what a key is bound to."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # a malformed port matches nothing
+        return (scheme, "", -1)
+    default = {"http": 80, "https": 443}.get(scheme)
+    return (scheme, (parts.hostname or "").lower().rstrip("."), port or default)
 
 
 def scrub(text: str, key: str | None) -> str:

@@ -8,6 +8,7 @@ streamed, Responses, Messages) and reads what was stored, on both storage backen
 from __future__ import annotations
 
 import base64
+import json
 import random
 import string
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ from memory.redact import Redactor, placeholder
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
-from tests.support.memory import db_rows, memory_api
+from tests.support.mcp_client import mcp_session, structured
+from tests.support.memory import db_rows, export_records, memory_api
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.test_redaction import Starter, data_bytes, found_in
 
@@ -193,3 +196,215 @@ def test_every_shape_is_stored_redacted_through_each_api_format(
     assert [s for s in secrets if s in stored] == []
     if backend == "sqlite":  # the file, its WAL and the vector index
         assert found_in(data_bytes(proxy), secrets) == []
+
+
+# -- issue 37, item 7: memproxy's own secrets, env-style assignments, more services' tokens
+
+
+def issue37_shapes(seed: int) -> list[Shape]:
+    """One message per shape the second security review found stored verbatim, and the
+    common shapes beside them, with secrets made up afresh."""
+    rng = random.Random(seed)
+    p = placeholder
+    mp_key = f"mp-{rng.getrandbits(32):08x}_" + _random(rng, B64URL, 43)
+    admin, env_list = _random(rng, ALNUM, 24), f"{_random(rng, ALNUM, 16)}:alice,{_random(rng, ALNUM, 16)}:bob"
+    letters = "".join(rng.choice(LOWER) for _ in range(14))  # a password of letters only
+    npm = "npm_" + _random(rng, ALNUM, 36)
+    slack = f"T{_random(rng, UPPER + DIGITS, 8)}/B{_random(rng, UPPER + DIGITS, 10)}/{_random(rng, ALNUM, 24)}"
+    discord = f"{rng.randrange(10**17, 10**18)}/{_random(rng, B64URL, 68)}"
+    account_key = _random(rng, ALNUM + "+/", 86) + "=="
+    shared_key = _random(rng, ALNUM + "+/", 43) + "="
+    sas = _random(rng, ALNUM, 40) + "%3D"
+    ya29 = "ya29." + _random(rng, B64URL, 60)
+    refresh = "1//0" + _random(rng, B64URL, 40)
+    drf, api_key_scheme, short_bearer = (_random(rng, LOWER + DIGITS, 40), _random(rng, ALNUM, 32),
+                                         _random(rng, ALNUM, 12))
+    mysql, dump, ssh, redis = (_random(rng, ALNUM, 12) + "!" for _ in range(4))
+    glrt, whsec = "glrt-" + _random(rng, B64URL, 20), "whsec_" + _random(rng, ALNUM, 32)
+    docker, pypi = "dckr_pat_" + _random(rng, B64URL, 27), "pypi-AgEIcHlwaS5vcmc" + _random(rng, B64URL, 60)
+    sendgrid = f"SG.{_random(rng, B64URL, 22)}.{_random(rng, B64URL, 43)}"
+    digital = "dop_v1_" + "".join(rng.choice("0123456789abcdef") for _ in range(62)) + "a1"
+    shopify = "shpat_" + "".join(rng.choice("0123456789abcdef") for _ in range(30)) + "b2"
+    pgpass, yaml_pw, py_key = _random(rng, ALNUM, 14), _random(rng, ALNUM, 14), _random(rng, ALNUM, 20)
+    return [
+        Shape("memproxy_key", mp_key, f"my memproxy key is {mp_key}, from the admin",
+              f"my memproxy key is {p('memproxy_key')}, from the admin"),
+        Shape("memproxy_key", mp_key, f"OPENAI_API_KEY={mp_key} aider", f"OPENAI_API_KEY={p('memproxy_key')} aider"),
+        Shape("secret", admin, f"MEMPROXY_ADMIN_KEY={admin} memproxy serve",
+              f"MEMPROXY_ADMIN_KEY={p('secret')} memproxy serve"),
+        Shape("secret", env_list, f"export MEMPROXY_API_KEYS={env_list}\n",
+              f"export MEMPROXY_API_KEYS={p('secret')}\n"),
+        Shape("secret", letters, f'docker run -e MEMPROXY_ADMIN_KEY="{letters}" memproxy',
+              f'docker run -e MEMPROXY_ADMIN_KEY="{p("secret")}" memproxy'),
+        Shape("secret", letters, f"environment:\n  SENTRY_AUTH_TOKEN: {letters}\n",
+              f"environment:\n  SENTRY_AUTH_TOKEN: {p('secret')}\n"),
+        Shape("secret", py_key, f'STRIPE_WEBHOOK_SECRET = "{py_key}"', f'STRIPE_WEBHOOK_SECRET = "{p("secret")}"'),
+        Shape("password", pgpass, f"PGPASSWORD={pgpass} psql -h db app", f"PGPASSWORD={p('password')} psql -h db app"),
+        Shape("password", letters, f"DB_PASSWORD={letters}", f"DB_PASSWORD={p('password')}"),
+        Shape("password", yaml_pw, f"db:\n  MYSQL_ROOT_PASSWORD: '{yaml_pw}'",
+              f"db:\n  MYSQL_ROOT_PASSWORD: '{p('password')}'"),
+        Shape("npm_token", npm, f"//registry.npmjs.org/:_authToken={npm}",
+              f"//registry.npmjs.org/:_authToken={p('npm_token')}"),
+        Shape("npm_token", npm, f"npm token: {npm}.", f"npm token: {p('npm_token')}."),
+        Shape("slack_webhook", slack, f"curl -X POST https://hooks.slack.com/services/{slack} -d @msg.json",
+              f"curl -X POST https://hooks.slack.com/services/{p('slack_webhook')} -d @msg.json"),
+        Shape("discord_webhook", discord, f"https://discord.com/api/webhooks/{discord}",
+              f"https://discord.com/api/webhooks/{p('discord_webhook')}"),
+        Shape("azure_key", account_key,
+              f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={account_key};EndpointSuffix=core.windows.net",
+              f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={p('azure_key')};EndpointSuffix=core.windows.net"),
+        Shape("azure_key", shared_key,
+              f"Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey={shared_key}",
+              f"Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey={p('azure_key')}"),
+        Shape("azure_key", sas, f"https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&sp=r&sig={sas}",
+              f"https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&sp=r&sig={p('azure_key')}"),
+        Shape("google_token", ya29, f"access token {ya29} from gcloud", f"access token {p('google_token')} from gcloud"),
+        Shape("google_token", refresh, f'"refresh_token": "{refresh}"', f'"refresh_token": "{p("google_token")}"'),
+        Shape("auth_credentials", drf, f'curl -H "Authorization: Token {drf}" https://api.example.com/',
+              f'curl -H "Authorization: Token {p("auth_credentials")}" https://api.example.com/'),
+        Shape("auth_credentials", api_key_scheme, f"authorization: ApiKey {api_key_scheme}",
+              f"authorization: ApiKey {p('auth_credentials')}"),
+        Shape("auth_credentials", short_bearer, f"Authorization: Bearer {short_bearer}",
+              f"Authorization: Bearer {p('auth_credentials')}"),
+        Shape("password", mysql, f"mysql -h db -u root -p{mysql} app", f"mysql -h db -u root -p{p('password')} app"),
+        Shape("password", dump, f"mysqldump -uroot -p'{dump}' app > app.sql", f"mysqldump -uroot -p{p('password')} app > app.sql"),
+        Shape("password", ssh, f"sshpass -p {ssh} ssh deploy@web1", f"sshpass -p {p('password')} ssh deploy@web1"),
+        Shape("password", redis, f"redis-cli -h cache -a {redis} ping", f"redis-cli -h cache -a {p('password')} ping"),
+        Shape("gitlab_token", glrt, f"gitlab-runner register --token {glrt}",
+              f"gitlab-runner register --token {p('gitlab_token')}"),
+        Shape("api_key", whsec, f"the webhook secret {whsec}", f"the webhook secret {p('api_key')}"),
+        Shape("api_key", docker, f"docker login -u acme -p {docker}", f"docker login -u acme -p {p('api_key')}"),
+        Shape("api_key", pypi, f"password = {pypi}", f"password = {p('api_key')}"),
+        Shape("api_key", sendgrid, f"SendGrid: {sendgrid}", f"SendGrid: {p('api_key')}"),
+        Shape("api_key", digital, f"doctl auth init -t {digital}", f"doctl auth init -t {p('api_key')}"),
+        Shape("api_key", shopify, f"X-Shopify-Access-Token: {shopify}", f"X-Shopify-Access-Token: {p('api_key')}"),
+    ]
+
+
+@pytest.mark.parametrize("shape", issue37_shapes(seed=11), ids=lambda s: s.text.split()[0][:24])
+def test_each_issue37_shape_is_caught(shape: Shape) -> None:
+    redacted = Redactor()(shape.text)
+    assert redacted == shape.stored
+    assert shape.secret not in redacted
+    assert Redactor()(redacted) == redacted
+
+
+@pytest.mark.parametrize("seed", range(20, 30))
+def test_each_issue37_shape_is_caught_with_other_secrets(seed: int) -> None:
+    for shape in issue37_shapes(seed):
+        assert shape.secret not in Redactor()(shape.text), shape.text
+
+
+def test_issue37_shapes_in_one_message_are_each_caught() -> None:
+    found = issue37_shapes(seed=15)
+    redacted = Redactor()("\n".join(s.text for s in found))
+    assert redacted == "\n".join(s.stored for s in found)
+
+
+ISSUE37_LOOKALIKES = [
+    "the PRIMARY_KEY=id column, SORT_KEY=created_at and PARTITION_KEY=tenant",
+    "OPENAI_API_KEY=YOUR_API_KEY, API_KEY=<your key>, TOKEN=$TOKEN, NPM_TOKEN=${NPM_TOKEN}",
+    "SECRET_KEY=os.environ.get('SECRET_KEY') or ADMIN_KEY=settings.ADMIN_KEY",
+    "GITHUB_TOKEN: ${{ secrets.GITHUB_TOKEN }}",
+    "MEMPROXY_ADMIN_KEY: the admin key, for the admin API only",
+    "Set MEMPROXY_API_KEYS to a comma-separated list; MEMPROXY_API_KEYS= (empty) means none.",
+    "MONKEY=banana TURKEY=roast WHISKEY=rye",
+    "API_KEY=None, AUTH_TOKEN=null, SECRET=xxxxxxxx, PASSWORD=********",
+    "x = os.environ[\"MY_TOKEN\"]; MY_TOKEN is read at start",
+    "mysql -p app prompts; mysql -P 3306 -h db; mysqldump --port=3306 -p",
+    "mkdir -p build && ls -a && cp -p a b",
+    "use sshpass -p with care; redis-cli -a is deprecated",
+    "Authorization: required. The Authorization header; Authorization: Bearer <token>",
+    "Authorization: Token YOUR_TOKEN and authorization: basic auth",
+    "ya29. is the prefix of Google access tokens; npm_config_cache, npm_package_version",
+    "post to https://hooks.slack.com/services/... with a JSON body",
+    "a key-value store; key-0123; SG.1; the sig= parameter of a SAS URL",
+    "AccountKey=<your key>; the mp- prefix; mp-1a2b3c4d is a prefix, not a key",
+    "shpat_ and dop_v1_ and dckr_pat_ are prefixes; whsec_ too",
+]
+
+
+@pytest.mark.parametrize("text", ISSUE37_LOOKALIKES)
+def test_issue37_lookalikes_are_kept(text: str) -> None:
+    assert Redactor("secrets,cards")(text) == text
+
+
+MCP_KEY = {"X-Memory-User-Id": "alice"}
+
+
+@pytest.mark.both_backends
+async def test_issue37_shapes_are_stored_exported_and_listed_redacted(
+    start_proxy: Starter, backend: str
+) -> None:
+    """Turns, a fact added over MCP, the export and MCP list_memories: none holds a secret."""
+    proxy = start_proxy(memory=True)
+    found = issue37_shapes(seed=12)
+    said = [{"role": "user", "content": "\n".join(s.text for s in found)}]
+    assert chat(proxy, said, session="keys", headers=ALICE).status == 200
+    assert chat(proxy, said, session="keys-streamed", headers=ALICE, stream=True).status == 200
+    async with mcp_session(proxy, headers=MCP_KEY) as client:
+        added = structured(await client.call_tool(
+            "add_memory", {"text": f"User's memproxy key is {found[0].secret}, admin is "
+                                   f"MEMPROXY_ADMIN_KEY={found[2].secret}"}))
+        listed = structured(await client.call_tool("list_memories", {"limit": 5}))
+    wait_for_jobs(proxy)
+    secrets = [s.secret for s in found]
+    shown = json.dumps([added, listed]) + json.dumps(export_records(proxy, **ALICE))
+    assert [s for s in secrets if s in shown] == []
+    assert placeholder("memproxy_key") in json.dumps(listed)
+    stored = "\n".join(str(row) for row in db_rows(proxy, "SELECT content FROM turns"))
+    stored += "\n".join(str(row) for row in db_rows(proxy, "SELECT text FROM facts"))
+    assert [s for s in secrets if s in stored] == []
+    if backend == "sqlite":
+        assert found_in(data_bytes(proxy), secrets) == []
+
+
+@pytest.mark.both_backends
+async def test_text_stored_unredacted_leaves_redacted_through_export_and_mcp(
+    start_proxy: Starter, backend: str
+) -> None:
+    """A turn and a fact stored while redaction was off (or before a shape was known) are
+    redacted on the way out: the export and MCP's listings run the redactor again."""
+    mp_key = issue37_shapes(seed=13)[0].secret
+    before = start_proxy(memory=True, redact="off")
+    assert chat(before, f"the key is {mp_key}", session="old", headers=ALICE).status == 200
+    async with mcp_session(before, headers=MCP_KEY) as client:
+        structured(await client.call_tool("add_memory", {"text": f"User's key is {mp_key}"}))
+    wait_for_jobs(before)
+    before.stop()
+    proxy = start_proxy(memory=True)  # the same data directory and database
+    assert mp_key in str(db_rows(proxy, "SELECT content FROM turns"))  # stored verbatim
+    records = export_records(proxy, **ALICE)
+    async with mcp_session(proxy, headers=MCP_KEY) as client:
+        listed = structured(await client.call_tool("list_memories", {}))
+        searched = structured(await client.call_tool("search_memory", {"query": "key", "scope": "user"}))
+    assert [r for r in records if r["type"] == "turn"] and [r for r in records if r["type"] == "fact"]
+    shown = json.dumps([records, listed, searched["items"]])
+    assert mp_key not in shown and placeholder("memproxy_key") in shown
+
+
+def test_captured_message_contents_on_a_span_are_redacted(
+    monkeypatch: pytest.MonkeyPatch, start_proxy: Starter,
+) -> None:
+    """With content capture on, the GenAI span's input and output messages hold no secret
+    (proxy/upstream/captured_messages.py), for text and for content parts, streamed or not."""
+    found = issue37_shapes(seed=14)
+    text = "\n".join(s.text for s in found)
+    with OtlpReceiver() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+        proxy = start_proxy()
+        with openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0) as client:
+            client.chat.completions.create(model="gpt-4o-mini", messages=[
+                {"role": "user", "content": text}])
+            stream = client.chat.completions.create(model="gpt-4o-mini", stream=True, messages=[
+                {"role": "user", "content": [{"type": "text", "text": text}]}])
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        calls = collector.wait_for(lambda s: s.kind == "CLIENT", count=2)
+    for call in calls:
+        sent = call.attributes["gen_ai.input.messages"]
+        said = call.attributes["gen_ai.output.messages"]
+        assert placeholder("memproxy_key") in sent and placeholder("memproxy_key") in said
+    everything = json.dumps([s.attributes for s in collector.spans])
+    assert [s.secret for s in found if s.secret in everything] == []
