@@ -3,7 +3,8 @@
 One request's pipeline (docs/architecture.md, "Request flow"): the query is built from the
 request's last user message, embedded once for turns and learned items alike, and searched in
 parallel in the user's vectors and in the lexical index; the candidates are fused
-(`memory.recall.ranking`), turns around the best ones lifted, and the lot packed into the
+(`memory.recall.ranking`), turns around the best ones lifted, long ones cut to the part that
+matches and near-duplicates dropped (`memory.recall.excerpt`), and the lot packed into the
 budget (`memory.recall.outcome`). Results are kept while the user's memory is unchanged
 (`memory.recall.cache`). While the local spool holds turns of the request's session, they
 are read too (`memory.recall.spooled`).
@@ -25,6 +26,7 @@ from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
 from memory.outages import is_outage
 from memory.recall.cache import RecallCache, cache_key
+from memory.recall.excerpt import excerpt_ranked, query_terms
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
 from memory.recall.outcome import (
@@ -51,6 +53,7 @@ from memory.recall.speakers import SpeakerQuery
 from memory.recall.spooled import SpoolRecall, spooled_candidates
 from memory.storage import versions
 from memory.storage.database import Database
+from memory.storage.fts import search_terms
 from memory.storage.turns import ChunkRow, NewTurn
 
 # (user, session) -> the session's turns still waiting in the local spool, oldest first.
@@ -220,6 +223,7 @@ class RecallPipeline:
         # was packed is on the recall span.
         with tracing.span("memproxy.recall.rank") as ranking:
             ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
+            ranked = await self._excerpt(query, ranked)
             recalled = self._pack(request, learned, ranked, started, embed_ms)
             if ranking is not None:
                 ranking.set_attributes({"memproxy.recall.candidates": len(ranked) + len(learned),
@@ -248,6 +252,16 @@ class RecallPipeline:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         return ranked
+
+    async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
+        """Long items cut to the part that matches, near-duplicates dropped
+        (memory.recall.excerpt); the words' counts were read by the lexical search."""
+        cap = self.settings.recall_excerpt_tokens
+        if cap <= 0 or not ranked:
+            return ranked
+        terms = search_terms(query)
+        counts = await self.lexical.terms.counts(terms) if self.weights.bm25 else dict.fromkeys(terms, 0)
+        return excerpt_ranked(ranked, query_terms(counts), cap)
 
     def _pack(
         self, request: RecallRequest, learned: Learned, ranked: list[Candidate], started: float,
