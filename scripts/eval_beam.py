@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"chats {', '.join(result['chats'])}; sources without a unique sentence "
           f"(never found): {result['unscorable_sources']}")
     if args.json:
-        args.json.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        args.json.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     return 0
 
 

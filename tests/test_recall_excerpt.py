@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from memory.recall.excerpt import excerpt, excerpt_ranked, query_terms
+from memory.recall.excerpt import excerpt, excerpt_ranked, one_per_turn, query_terms
 from memory.recall.ranking import Candidate
 from memory.recall.render import Entry, render_line
 from tests.conftest import RunningProxy
@@ -59,6 +59,27 @@ def test_the_same_code_twice_is_packed_once() -> None:
     assert excerpt_ranked([asked, copied], terms, 0) == [asked, copied]  # 0: off
 
 
+def test_a_long_sentence_is_shown_whole_up_to_twice_the_cap() -> None:
+    terms = query_terms({"sprint": 12})
+    sentence = "I'm trying to plan the sprint so that registration, login and the first " \
+               "dashboard all land before the demo, can you help me order the tasks?"
+    text = " ".join([*FILLER, sentence, *FILLER])
+    shown = excerpt(Candidate("c1", "s", 0.0, text, "user", bm25=1.0), terms, cap=100)
+    assert len(sentence) > 100 and shown.text == sentence
+    # Past twice the cap, it is cut at a word.
+    cut = excerpt(Candidate("c1", "s", 0.0, sentence * 3, "user", bm25=1.0), terms, cap=60)
+    assert len(cut.text) <= 60 and sentence.startswith(cut.text) and cut.cut == (False, True)
+
+
+def test_each_turn_s_best_chunk_comes_before_any_turn_s_second() -> None:
+    def chunk(key: str, turn: int) -> Candidate:
+        return Candidate(key, "s", 0.0, key, "assistant", turn_id=turn)
+
+    ranked = [chunk("a1", 1), chunk("a2", 1), chunk("a3", 1), chunk("b1", 2), chunk("a4", 1),
+              chunk("c1", 3)]
+    assert [c.key for c in one_per_turn(ranked)] == ["a1", "b1", "c1", "a2", "a3", "a4"]
+
+
 @pytest.fixture
 def memproxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     return start_proxy(memory=True)
@@ -77,6 +98,8 @@ def test_a_long_reply_is_recalled_by_the_part_that_answers(
             "X-Memory-Session-Id": "s2",
         }, json={"model": "gpt-4o", "messages": [
             {"role": "user", "content": "When does the first sprint end?"}]}).json()
-    assert f"… {ANSWER} …" in result["block"]
+    # The sentence that answers, with a little of what follows, not the reply's start or end.
+    assert f"… {ANSWER}" in result["block"]
     assert FILLER[0] not in result["block"] and FILLER[-1] not in result["block"]
-    assert [item["text"] for item in result["items"] if ANSWER in item["text"]] == [ANSWER]
+    (shown,) = [item["text"] for item in result["items"] if ANSWER in item["text"]]
+    assert shown.startswith(ANSWER) and shown in reply_with_answer_inside()

@@ -185,7 +185,7 @@ class MemorySettings(ServingSettings):
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
     recall_excerpt_tokens: int = setting(
-        60, "A recalled item longer than this (in tokens, about) is shown as an excerpt: the "
+        80, "A recalled item longer than this (in tokens, about) is shown as an excerpt: the "
         "run of its sentences that holds the most of the question's words; a neighbour that "
         "matched nothing itself gets half, from its start. 0: items are shown whole.", min=0,
     )

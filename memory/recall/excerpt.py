@@ -30,6 +30,10 @@ CHARS_PER_TOKEN = 4
 # How many of the ranked items are excerpted and compared; packing a 2,000-token block
 # seldom reaches further, and the rest are left as they are.
 EXCERPTED = 48
+# A single sentence (line) is shown whole up to this many times the cap, and cut at a word
+# beyond: a sentence cut short loses what it says, and sentences of working conversations
+# ("I'm trying to ... , can you help me ...") often run past the cap.
+WHOLE_UNIT = 2
 # A neighbour that matched nothing itself gets this share of the cap.
 CONTEXT_SHARE = 0.5
 # Lines at least this long (whitespace squashed) are compared to find near-duplicates, and
@@ -109,10 +113,10 @@ def excerpt(candidate: Candidate, terms: Terms, cap: int) -> Candidate:
         spans = _units(text)
         first, last = _best_run(spans, _found(spans, hits), terms.weights, limit)
     else:  # the units from the start that fit: only the start needs splitting
-        spans = _units(text[: limit + 1])
+        spans = _units(text[: WHOLE_UNIT * limit + 1])
         first, last = _best_run(spans, [frozenset()] * len(spans), terms.weights, limit)
     start, end = spans[first][0], spans[last][1]
-    if end - start > limit:  # one unit longer than the cap: its start, at a word
+    if end - start > WHOLE_UNIT * limit:  # a unit too long to show whole: its start, at a word
         cut = text.rfind(" ", start, start + limit)
         end = cut if cut > start else start + limit
     body = text[start:end].strip()
@@ -171,3 +175,18 @@ def _best_run(spans: Sequence[tuple[int, int]], found: Sequence[frozenset[str]],
 
 def _long_lines(text: str) -> set[str]:
     return {s for line in text.splitlines() if len(s := " ".join(line.split())) >= DUPLICATE_LINE_CHARS}
+
+
+
+def one_per_turn(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """The ranking with each turn's best chunk first and its other chunks after every
+    turn's best (in rank order otherwise). A long reply is indexed as many chunks, which
+    match the same question together and would fill the block with one turn; the next turn
+    is worth more than a turn's second chunk."""
+    seen: set[int] = set()
+    first: list[Candidate] = []
+    later: list[Candidate] = []
+    for candidate in ranked:
+        (later if candidate.turn_id in seen else first).append(candidate)
+        seen.add(candidate.turn_id)
+    return first + later

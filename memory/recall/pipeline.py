@@ -3,8 +3,9 @@
 One request's pipeline (docs/architecture.md, "Request flow"): the query is built from the
 request's last user message, embedded once for turns and learned items alike, and searched in
 parallel in the user's vectors and in the lexical index; the candidates are fused
-(`memory.recall.ranking`), turns around the best ones lifted, long ones cut to the part that
-matches and near-duplicates dropped (`memory.recall.excerpt`), and the lot packed into the
+(`memory.recall.ranking`), turns around the best ones lifted, each turn's best chunk put
+first, long items cut to the part that matches and near-duplicates dropped
+(`memory.recall.excerpt`), and the lot packed into the
 budget (`memory.recall.outcome`). Results are kept while the user's memory is unchanged
 (`memory.recall.cache`). While the local spool holds turns of the request's session, they
 are read too (`memory.recall.spooled`).
@@ -26,7 +27,7 @@ from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
 from memory.outages import is_outage
 from memory.recall.cache import RecallCache, cache_key
-from memory.recall.excerpt import excerpt_ranked, query_terms
+from memory.recall.excerpt import excerpt_ranked, one_per_turn, query_terms
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
 from memory.recall.outcome import (
@@ -254,8 +255,10 @@ class RecallPipeline:
         return ranked
 
     async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
-        """Long items cut to the part that matches, near-duplicates dropped
-        (memory.recall.excerpt); the words' counts were read by the lexical search."""
+        """Each turn's best chunk first, long items cut to the part that matches,
+        near-duplicates dropped (memory.recall.excerpt); the words' counts were read by the
+        lexical search."""
+        ranked = one_per_turn(ranked)
         cap = self.settings.recall_excerpt_tokens
         if cap <= 0 or not ranked:
             return ranked
