@@ -184,6 +184,11 @@ class MemorySettings(ServingSettings):
     recall_candidates: int = setting(
         60, "Candidates taken from each of dense and lexical search before fusion.", min=1
     )
+    recall_excerpt_tokens: int = setting(
+        80, "A recalled item longer than this (in tokens, about) is shown as an excerpt: the "
+        "run of its sentences that holds the most of the question's words; a neighbour that "
+        "matched nothing itself gets half, from its start. 0: items are shown whole.", min=0,
+    )
     query_split_names: bool = setting(
         True, "Embed the recall query without the names of the people the user's turns were "
         "said under, adding each name it says back at query_name_weight (turns are embedded "

@@ -90,7 +90,8 @@ def pack_ranked(
 ) -> BlockPack:
     """Pack the ranked turns (as dated excerpts) with the learned items, counted as `model`
     counts; `later`: as a later block of a stable injection, under the short preamble."""
-    entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, candidate_chunk(c)) for c in ranked]
+    entries = [Entry(c.speaker, c.created_at, c.text, c.session_id, candidate_chunk(c), c.cut)
+               for c in ranked]
     return pack_block(
         learned, entries, budget, lambda t: count_tokens(t, model), shared_share=shared_share,
         preamble=LATER_PREAMBLE if later else PREAMBLE,

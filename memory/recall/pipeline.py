@@ -3,7 +3,9 @@
 One request's pipeline (docs/architecture.md, "Request flow"): the query is built from the
 request's last user message, embedded once for turns and learned items alike, and searched in
 parallel in the user's vectors and in the lexical index; the candidates are fused
-(`memory.recall.ranking`), turns around the best ones lifted, and the lot packed into the
+(`memory.recall.ranking`), turns around the best ones lifted, each turn's best chunk put
+first, long items cut to the part that matches and near-duplicates dropped
+(`memory.recall.excerpt`), and the lot packed into the
 budget (`memory.recall.outcome`). Results are kept while the user's memory is unchanged
 (`memory.recall.cache`). While the local spool holds turns of the request's session, they
 are read too (`memory.recall.spooled`).
@@ -25,6 +27,7 @@ from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
 from memory.outages import is_outage
 from memory.recall.cache import RecallCache, cache_key
+from memory.recall.excerpt import excerpt_ranked, one_per_turn, query_terms
 from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
 from memory.recall.lexical import ChunkSearch
 from memory.recall.outcome import (
@@ -52,6 +55,7 @@ from memory.recall.speakers import SpeakerQuery
 from memory.recall.spooled import SpoolRecall, spooled_candidates
 from memory.storage import versions
 from memory.storage.database import Database
+from memory.storage.fts import search_terms
 from memory.storage.turns import ChunkRow, NewTurn
 
 # (user, session) -> the session's turns still waiting in the local spool, oldest first.
@@ -231,6 +235,7 @@ class RecallPipeline:
             if request.rerank:
                 reranked = await self.reranker.rerank(query, request.user_id, ranked, learned)
                 ranked, learned, report = reranked.turns, reranked.learned, reranked.report
+            ranked = await self._excerpt(query, ranked)
             recalled = replace(self._pack(request, learned, ranked, started, embed_ms),
                                rerank=report)
             if ranking is not None:
@@ -260,6 +265,18 @@ class RecallPipeline:
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
         return ranked
+
+    async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
+        """Each turn's best chunk first, long items cut to the part that matches,
+        near-duplicates dropped (memory.recall.excerpt); the words' counts were read by the
+        lexical search."""
+        ranked = one_per_turn(ranked)
+        cap = self.settings.recall_excerpt_tokens
+        if cap <= 0 or not ranked:
+            return ranked
+        terms = search_terms(query)
+        counts = await self.lexical.terms.counts(terms) if self.weights.bm25 else dict.fromkeys(terms, 0)
+        return excerpt_ranked(ranked, query_terms(counts), cap)
 
     def _pack(
         self, request: RecallRequest, learned: Learned, ranked: list[Candidate], started: float,

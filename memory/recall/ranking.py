@@ -40,6 +40,8 @@ class Candidate:
     bm25: float = 0.0
     signals: dict[str, float] = field(default_factory=dict)
     score: float = 0.0
+    # Whether the text shown was cut before and after (memory.recall.excerpt).
+    cut: tuple[bool, bool] = (False, False)
 
 
 def fuse(

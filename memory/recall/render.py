@@ -95,6 +95,7 @@ class Entry:
     text: str
     session: str = ""  # turns of one session on one day are shown as one excerpt
     position: int = 0  # order within the conversation, for turns stored in the same second
+    cut: tuple[bool, bool] = (False, False)  # an excerpt: text left out before, after
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,11 @@ def neutralise(text: str) -> str:
 
 
 def render_line(entry: Entry) -> str:
-    """`Caroline: text`, continuation lines indented."""
+    """`Caroline: text`, continuation lines indented; an excerpt (memory.recall.excerpt)
+    marked `…` where text was left out."""
     body = neutralise(entry.text.strip()).replace("\n", "\n  ")
-    return f"{speaker_label(entry.speaker)}: {body}"
+    before, after = entry.cut
+    return f"{speaker_label(entry.speaker)}: {'… ' if before else ''}{body}{' …' if after else ''}"
 
 
 # Words that read as a chat role in some template; a speaker is a message's `name`, else its
