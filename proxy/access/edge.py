@@ -13,8 +13,7 @@ that, before routing:
   unless every request needs a proxy key (a rebound page has none): while anything (a chat,
   the pass-through, memory on loopback) is served without a key, the Host is checked.
 - Origin: a request from a web page of another origin (its `Origin` names another host,
-  or, with none, `Sec-Fetch-Site` says `cross-site`/`same-site`, or a browser's
-  `Sec-Fetch-Mode` comes without `Sec-Fetch-Site: same-origin`/`none`) is refused: every
+  or, with none, `Sec-Fetch-Site` says anything but `same-origin`/`none`) is refused: every
   write, and on every path but the public ones (`PUBLIC_PATHS`, the panel's files) reads
   too, since a read of `/v1/...` is paid for by the operator's key or holds memory.
   memproxy sends no CORS headers (nor relays the upstream's: `proxy/upstream/client.py`).
@@ -117,7 +116,7 @@ class EdgeGuard:
 
     def refusal(self, scope: Scope) -> ProxyError | None:
         """Why this request is refused, or None."""
-        host = origin = content_type = fetch_site = fetch_mode = None
+        host = origin = content_type = fetch_site = None
         for name, value in scope["headers"]:
             if name == b"host":
                 host = host if host is not None else value.decode("latin-1")
@@ -127,8 +126,6 @@ class EdgeGuard:
                 content_type = value.decode("latin-1")
             elif name == b"sec-fetch-site":
                 fetch_site = value
-            elif name == b"sec-fetch-mode":
-                fetch_mode = value
         if host and not self.hosts.allows(split_authority(host)[0]):
             return HostNotAllowed(
                 f"this memproxy does not answer under the name {host!r}: add it to"
@@ -141,12 +138,12 @@ class EdgeGuard:
             if not self._own_origin(origin, host):
                 return OriginRefused(f"requests from the web page at {origin!r} are refused"
                                      " (cross-origin)")
-        elif fetch_site in (b"cross-site", b"same-site"):
+        elif fetch_site is not None and fetch_site not in OWN_SITES:
+            # cross-site, same-site, or a value no browser sends. Sec-Fetch-Mode alone is no
+            # sign of a page: Node's fetch (undici, under openai-node and the MCP TypeScript
+            # SDK) sends `Sec-Fetch-Mode: cors` on every request, and a browser that sends
+            # Sec-Fetch-Mode sends Sec-Fetch-Site with it (and Origin, cross-origin).
             return OriginRefused("requests from another site's web page are refused")
-        elif fetch_mode is not None and fetch_site not in OWN_SITES:
-            # Browsers send Sec-Fetch-Mode and Sec-Fetch-Site together; one without a
-            # same-origin Sec-Fetch-Site is not known to come from memproxy's own pages.
-            return OriginRefused("requests from a web page not of this origin are refused")
         if scope["method"] in SAFE_METHODS:
             return None
         return _media_type_refusal(path, content_type)

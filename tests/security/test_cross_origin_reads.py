@@ -117,7 +117,6 @@ CROSS_ORIGIN: list[dict[str, str]] = [
     {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},
     {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
     {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"},
-    {"Sec-Fetch-Mode": "cors"},
     {"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "garbage"},
     {"Origin": "http://localhost:1", "Sec-Fetch-Site": "same-site"},
 ]
@@ -143,6 +142,7 @@ def test_own_pages_typed_urls_and_clients_still_read(
     own = f"127.0.0.1:{keyless.port}"
     for headers in (
         {},  # an SDK, curl
+        {"Sec-Fetch-Mode": "cors"},  # Node's fetch (openai-node, the MCP TypeScript SDK)
         {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"},  # the panel's fetch
         {"Origin": f"http://{own}", "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"},
         {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"},  # a URL typed in

@@ -25,6 +25,7 @@ from tests.support.mcp_client import mcp_session, structured
 from tests.support.memory import db_rows, export_records, memory_api
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.tracing import collecting
 from tests.test_redaction import Starter, data_bytes, found_in
 
 UPPER, LOWER, DIGITS = string.ascii_uppercase, string.ascii_lowercase, string.digits
@@ -390,9 +391,10 @@ def test_captured_message_contents_on_a_span_are_redacted(
     (proxy/upstream/captured_messages.py), for text and for content parts, streamed or not."""
     found = issue37_shapes(seed=14)
     text = "\n".join(s.text for s in found)
-    with OtlpReceiver() as collector:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    # The test process's provider (tests/support/tracing.py), as the other in-process
+    # tracing tests: memproxy uses a provider set first, and one it set itself would stay
+    # the process's for every later test.
+    with OtlpReceiver() as collector, collecting(collector.endpoint):
         monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
         proxy = start_proxy()
         with openai.OpenAI(base_url=proxy.base_url, api_key="sk-test", max_retries=0) as client:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 from collections.abc import Iterator, Sequence
 
 from opentelemetry import trace
@@ -24,6 +25,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
@@ -69,12 +71,30 @@ class TestProcessor(SpanProcessor):
         return True if chosen is None else chosen.force_flush(timeout_millis)
 
 
+class OwnRandomIds(IdGenerator):
+    """Random ids from a generator of the provider's own. The SDK's default draws from the
+    `random` module's global state, which the property-based tests watch: a span made by a
+    server thread while Hypothesis draws an example is taken for a strategy using it."""
+
+    def __init__(self) -> None:
+        self._random = random.Random()
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1  # 0 is the invalid id
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
 @functools.cache
 def outer_provider() -> tuple[TracerProvider, TestSampler, TestProcessor]:
     """The process's global provider, set on the first call."""
     sampler, processor = TestSampler(), TestProcessor()
     provider = TracerProvider(sampler=sampler, resource=Resource.create({"service.name": SERVICE}),
-                              shutdown_on_exit=False)
+                              shutdown_on_exit=False, id_generator=OwnRandomIds())
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     return provider, sampler, processor
