@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -83,8 +85,9 @@ def memories_edit(client: MemoryClient, args: argparse.Namespace) -> None:
 def memories_forget(client: MemoryClient, args: argparse.Namespace) -> None:
     """Delete a fact and its history; prints the undo token."""
     result = client.call("DELETE", f"/facts/{args.id}")
-    emit(args, result, f"Forgot fact {args.id} and its history.\nUndo within the window:"
-                       f" memproxy memories undo --token={result['undo_token']}")
+    seconds = max(0.0, result["expires_at"] - time.time())
+    emit(args, result, f"Forgot fact {args.id} and its history.\n"
+                       + _undo_hint(args, result["undo_token"], seconds))
 
 
 def memories_pin(client: MemoryClient, args: argparse.Namespace) -> None:
@@ -142,8 +145,21 @@ def memories_clear(client: MemoryClient, args: argparse.Namespace) -> None:
     seconds = receipt["expires_at"] - receipt["created_at"]
     removed = receipt["removed"]
     shown = {kind: removed.get(kind, 0) for kind in ("turns", "facts", "summaries", "profile")}
-    emit(args, receipt, f"Cleared {_counted(shown)}. Undo within {seconds:.0f} s:"
-                        f" memproxy memories undo --token={receipt['undo_token']}")
+    emit(args, receipt, f"Cleared {_counted(shown)}. "
+                        + _undo_hint(args, receipt["undo_token"], seconds))
+
+
+def _undo_hint(args: argparse.Namespace, token: str, seconds: float) -> str:
+    """The command that undoes, for the same memproxy and the same user or organisation: a
+    token works only for the memory it came from (404 for anyone else's)."""
+    words = ["memproxy", "memories", "undo"]
+    for option in ("url", "user", "org"):
+        if getattr(args, option):
+            words += [f"--{option}", getattr(args, option)]
+    words.append(f"--token={token}")
+    # The key itself is not printed back (a terminal's scrollback outlives it).
+    key = " with the same --key" if args.key else ""
+    return f"Undo within {seconds:.0f} s{key}: {shlex.join(words)}"
 
 
 def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
