@@ -133,7 +133,10 @@ def memories_import(client: MemoryClient, args: argparse.Namespace) -> None:
                + ("with no text" if reason == "no_text" else f"with role {reason}")
                for reason, n in result.get("ignored", {}).items() if n]
     left_out = f"; left out: {', '.join(ignored)}" if ignored else ""
-    emit(args, result, f"Imported {_counted(result['added'])}; already there: "
+    updated = result.get("updated", {})
+    newer = f"; updated to the file's newer version: {_counted(updated)}" if any(
+        updated.values()) else ""
+    emit(args, result, f"Imported {_counted(result['added'])}{newer}; already there: "
                        f"{_counted(result['skipped'])}{left_out}.")
 
 
