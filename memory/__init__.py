@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
     from memory.admin.usage import UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, collection_name
-    from memory.index.embeddings import LocalEmbedder, find_model_dir
+    from memory.index.embeddings import EmbeddingModelMissing, LocalEmbedder, find_model_dir
     from memory.index.heap_fill import mallopt
     from memory.index.vectors import VectorIndex
     from memory.learning.fact_model import (
@@ -93,6 +93,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
+    "EmbeddingModelMissing": ("memory.index.embeddings", "EmbeddingModelMissing"),
     "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
     "VectorIndex": ("memory.index.vectors", "VectorIndex"),
     # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
@@ -181,6 +182,7 @@ __all__ = [
     "CursorError",
     "Database",
     "Embedder",
+    "EmbeddingModelMissing",
     "Fact",
     "FactError",
     "FactNotFound",

@@ -1,9 +1,11 @@
-"""What a new user tripped on (issue 27): headers on errors, settings, the block's shape."""
+"""What a new user tripped on (issues 27 and 39): headers on errors, settings, the block's shape."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -194,3 +196,44 @@ def test_the_ready_line_names_postgres_without_its_password() -> None:
     assert described["database"] == "postgresql://mem@db.internal:5433/memproxy"
     assert described["vectors"] == "chroma server http://user@chroma:8000"
     assert "s3cret" not in str(described) and "chroma-pw" not in str(described)
+
+
+# -- issue 39 ---------------------------------------------------------------------------------
+
+
+def test_search_without_the_embedding_model_is_a_503_that_says_why(
+    make_settings: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6: in the documented degraded mode (no model) memory search answered 500; now the
+    memory API, the CLI and MCP's search_memory all say what /readyz says, and the fix."""
+    from proxy.cli.main import main
+    from tests.conftest import serve
+    from tests.support.mcp_client import mcp_session
+
+    (tmp_path / "model").mkdir()
+    proxy = serve(make_settings(embedding_model_dir=tmp_path / "model"), with_memory=True)
+    try:
+        ready = httpx.get(f"{proxy.url}/readyz").json()["parts"]["embeddings"]
+        assert ready.startswith("error: EmbeddingModelMissing"), ready
+        answer = httpx.post(f"{proxy.url}/v1/memory/search", json={"query": "tea"})
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "memory_unavailable" and error["type"] == "api_error"
+        assert "embedding model" in error["message"] and "/readyz" in error["message"]
+        assert "MEMPROXY_EMBEDDING_MODEL_DIR" in error["message"]
+
+        assert main(["memories", "search", "tea", "--url", proxy.url]) == 1
+        said = capsys.readouterr().err.splitlines()[-1]  # after the server's own log lines
+        assert said.startswith("memproxy: memory search needs the embedding model"), said
+        assert said.endswith("(503 memory_unavailable)"), said
+
+        async def search_memory() -> Any:
+            async with mcp_session(proxy.url) as client:
+                return await client.call_tool("search_memory", {"query": "tea"})
+
+        result = asyncio.run(search_memory())
+        assert result.is_error
+        said = str(result.content)
+        assert "embedding model" in said and "Internal server error" not in said, said
+    finally:
+        proxy.stop()
