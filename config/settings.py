@@ -152,15 +152,16 @@ def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
 
 def describe_storage(settings: Settings) -> dict[str, str]:
     """Which database and vector store are in use, fit for a log line (no passwords)."""
-    database = _without_password(settings.database_url) if settings.database_url else (
+    database = without_password(settings.database_url) if settings.database_url else (
         f"sqlite:{settings.db_path}"
     )
-    vectors = (f"chroma server {_without_password(settings.chroma_url)}" if settings.chroma_url
+    vectors = (f"chroma server {without_password(settings.chroma_url)}" if settings.chroma_url
                else f"embedded chroma {settings.vectors_path}")
     return {"database": database, "vectors": vectors}
 
 
-def _without_password(url: str) -> str:
+def without_password(url: str) -> str:
+    """`url` with its password left out, fit for a log line or an error message."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -214,6 +215,18 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         names = [name.strip() for name in str(result).split(",")]
         if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
             raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
+    if f.name == "database_url" and result is not None and not str(result).startswith(
+        ("postgresql://", "postgres://")
+    ):
+        # The one networked database memproxy speaks; unset is the embedded SQLite file.
+        raise ValueError(f"must be a PostgreSQL URL, postgresql://user:password@host:5432/db,"
+                         f" got {without_password(str(result))!r}")
+    if (
+        f.name == "chroma_url"
+        and result is not None
+        and not str(result).startswith(("http://", "https://"))
+    ):
+        raise ValueError(f"must be a Chroma server's http(s) URL, got {value!r}")
     if (
         f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url")
         and result is not None

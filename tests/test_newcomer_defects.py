@@ -237,3 +237,42 @@ def test_search_without_the_embedding_model_is_a_503_that_says_why(
         assert "embedding model" in said and "Internal server error" not in said, said
     finally:
         proxy.stop()
+
+
+def test_start_up_with_a_store_that_does_not_answer_says_why_in_one_line(
+    tmp_path: Path, serve_env: dict[str, str], postgres_server: Any
+) -> None:
+    """Item 7: a database URL on a closed port, a database that does not exist, a Chroma
+    server that is down: one line naming the part and the fix, not 40-110 of traceback."""
+    from tests.support.servers import free_port
+
+    closed = free_port()
+    missing = postgres_server.create_database().rsplit("/", 1)[0] + "/no_such_db"
+    for env, said in [
+        ({"MEMPROXY_DATABASE_URL": f"postgresql://mem:pw@127.0.0.1:{closed}/memproxy"},
+         f"the database (PostgreSQL at postgresql://mem@127.0.0.1:{closed}/memproxy): no"
+         " connection ("),
+        ({"MEMPROXY_DATABASE_URL": missing},
+         'database "no_such_db" does not exist; create it (createdb) or fix'
+         " MEMPROXY_DATABASE_URL"),
+        ({"MEMPROXY_CHROMA_URL": f"http://127.0.0.1:{closed}"},
+         f"the vectors (Chroma server at http://127.0.0.1:{closed}): no answer"),
+    ]:
+        code, output = _serve(tmp_path, {**serve_env, **env}, "--port", str(free_port()))
+        assert code == 1, output
+        assert output.splitlines() == [output.strip()], output
+        assert output.startswith("memproxy: cannot start: ") and said in output, output
+        assert ":pw@" not in output
+
+
+def test_an_unsupported_database_or_chroma_url_is_a_settings_error() -> None:
+    from config import SettingsError, load_settings
+
+    with pytest.raises(SettingsError) as raised:
+        load_settings(env={"MEMPROXY_DATABASE_URL": "mysql://mem:s3cret@db/memproxy",
+                           "MEMPROXY_CHROMA_URL": "chroma:8000"})
+    said = str(raised.value)
+    assert "MEMPROXY_DATABASE_URL: must be a PostgreSQL URL" in said and "s3cret" not in said
+    assert "MEMPROXY_CHROMA_URL: must be a Chroma server's http(s) URL" in said
+    for good in ("postgresql://mem@db/memproxy", "postgres://db/memproxy"):
+        assert load_settings(env={"MEMPROXY_DATABASE_URL": good}).database_url == good

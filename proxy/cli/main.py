@@ -5,6 +5,7 @@ running server (proxy/cli/memory.py), and `keys` (proxy/cli/keys.py)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
@@ -13,11 +14,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from config import SettingsError, load_settings
+from config import Settings, SettingsError, load_settings
 from config.settings import unknown_env_warnings
 from proxy.cli import keys as cli_keys
 from proxy.cli import memory as cli_memory
+
+if TYPE_CHECKING:
+    from memory import MigrateResult
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +100,11 @@ def migrate_command(args: argparse.Namespace) -> int:
     """Copy MEMPROXY_DATA_DIR's memory into PostgreSQL (memory/admin/migrate.py)."""
     from memory import CopiedBatch, MigrateError, migrate
 
+    copied = 0
+
     def progress(batch: CopiedBatch) -> None:
+        nonlocal copied
+        copied += batch.inserted
         print(f"  {batch.table}: {batch.inserted} of {batch.rows} new", file=sys.stderr)
 
     try:
@@ -108,21 +117,46 @@ def migrate_command(args: argparse.Namespace) -> int:
         done = migrate(settings, args.dest_url, chroma_url=args.chroma_url,
                        batch_size=max(1, args.batch_size), on_batch=progress)
     except (SettingsError, MigrateError, OSError) as exc:
-        print(f"memproxy: migrate failed: {exc} (what was copied stays; run it again to go"
-              " on)", file=sys.stderr)
+        kept = (f" ({copied} rows and vectors copied stay; run it again to go on)" if copied
+                else "")
+        print(f"memproxy: migrate failed: {exc}{kept}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("memproxy: migrate interrupted; run it again to go on", file=sys.stderr)
         return 130
-    print(f"{'TABLE':<16} {'SOURCE':>9} {'DEST':>9} {'COPIED':>9}")
-    for table, count in done.source_rows.items():
-        print(f"{table:<16} {count:>9} {done.dest_rows[table]:>9} {done.copied_rows[table]:>9}")
-    for collection, count in done.copied_vectors.items():
-        print(f"vectors {collection}: {count} copied")
+    print(_copied_table(done))
     print(f"Done in {done.seconds:.1f} s. Start memproxy with MEMPROXY_DATABASE_URL=DEST_URL"
           + (f" and MEMPROXY_CHROMA_URL={args.chroma_url}." if args.chroma_url else
              f" and the same MEMPROXY_DATA_DIR={settings.data_dir} (its embedded Chroma)."))
     return 0
+
+
+def _copied_table(done: MigrateResult) -> str:
+    """What migrate copied, as columns as wide as their longest value."""
+    rows = [["TABLE", "SOURCE", "DEST", "COPIED"]]
+    rows += [[table, str(count), str(done.dest_rows[table]), str(done.copied_rows[table])]
+             for table, count in done.source_rows.items()]
+    rows += [[f"vectors {collection}", "", "", str(count)]
+             for collection, count in done.copied_vectors.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join([row[0].ljust(widths[0]), *(v.rjust(w) for v, w in zip(row[1:], widths[1:],
+                                                                          strict=True))]).rstrip()
+        for row in rows
+    )
+
+
+def _stores_answer(settings: Settings) -> str | None:
+    """Why PostgreSQL or the Chroma server will not do, in one line (None: they answer)."""
+    if not (settings.database_url or settings.chroma_url):
+        return None
+    from memory import CannotOpen, check_stores
+
+    try:
+        asyncio.run(check_stores(settings))
+    except CannotOpen as exc:
+        return str(exc)
+    return None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -155,6 +189,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for warning in unknown_env_warnings(os.environ):
         print(f"memproxy: warning: {warning}", file=sys.stderr)
+    if problem := _stores_answer(settings):
+        print(f"memproxy: cannot start: {problem}", file=sys.stderr)
+        return 1
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
