@@ -276,3 +276,77 @@ def test_an_unsupported_database_or_chroma_url_is_a_settings_error() -> None:
     assert "MEMPROXY_CHROMA_URL: must be a Chroma server's http(s) URL" in said
     for good in ("postgresql://mem@db/memproxy", "postgres://db/memproxy"):
         assert load_settings(env={"MEMPROXY_DATABASE_URL": good}).database_url == good
+
+
+@pytest.mark.both_backends
+def test_a_deleted_fact_s_id_is_never_given_to_another(
+    start_proxy: Callable[..., RunningProxy]
+) -> None:
+    """Item 10: on SQLite the next fact took the id of the newest one deleted, so a client
+    still holding that id reached another fact."""
+    from tests.support.memory import QUIET, memory_api
+
+    proxy = start_proxy(memory=True, **QUIET)
+    with memory_api(proxy, **{"X-Memory-User-Id": "ida"}) as api:
+        api.post("/facts", json={"text": "Ida keeps bees.", "category": "context"})
+        newest = api.post("/facts", json={"text": "Ida's hive is blue.", "category": "context"})
+        gone = newest.json()["id"]
+        assert api.delete(f"/facts/{gone}").status_code == 200
+        added = api.post("/facts", json={"text": "Ida sells honey.", "category": "context"})
+        assert added.json()["id"] > gone
+        assert api.get(f"/facts/{gone}").status_code == 404
+
+
+@pytest.mark.both_backends
+async def test_a_deleted_summary_s_id_is_never_given_to_another(
+    tmp_path: Path, database_url: str | None
+) -> None:
+    from memory.storage import summaries
+    from memory.storage.summaries import NewSummary
+    from tests.support.storage import Storage
+
+    def summary(text: str) -> NewSummary:
+        return NewSummary("ida", "s1", text, {}, source_turn_ids=[], last_turn_id=0,
+                          user_turns=1, tokens=3, created_at=1.0)
+
+    storage = await Storage.open(tmp_path / "memproxy.db", url=database_url)
+    try:
+        async with storage.db.write() as tx:
+            await summaries.insert(tx, summary("Ida keeps bees."))
+            gone = await summaries.insert(tx, summary("Ida's hive is blue."))
+            assert await summaries.delete(tx, "ida", summary_id=gone) == [gone]
+            assert await summaries.insert(tx, summary("Ida sells honey.")) > gone
+    finally:
+        await storage.close()
+
+
+def test_0015_keeps_facts_and_summaries_with_their_ids_and_indexes(tmp_path: Path) -> None:
+    """An existing database moves to ids that are never reused, keeping every row, its
+    full-text index and the largest id used so far."""
+    import sqlite3
+
+    from memory.storage import migrations
+
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    migrations.apply(conn, [m for m in migrations.MIGRATIONS if m[0] < "0015"])
+    for text in ("Ida keeps bees", "Ida's hive is blue"):
+        conn.execute(
+            "INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
+            " source, first_seen, last_seen, valid_from, created_at, updated_at, owner)"
+            " VALUES (0, 'ida', ?, 'context', 0.6, 5, 'manual', 1, 1, 1, 1, 1, 'o')", (text,))
+    attached = conn.execute("SELECT type, name FROM sqlite_master WHERE tbl_name = 'facts'"
+                            " AND type IN ('index', 'trigger') ORDER BY name").fetchall()
+    assert migrations.apply(conn) == ["0015_lasting_ids"]
+    assert conn.execute("SELECT type, name FROM sqlite_master WHERE tbl_name = 'facts'"
+                        " AND type IN ('index', 'trigger') ORDER BY name").fetchall() == attached
+    conn.execute("DELETE FROM facts WHERE id = 2")
+    conn.execute(
+        "INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
+        " source, first_seen, last_seen, valid_from, created_at, updated_at, owner)"
+        " VALUES (0, 'ida', 'Ida sells honey', 'context', 0.6, 5, 'manual', 1, 1, 1, 1, 1, 'o')")
+    assert conn.execute("SELECT id, text FROM facts ORDER BY id").fetchall() == [
+        (1, "Ida keeps bees"), (3, "Ida sells honey")]
+    hits = conn.execute("SELECT rowid FROM facts_fts WHERE facts_fts MATCH 'bees OR honey'")
+    assert sorted(hits.fetchall()) == [(1,), (3,)]
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    conn.close()

@@ -388,6 +388,23 @@ def _fact_provenance(conn: sqlite3.Connection) -> None:
     rebuild_table(conn, "facts", change)
 
 
+_REUSED_ID = "id INTEGER PRIMARY KEY,"
+
+
+def _lasting_ids(conn: sqlite3.Connection) -> None:
+    """Facts and summaries get ids that are never handed out again: a plain INTEGER PRIMARY
+    KEY takes the largest id + 1, so deleting the newest fact gave its id to the next one,
+    and a client holding the old id reached another fact. AUTOINCREMENT remembers the
+    largest id ever used (sqlite_sequence), as PostgreSQL's sequences do."""
+    def change(table: str) -> str:
+        if _REUSED_ID not in table:
+            raise ValueError("unexpected schema: its id is not a plain INTEGER PRIMARY KEY")
+        return table.replace(_REUSED_ID, "id INTEGER PRIMARY KEY AUTOINCREMENT,", 1)
+
+    for table in ("facts", "summaries"):
+        rebuild_table(conn, table, change)
+
+
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -420,6 +437,11 @@ MIGRATIONS: list[Migration] = [
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
     # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
     ("0014_usage", usage_schema.SQLITE),
+    # Ids that leave the server (facts, summaries) are never reused (docs/memory-api.md).
+    # Sessions and stored keys have text ids that are never reused already (a session's is
+    # its client's or its conversation's, a key's is random). PostgreSQL's BIGSERIAL never
+    # reuses: its entry records the name only.
+    ("0015_lasting_ids", _lasting_ids),
 ]
 
 

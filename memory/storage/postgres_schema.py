@@ -464,6 +464,9 @@ ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", api_keys.POSTGRES_TABLE),
     ("0014_usage", usage_schema.POSTGRES),
+    # SQLite's facts and summaries gain AUTOINCREMENT (ids never reused); BIGSERIAL already
+    # never hands an id out twice, so nothing changes here but the name, recorded.
+    ("0015_lasting_ids", "SELECT 1;"),
 ]
 
 
