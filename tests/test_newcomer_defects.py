@@ -350,3 +350,23 @@ def test_0015_keeps_facts_and_summaries_with_their_ids_and_indexes(tmp_path: Pat
     assert sorted(hits.fetchall()) == [(1,), (3,)]
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     conn.close()
+
+
+def test_the_admin_key_on_a_chat_says_what_it_is_for(
+    start_proxy: Callable[..., RunningProxy], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 11: the admin key sent to a chat was "incorrect API key"; and the CLI's 401
+    said to send a Bearer token where the command line takes --key."""
+    from proxy.cli.main import main
+
+    proxy = start_proxy(api_keys="key-alice-0001", admin_key="admin-key-0001")
+    answer = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                        headers={"authorization": "Bearer admin-key-0001"})
+    assert answer.status_code == 401
+    said = answer.json()["error"]["message"]
+    assert said.startswith("this is the admin key: it manages memory and keys"), said
+    assert "send a proxy key" in said
+
+    assert main(["stats", "--url", proxy.url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("; give the key with --key or MEMPROXY_KEY"), err

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mcp", help="speak MCP on stdin/stdout, forwarding to a running memproxy's /mcp"
     )
     mcp.add_argument("--url", help="memproxy's address (MEMPROXY_URL, default http://127.0.0.1:8080)")
-    mcp.add_argument("--key", help="a proxy key (MEMPROXY_API_KEY)")
+    mcp.add_argument("--key", help="a proxy key (MEMPROXY_KEY)")
     mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
     mcp.add_argument("--session", help="X-Memory-Session-Id for what is added")
     cli_memory.add_commands(commands)

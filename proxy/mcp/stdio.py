@@ -35,7 +35,12 @@ TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 def run(args: argparse.Namespace) -> int:
     """Serve until stdin closes; 1 when the server cannot be reached."""
     url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
-    key = args.key or os.environ.get("MEMPROXY_API_KEY") or os.environ.get("MEMPROXY_KEY")
+    key = args.key or os.environ.get("MEMPROXY_KEY")
+    if not key and os.environ.get("MEMPROXY_API_KEY"):
+        # The name this command read before the others' MEMPROXY_KEY; still read, for now.
+        key = os.environ["MEMPROXY_API_KEY"]
+        print("memproxy mcp: warning: MEMPROXY_API_KEY is deprecated, name the key"
+              " MEMPROXY_KEY as the other commands do", file=sys.stderr)
     headers = {name: value for name, value in (
         ("Authorization", f"Bearer {key}" if key else None),
         ("X-Memory-User-Id", args.user), ("X-Memory-Session-Id", args.session),
