@@ -115,7 +115,7 @@ def load_settings(
             raw[f.name] = env[env_name(f.name)]
     raw.update(flags)
     known = {f.name for f in setting_fields()}
-    errors += [f"{key}: unknown setting" for key in raw if key not in known]
+    errors += [f"{key}: unknown setting{_nearest(key, known)}" for key in raw if key not in known]
     values: dict[str, Any] = {}
     for f in setting_fields():
         if f.name in raw:
@@ -127,6 +127,12 @@ def load_settings(
     if errors:
         raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
     return Settings(**values)
+
+
+def _nearest(name: str, known: set[str]) -> str:
+    """" (did you mean x?)" for the known name closest to a misspelt one, else ""."""
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    return f" (did you mean {nearest[0]}?)" if nearest else ""
 
 
 def _source(name: str, env: Mapping[str, str]) -> str:

@@ -80,7 +80,7 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     header, _, *rows, summary = out.splitlines()
     assert header.split()[:4] == ["IN", "BLOCK", "SOURCE", "SCORE"]
     assert [row.split()[0] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
-    assert summary.startswith(f"{len(rows)} items in block order, ")
+    assert summary.startswith(f"{len(rows)} {'item' if len(rows) == 1 else 'items'} in block order, ")
     found = run_json(capsys, memproxy, "memories", "search", "release train", "--budget", "200")
     assert found["budget"] == 200 and found["items"][0]["session_id"] == "rel"
     status, out, _ = run(capsys, memproxy, "memories", "search", "release train", "--budget", "0")

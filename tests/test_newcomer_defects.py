@@ -370,3 +370,41 @@ def test_the_admin_key_on_a_chat_says_what_it_is_for(
     assert main(["stats", "--url", proxy.url]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith("; give the key with --key or MEMPROXY_KEY"), err
+
+
+def test_the_command_line_introduces_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 11: `memproxy --version`; bare `memproxy` prints help (it was an error); the
+    top-level help names no source files."""
+    import importlib.metadata
+
+    from proxy.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"memproxy {importlib.metadata.version('memproxy')}"
+
+    assert main([]) == 0
+    bare = capsys.readouterr()
+    assert bare.out.startswith("usage: memproxy") and bare.err == ""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert shown == bare.out and "serve" in shown and "memories" in shown
+    assert ".py" not in shown and "proxy/" not in shown, shown
+
+
+def test_one_of_a_thing_is_said_in_the_singular(
+    start_proxy: Callable[..., RunningProxy], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli.main import main
+    from proxy.cli.render import count
+    from tests.support.memory import QUIET
+
+    assert [count(1, "fact"), count(2, "fact"), count(1, "summary", "summaries"),
+            count(0, "summary", "summaries")] == ["1 fact", "2 facts", "1 summary", "0 summaries"]
+    proxy = start_proxy(memory=True, **QUIET)
+    assert main(["memories", "add", "Ida keeps bees", "--url", proxy.url]) == 0
+    assert main(["memories", "search", "who keeps bees?", "--url", proxy.url]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("1 item in block order, "), last

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from proxy.cli.client import CliError, MemoryClient, UsageError, emit, upload
-from proxy.cli.render import Progress, table, when
+from proxy.cli.render import Progress, count, table, when
 from proxy.cli.usage import usage_show
 
 PAGE = 200
@@ -54,8 +54,9 @@ def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
     result = client.call("POST", "/search", json=body)
     rows = [[i + 1, item["source"], f"{item['score']:.3f}", item.get("session_id", ""),
              item["text"]] for i, item in enumerate(result["items"])]
-    summary = (f"{len(result['items'])} items in block order, {result['tokens']} of"
-               f" {result['budget']} tokens{' (truncated)' if result.get('truncated') else ''}")
+    summary = (f"{count(len(result['items']), 'item')} in block order, {result['tokens']} of"
+               f" {count(result['budget'], 'token')}"
+               f"{' (truncated)' if result.get('truncated') else ''}")
     text = table(["IN BLOCK", "SOURCE", "SCORE", "SESSION", "TEXT"], rows) + "\n" + summary if rows \
         else f"Nothing would be injected ({result.get('skipped') or 'no match'})."
     emit(args, result, text)
@@ -199,8 +200,9 @@ def sessions_show(client: MemoryClient, args: argparse.Namespace) -> None:
         if not page["has_more"]:
             break
         params["cursor"] = page["next_cursor"]
-    lines = [f"Session {session['session_id']}: {session['turns']} turns, {session['facts']} "
-             f"facts, last active {when(session['last_active'])}", ""]
+    lines = [f"Session {session['session_id']}: {count(session['turns'], 'turn')}, "
+             f"{count(session['facts'], 'fact')}, last active {when(session['last_active'])}",
+             ""]
     for turn in turns:
         speaker = turn["name"] or turn["role"]
         lines.append(f"[{when(turn['created_at'])}] {speaker}: {turn['content']}")
@@ -211,8 +213,9 @@ def sessions_delete(client: MemoryClient, args: argparse.Namespace) -> None:
     """Delete a session and what was learned only from it."""
     result = client.call("DELETE", f"/sessions/{quote(args.session_id, safe='')}")
     removed = result["removed"]
-    emit(args, result, f"Deleted session {args.session_id}: {removed['turns']} turns, "
-                       f"{removed['summaries']} summaries, {removed['fact_versions']} fact versions.")
+    emit(args, result, f"Deleted session {args.session_id}: {count(removed['turns'], 'turn')}, "
+                       f"{count(removed['summaries'], 'summary', 'summaries')}, "
+                       f"{count(removed['fact_versions'], 'fact version')}.")
 
 
 def stats_show(client: MemoryClient, args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import signal
 import socket
@@ -20,15 +21,24 @@ from config import Settings, SettingsError, load_settings
 from config.settings import unknown_env_warnings
 from proxy.cli import keys as cli_keys
 from proxy.cli import memory as cli_memory
+from proxy.cli.render import count
 
 if TYPE_CHECKING:
     from memory import MigrateResult
 
 
+DESCRIPTION = """An OpenAI-compatible proxy that gives any chat application long-term memory.
+`memproxy serve` runs it; the other commands manage a running one (memories, sessions,
+stats, usage, keys, mcp) or its data directory (backup, migrate). `memproxy COMMAND -h`
+says more; docs/ has every page."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(prog="memproxy", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="memproxy", description=DESCRIPTION)
+    parser.add_argument("--version", action="version",
+                        version=f"memproxy {importlib.metadata.version('memproxy')}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
@@ -61,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `memproxy` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `memproxy`: what it can do, not an error
+        parser.print_help()
+        return 0
     if args.command == "serve":
         return serve(args)
     if args.command == "backup":
@@ -90,9 +104,9 @@ def backup_command(args: argparse.Namespace) -> int:
     except (SettingsError, BackupError, OSError) as exc:
         print(f"memproxy: backup failed: {exc}", file=sys.stderr)
         return 1
-    print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"
+    print(f"Backed up {count(done.turns, 'turn')} ({done.size / 1e6:.1f} MB) to {done.path} in"
           f" {done.seconds:.1f} s. A server started on it (MEMPROXY_DATA_DIR={args.dest})"
-          f" rebuilds the vector index first: {done.rebuild_jobs} queued jobs.")
+          f" rebuilds the vector index first: {count(done.rebuild_jobs, 'queued job')}.")
     return 0
 
 
