@@ -218,22 +218,31 @@ def test_the_demo_model_answers_learning_prompts_and_captured_is_bounded() -> No
 def test_the_memory_api_body_examples_run(
     start_proxy: Callable[..., RunningProxy], tmp_path: Path
 ) -> None:
+    """docs/memory-api.md's curl block, run as written in one shell (issue 39: its user and
+    its fact id are its own, not try-it's, and the pinned fact it adds shows in its search)."""
     section = re.search(r"<!-- docs:memory-api-bodies -->.*?```sh\n(.*?)```",
                         (ROOT / "docs" / "memory-api.md").read_text(), re.S)
     assert section is not None
-    setup, *calls = [line for line in section[1].splitlines() if line.strip()]
+    script = section[1]
+    assert "/facts/1 " not in script and "ada" not in script  # try-it's user and fact ids
     proxy = start_proxy(memory=True)
-    setup = setup.replace("http://127.0.0.1:8080", proxy.url)
     (tmp_path / "memory.jsonl").write_text(
         '{"messages": [{"role": "user", "content": "I like tea."}]}\n')
-    token = ""
-    for call in calls:
-        ran = subprocess.run(["bash", "-c", f"{setup}\n{call.replace('...', token)}"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        answer = json.loads(ran.stdout)
-        assert "error" not in answer, (call, answer)
-        token = answer.get("undo_token", token)
-    assert token, "the clear answered no undo token"
+    ran = subprocess.run(["bash", "-c", "set -eo pipefail\n"
+                          + script.replace("http://127.0.0.1:8080", proxy.url)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    answers, at, decoder = [], 0, json.JSONDecoder()
+    while at < len(ran.stdout):
+        answer, at = decoder.raw_decode(ran.stdout, at)
+        answers.append(answer)
+    assert [a.get("object") for a in answers] == [
+        "memory.fact", "memory.search", "memory.profile", "memory.profile",
+        "memory.clear.undo", "memory.import"], answers
+    assert not [a for a in answers if "error" in a], answers
+    shown = [item["text"] for item in answers[1]["items"]]
+    assert "Prefers TypeScript with strict mode" in shown, answers[1]
+    assert answers[4]["restored"] is True
 
 
 def test_the_readme_says_how_to_install_each_sdk_its_examples_import() -> None:
