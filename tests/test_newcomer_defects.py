@@ -408,3 +408,33 @@ def test_one_of_a_thing_is_said_in_the_singular(
     assert main(["memories", "search", "who keeps bees?", "--url", proxy.url]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("1 item in block order, "), last
+
+
+def test_a_404_from_a_base_url_without_its_version_says_so(
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
+) -> None:
+    """Item 11: MEMPROXY_UPSTREAM_BASE_URL without /v1 got the upstream's bare 404 (Ollama
+    answers "404 page not found" in plain text, OpenAI-like servers an error envelope)."""
+    from tests.support.scripted_upstream import RawReply
+
+    assert upstream.base_url.endswith("/v1")
+    proxy = start_proxy(upstream_base_url=upstream.base_url.removesuffix("/v1"))
+    upstream.enqueue(RawReply(b"404 page not found", status=404, content_type="text/plain"),
+                     ErrorReply(404, "Unknown request URL: GET /models."))
+    for path, body in (("/v1/chat/completions", {"model": "m", "messages": MESSAGES}),
+                       ("/v1/models", None)):
+        answer = httpx.request("POST" if body else "GET", f"{proxy.url}{path}", json=body,
+                               headers={"authorization": "Bearer sk-test-key"})
+        assert answer.status_code == 404, answer.text
+        said = answer.json()["error"]["message"]
+        assert "base URL usually ends with its version, such as /v1" in said, said
+        assert f"memproxy asked {path.removeprefix('/v1')}" in said, said
+    assert said.startswith("Unknown request URL: GET /models. (memproxy asked"), said
+    # With the version in the base URL, an upstream's own 404 comes back as it was.
+    versioned = start_proxy(upstream_base_url=upstream.base_url)
+    upstream.enqueue(ErrorReply(404, "The model 'm' does not exist"))
+    answer = httpx.post(f"{versioned.url}/v1/chat/completions",
+                        json={"model": "m", "messages": MESSAGES},
+                        headers={"authorization": "Bearer sk-test-key"})
+    assert answer.status_code == 404
+    assert answer.json()["error"]["message"] == "The model 'm' does not exist", answer.text
