@@ -186,11 +186,11 @@ def test_a_migrated_install_has_the_same_rows_vectors_and_recall(
     vectors_row = next(line for line in again.stdout.splitlines() if line.startswith("vectors"))
     assert vectors_row.split() == ["vectors", collection_name(settings), "0"]
     # The columns line up: every number ends where its heading does.
-    header, *rows = again.stdout.splitlines()[:len(TABLES) + 1]
+    header, *table_lines = again.stdout.splitlines()[:len(TABLES) + 1]
     for heading in ("SOURCE", "DEST", "COPIED"):
         end = header.index(heading) + len(heading)
-        assert all(row[end - 1].isdigit() and row[end:end + 1] in ("", " ") for row in rows), (
-            heading, again.stdout)
+        assert all(line[end - 1].isdigit() and line[end:end + 1] in ("", " ")
+                   for line in table_lines), (heading, again.stdout)
 
     # Another install into this database: refused, nothing written.
     other = run_migrate(new_install(tmp_path / "other"), dest_url)
