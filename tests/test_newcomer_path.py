@@ -83,7 +83,10 @@ def fresh_clone(root: Path) -> Path:
             (repo / name).write_bytes(source.read_bytes())
     (root / "shared").mkdir()
     (root / "shared" / "models").symlink_to(MODEL_DIR.parent)
-    subprocess.run(["python3", "-m", "venv", "--without-pip", ".venv"], cwd=repo, check=True,
+    # The README's `python3`, as the Python these tests run on (the .pth below shares its
+    # packages, which must be of the same version).
+    python3 = Path(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    subprocess.run([python3, "-m", "venv", "--without-pip", ".venv"], cwd=repo, check=True,
                    env=environment(), timeout=120)
     venv_python = repo / ".venv" / "bin" / "python"
     own = subprocess.run([venv_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from memory.storage import usage_schema
 from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
-from memory.storage.rebuild import rebuild_table
+from memory.storage.rebuild import autoincrement_ids, rebuild_table
 
 if TYPE_CHECKING:
     from memory.storage.interface import Connection
@@ -300,13 +300,12 @@ def _version_triggers() -> str:
     return "\n".join(statements)
 
 
-# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected
-# is kept with the user turn it was placed at and put back, byte for byte, in the session's
-# later requests. A block may show any of the user's memory, so deleting a turn, a fact, a
-# summary or the profile, closing a fact's version or changing the profile drops all of the
-# user's blocks: nothing forgotten goes back into a prompt (the next request of a session
-# gets a new block, and its cached prefix breaks once). Recall cache validity
-# (memory/storage/versions.py): see _version_triggers.
+# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected is kept
+# with the user turn it was placed at and put back, byte for byte, in the session's later requests.
+# A block may show any of the user's memory, so deleting a turn, a fact, a summary or the profile,
+# closing a fact's version or changing the profile drops all of the user's blocks: nothing forgotten
+# goes back into a prompt (the next request of a session gets a new block, and its cached prefix
+# breaks once). Recall cache validity (memory/storage/versions.py): see _version_triggers.
 _FORGETTING = (
     ("turns_forget_blocks", "AFTER DELETE ON turns"),
     ("facts_forget_blocks", "AFTER DELETE ON facts"),
@@ -388,23 +387,6 @@ def _fact_provenance(conn: sqlite3.Connection) -> None:
     rebuild_table(conn, "facts", change)
 
 
-_REUSED_ID = "id INTEGER PRIMARY KEY,"
-
-
-def _lasting_ids(conn: sqlite3.Connection) -> None:
-    """Facts and summaries get ids that are never handed out again: a plain INTEGER PRIMARY
-    KEY takes the largest id + 1, so deleting the newest fact gave its id to the next one,
-    and a client holding the old id reached another fact. AUTOINCREMENT remembers the
-    largest id ever used (sqlite_sequence), as PostgreSQL's sequences do."""
-    def change(table: str) -> str:
-        if _REUSED_ID not in table:
-            raise ValueError("unexpected schema: its id is not a plain INTEGER PRIMARY KEY")
-        return table.replace(_REUSED_ID, "id INTEGER PRIMARY KEY AUTOINCREMENT,", 1)
-
-    for table in ("facts", "summaries"):
-        rebuild_table(conn, table, change)
-
-
 MIGRATIONS: list[Migration] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
@@ -437,11 +419,7 @@ MIGRATIONS: list[Migration] = [
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
     # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
     ("0014_usage", usage_schema.SQLITE),
-    # Ids that leave the server (facts, summaries) are never reused (docs/memory-api.md).
-    # Sessions and stored keys have text ids that are never reused already (a session's is
-    # its client's or its conversation's, a key's is random). PostgreSQL's BIGSERIAL never
-    # reuses: its entry records the name only.
-    ("0015_lasting_ids", _lasting_ids),
+    ("0015_lasting_ids", lambda conn: autoincrement_ids(conn, ("facts", "summaries"))),
 ]
 
 

@@ -464,9 +464,7 @@ ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", api_keys.POSTGRES_TABLE),
     ("0014_usage", usage_schema.POSTGRES),
-    # SQLite's facts and summaries gain AUTOINCREMENT (ids never reused); BIGSERIAL already
-    # never hands an id out twice, so nothing changes here but the name, recorded.
-    ("0015_lasting_ids", "SELECT 1;"),
+    ("0015_lasting_ids", "SELECT 1;"),  # SQLite's AUTOINCREMENT: BIGSERIAL never reuses ids
 ]
 
 
@@ -488,9 +486,7 @@ async def apply(
             # Each migration commits together with the row that records it.
             async with conn.transaction():
                 await conn.execute(script)
-                await conn.execute(
-                    "INSERT INTO migrations (name, applied_at) VALUES ($1, $2)", name, time.time()
-                )
+                await conn.execute("INSERT INTO migrations (name, applied_at) VALUES ($1, $2)", name, time.time())
             newly_applied.append(name)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
