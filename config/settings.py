@@ -116,7 +116,7 @@ def load_settings(
             raw[f.name] = env[env_name(f.name)]
     raw.update(flags)
     known = {f.name for f in setting_fields()}
-    errors += [f"{key}: unknown setting" for key in raw if key not in known]
+    errors += [f"{key}: unknown setting{_nearest(key, known)}" for key in raw if key not in known]
     errors += otel_errors(env)  # tracing's own variables (config/otel.py)
     values: dict[str, Any] = {}
     for f in setting_fields():
@@ -132,6 +132,12 @@ def load_settings(
     if problem := settings.rerank_problem():
         raise SettingsError("invalid settings:\n  " + problem)
     return settings
+
+
+def _nearest(name: str, known: set[str]) -> str:
+    """" (did you mean x?)" for the known name closest to a misspelt one, else ""."""
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    return f" (did you mean {nearest[0]}?)" if nearest else ""
 
 
 def _source(name: str, env: Mapping[str, str]) -> str:
@@ -157,15 +163,16 @@ def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
 
 def describe_storage(settings: Settings) -> dict[str, str]:
     """Which database and vector store are in use, fit for a log line (no passwords)."""
-    database = _without_password(settings.database_url) if settings.database_url else (
+    database = without_password(settings.database_url) if settings.database_url else (
         f"sqlite:{settings.db_path}"
     )
-    vectors = (f"chroma server {_without_password(settings.chroma_url)}" if settings.chroma_url
+    vectors = (f"chroma server {without_password(settings.chroma_url)}" if settings.chroma_url
                else f"embedded chroma {settings.vectors_path}")
     return {"database": database, "vectors": vectors}
 
 
-def _without_password(url: str) -> str:
+def without_password(url: str) -> str:
+    """`url` with its password left out, fit for a log line or an error message."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -219,6 +226,18 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         names = [name.strip() for name in str(result).split(",")]
         if not all(names) or any(re.search(r"[/\s@]", name) for name in names):
             raise ValueError(f"must be host names separated by commas, or *, got {value!r}")
+    if f.name == "database_url" and result is not None and not str(result).startswith(
+        ("postgresql://", "postgres://")
+    ):
+        # The one networked database memproxy speaks; unset is the embedded SQLite file.
+        raise ValueError(f"must be a PostgreSQL URL, postgresql://user:password@host:5432/db,"
+                         f" got {without_password(str(result))!r}")
+    if (
+        f.name == "chroma_url"
+        and result is not None
+        and not str(result).startswith(("http://", "https://"))
+    ):
+        raise ValueError(f"must be a Chroma server's http(s) URL, got {value!r}")
     if (
         f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url",
                    "rerank_base_url", "learning_api_key_url")

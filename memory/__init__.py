@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from memory.admin.sessions import CursorError, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
     from memory.admin.usage import Hold, UsageLedger, UsageReport
-    from memory.engine import Embedder, MemoryEngine, collection_name
-    from memory.index.embeddings import LocalEmbedder, find_model_dir
+    from memory.engine import Embedder, MemoryEngine, check_stores, collection_name
+    from memory.index.embeddings import EmbeddingModelMissing, LocalEmbedder, find_model_dir
     from memory.index.heap_fill import mallopt
     from memory.index.vectors import VectorIndex
     from memory.learning.fact_model import (
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from memory.log.messages import message_text, turn_text
     from memory.log.spooling import Spooled
     from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-    from memory.outages import Unavailable, is_outage
+    from memory.outages import CannotOpen, Unavailable, is_outage
     from memory.recall.inject import Placed, inject, place, placing_order
     from memory.recall.lexical import ChunkSearch
     from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
@@ -98,6 +98,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "message_text": ("memory.log.messages", "message_text"),
     "turn_text": ("memory.log.messages", "turn_text"),
     "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
+    "CannotOpen": ("memory.outages", "CannotOpen"),
+    "check_stores": ("memory.engine", "check_stores"),
+    "EmbeddingModelMissing": ("memory.index.embeddings", "EmbeddingModelMissing"),
     "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
     "VectorIndex": ("memory.index.vectors", "VectorIndex"),
     # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
@@ -177,6 +180,7 @@ __all__ = [
     "SECRET_PREFIX",
     "BackupError",
     "BackupResult",
+    "CannotOpen",
     "ChunkSearch",
     "ClearExpired",
     "ClearNotFound",
@@ -186,6 +190,7 @@ __all__ = [
     "CursorError",
     "Database",
     "Embedder",
+    "EmbeddingModelMissing",
     "Fact",
     "FactError",
     "FactNotFound",
@@ -226,6 +231,7 @@ __all__ = [
     "backup",
     "build_query",
     "check_record",
+    "check_stores",
     "collection_name",
     "count_tokens",
     "encoding_for_model",

@@ -15,6 +15,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from config import Settings
+from config.settings import without_password
 from memory import tracing
 from memory.admin.api_keys import KeyStore
 from memory.admin.manage import Management
@@ -26,7 +27,7 @@ from memory.index.quantized import int8_model_dir
 from memory.index.rebuild import VectorRebuild
 from memory.index.shared_vectors import SharedVectors
 from memory.index.turn_index import TurnIndexer
-from memory.index.vectors import VectorIndex
+from memory.index.vectors import VectorIndex, check_server
 from memory.jobs.maintenance import Maintenance
 from memory.jobs.queue import JobQueue
 from memory.jobs.worker import JobWorker
@@ -475,6 +476,20 @@ def _local_embedder(settings: Settings) -> Embedder:
     except Exception as exc:  # missing files, onnxruntime/tokenizers refusing them, a bad int8 copy
         log.error("embedding model unavailable; memory runs degraded: %s", exc)
         return UnavailableEmbedder(exc)
+
+
+async def check_stores(settings: Settings) -> None:
+    """CannotOpen (memory.outages), before anything is opened or written, when the
+    configured PostgreSQL or Chroma server does not answer: `memproxy serve` says so in one
+    line instead of a traceback from its start (docs/deploy.md)."""
+    if settings.database_url:
+        from memory.storage.postgres import check_reachable  # asyncpg only when asked for
+
+        await check_reachable(settings.database_url, without_password(settings.database_url),
+                              named="MEMPROXY_DATABASE_URL")
+    if settings.chroma_url:
+        await asyncio.to_thread(check_server, settings.chroma_url,
+                                without_password(settings.chroma_url), named="MEMPROXY_CHROMA_URL")
 
 
 def collection_name(settings: Settings) -> str:

@@ -37,6 +37,16 @@ class Unavailable(Exception):
         self.service = service
 
 
+class CannotOpen(Exception):
+    """A store memory needs did not take the first connection: the message is one line that
+    names the part, why, and what to change (a start-up or `migrate` check, not an outage
+    to wait out)."""
+
+    def __init__(self, part: str, reason: str, fix: str) -> None:
+        super().__init__(f"{part}: {reason}; {fix}")
+        self.part = part
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether `exc` (or the failure it was explicitly raised from) is an outage."""
     seen: set[int] = set()

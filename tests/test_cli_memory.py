@@ -80,16 +80,18 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     header, _, *rows, summary = out.splitlines()
     assert header.split()[:4] == ["IN", "BLOCK", "SOURCE", "SCORE"]
     assert [row.split()[0] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
-    assert summary.startswith(f"{len(rows)} items in block order, ")
+    assert summary.startswith(f"{len(rows)} {'item' if len(rows) == 1 else 'items'} in block order, ")
     found = run_json(capsys, memproxy, "memories", "search", "release train", "--budget", "200")
     assert found["budget"] == 200 and found["items"][0]["session_id"] == "rel"
     status, out, _ = run(capsys, memproxy, "memories", "search", "release train", "--budget", "0")
     assert status == 0 and out.startswith("Nothing would be injected")
 
     status, out, _ = run(capsys, memproxy, "memories", "forget", str(edited["id"]))
-    forgot, _, undo = out.strip().partition("\nUndo within the window: ")
+    forgot, _, undo = out.strip().partition("\n")
     assert status == 0 and forgot == f"Forgot fact {edited['id']} and its history."
-    assert undo.startswith("memproxy memories undo --token=")
+    window, _, undo = undo.partition(": ")
+    assert re.fullmatch(r"Undo within (59|60) s", window), window
+    assert undo.startswith(f"memproxy memories undo --url {memproxy.url} --token=")
     assert run_json(capsys, memproxy, "memories", "forget", str(added["id"]))["deleted"] is True
     status, out, _ = run(capsys, memproxy, "memories", "list")
     assert out.strip() == "No facts."
@@ -181,7 +183,7 @@ def test_clear_needs_yes_and_undo_brings_it_back(
     status, out, _ = run(capsys, memproxy, "memories", "clear", "--yes")
     assert status == 0
     done, hint = out.strip().rsplit(" ", 1)
-    assert done == "Cleared 2 turns, 1 fact. Undo within 10 s: memproxy memories undo"
+    assert done == f"Cleared 2 turns, 1 fact. Undo within 60 s: memproxy memories undo --url {memproxy.url}"
     assert hint.startswith("--token=")
     assert run(capsys, memproxy, "memories", "list")[1].strip() == "No facts."
     status, out, _ = run(capsys, memproxy, "memories", "undo", hint)
@@ -194,6 +196,41 @@ def test_clear_needs_yes_and_undo_brings_it_back(
     assert restored["restored"] is True and restored["added"]["facts"] == 1
     status, _, err = run(capsys, memproxy, "memories", "undo", "--token=-not-a-token")
     assert status == 1 and "(404" in err
+
+
+def as_printed(capsys: pytest.CaptureFixture[str], command: str) -> tuple[int, str, str]:
+    """The printed `memproxy ...` command line, run in-process exactly as printed."""
+    words = shlex.split(command)
+    assert words[0] == "memproxy", command
+    status = main(words[1:])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_the_printed_undo_names_the_user_and_the_window(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy
+) -> None:
+    """Issue 39 item 4: with --user, the undo command that forget and clear print must name
+    the user too (the token is the user's: without it, 404), and say how long it works."""
+    bo = ("--user", "bo the gardener")
+    run(capsys, memproxy, "memories", "add", "Grows tomatoes", *bo)
+    fact = run_json(capsys, memproxy, "memories", "add", "Keeps a sourdough starter", *bo)
+    status, out, _ = run(capsys, memproxy, "memories", "forget", str(fact["id"]), *bo)
+    window, _, command = out.strip().splitlines()[-1].partition(": ")
+    assert status == 0 and re.fullmatch(r"Undo within (59|60) s", window), out
+    status, out, err = as_printed(capsys, command)
+    assert (status, out.strip()) == (0, "Restored 1 fact."), err
+
+    status, out, _ = run(capsys, memproxy, "memories", "clear", "--yes", *bo)
+    assert status == 0 and out.startswith("Cleared 2 facts. Undo within 60 s: memproxy"), out
+    status, out, err = as_printed(capsys, out.strip().partition(" s: ")[2])
+    assert (status, out.strip()) == (0, "Restored 2 facts."), err
+    texts = {f["text"] for f in run_json(capsys, memproxy, "memories", "list", *bo)}
+    assert texts == {"Grows tomatoes", "Keeps a sourdough starter"}
+
+    # A key given on the command line is not printed back; the hint says to give it again.
+    status, out, _ = run(capsys, memproxy, "memories", "clear", "--yes", "--key", "sk-any", *bo)
+    assert "Undo within 60 s with the same --key: " in out and "sk-any" not in out
 
 
 def _cli(proxy: RunningProxy, *argv: str) -> list[str]:
@@ -292,10 +329,55 @@ def test_the_docs_cli_example_runs_as_shown(
         else:
             commands[-1][1].append(line)
     assert len(commands) == 9
+    monkeypatch.setenv("MEMPROXY_URL", memproxy.url)  # the page's commands name no --url
     for argv, expected in commands:
-        status = main([*argv, "--url", memproxy.url])
+        status = main(argv)
         out, err = capsys.readouterr()
         assert status == 0, err
         # An undo token is new each time: the page shows it as `...`.
         shown = [re.sub(r"--token=\S+", "--token=...", line) for line in (out + err).splitlines()]
         assert shown == expected, argv
+
+
+def test_a_newer_export_updates_what_an_older_one_imported(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy, tmp_path: Path
+) -> None:
+    """Issue 39 item 5: after an edit and an unpin, importing the newer export into the user
+    the older one went to brings the new version and the unpin, and says so by count."""
+    ann, ben = ("--user", "ann"), ("--user", "ben")
+    tea = run_json(capsys, memproxy, "memories", "add", "Drinks oolong", "--pin", *ann)
+    run_json(capsys, memproxy, "memories", "add", "Walks to work", *ann)
+    older, newer = tmp_path / "older.jsonl", tmp_path / "newer.jsonl"
+    assert run(capsys, memproxy, "memories", "export", "-o", str(older), *ann)[0] == 0
+    status, out, _ = run(capsys, memproxy, "memories", "import", str(older), *ben)
+    assert (status, out.strip()) == (0, "Imported 2 facts; already there: nothing.")
+
+    edited = run_json(capsys, memproxy, "memories", "edit", str(tea["id"]), "--text",
+                      "Drinks sencha", *ann)
+    run_json(capsys, memproxy, "memories", "pin", str(edited["id"]), "--off", *ann)
+    assert run(capsys, memproxy, "memories", "export", "-o", str(newer), *ann)[0] == 0
+    status, out, _ = run(capsys, memproxy, "memories", "import", str(newer), *ben)
+    assert (status, out.strip()) == (0, "Imported 1 fact; updated to the file's newer version:"
+                                        " 1 fact; already there: 1 fact.")
+    facts = run_json(capsys, memproxy, "memories", "list", *ben)
+    assert sorted((f["text"], f["pinned"]) for f in facts) == [
+        ("Drinks sencha", False), ("Walks to work", False)]
+    history = run_json(capsys, memproxy, "memories", "list", "--all", *ben)
+    assert sorted(f["text"] for f in history if not f["active"]) == ["Drinks oolong"]
+
+    # Again, or the older file once more: nothing changes, and the count says why.
+    for again, kept in ((newer, 3), (older, 2)):
+        status, out, _ = run(capsys, memproxy, "memories", "import", str(again), *ben)
+        assert (status, out.strip()) == (0, f"Imported nothing; already there: {kept} facts.")
+    assert run_json(capsys, memproxy, "memories", "list", *ben) == facts
+
+    # Only the pin changed since the last import: the stored version takes it.
+    current = next(f for f in run_json(capsys, memproxy, "memories", "list", *ann)
+                   if f["text"] == "Drinks sencha")
+    run_json(capsys, memproxy, "memories", "pin", str(current["id"]), *ann)
+    assert run(capsys, memproxy, "memories", "export", "-o", str(newer), *ann)[0] == 0
+    status, out, _ = run(capsys, memproxy, "memories", "import", str(newer), *ben)
+    assert (status, out.strip()) == (0, "Imported nothing; updated to the file's newer version:"
+                                        " 1 fact; already there: 2 facts.")
+    pinned = run_json(capsys, memproxy, "memories", "list", "--pinned", *ben)
+    assert [f["text"] for f in pinned] == ["Drinks sencha"]

@@ -338,7 +338,7 @@ async def test_memproxy_mcp_on_stdio_forwards_to_the_server(served: RunningProxy
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROXY_")}
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "proxy", "mcp", "--url", served.url], cwd=ROOT,
-        env={**env, "MEMPROXY_API_KEY": ALICE},
+        env={**env, "MEMPROXY_KEY": ALICE},
     )
     editor = Implementation(name="stdio-editor", version="3")
     async with Client(params, client_info=editor) as client:
@@ -365,3 +365,45 @@ def test_the_readme_example_runs(start_proxy: Callable[..., RunningProxy]) -> No
     )
     assert ran.returncode == 0, ran.stderr
     assert "User lives in Lisbon." in ran.stdout and "<memory>" in ran.stdout
+
+
+def test_memproxy_mcp_that_cannot_start_says_why_in_one_line(served: RunningProxy) -> None:
+    """Issue 39 item 8: no key, a wrong key, a --url with /v1, no server: one line with the
+    status (or the connection's error) and the fix, not nested ExceptionGroup tracebacks."""
+    from tests.support.servers import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROXY_")}
+
+    def bridge(*args: str) -> tuple[int, str]:
+        ran = subprocess.run([sys.executable, "-m", "proxy", "mcp", *args], cwd=ROOT, env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=60)
+        return ran.returncode, ran.stderr
+
+    for args, said in [
+        (("--url", served.url), f"{served.url}/mcp answered 401 missing API key"),
+        (("--url", served.url, "--key", "key-nobody-0001"), f"{served.url}/mcp answered 401"),
+        (("--url", f"{served.url}/v1", "--key", ALICE), f"{served.url}/v1/mcp "),
+        (("--url", f"http://127.0.0.1:{free_port()}"), "cannot reach memproxy at"),
+    ]:
+        code, err = bridge(*args)
+        assert code == 1 and err.startswith(f"memproxy mcp: {said}"), (args, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        if "401" in said:
+            assert err.rstrip().endswith("give a proxy key with --key or MEMPROXY_KEY"), err
+        if "/v1" in said:
+            assert err.rstrip().endswith("memproxy's own address, without /v1 or /mcp"), err
+
+
+def test_memproxy_mcp_reads_the_key_under_the_name_the_other_commands_use(
+    served: RunningProxy,
+) -> None:
+    """Issue 39 item 11: MEMPROXY_KEY, as `memories` and `keys` read it; the old
+    MEMPROXY_API_KEY still works, with a warning."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROXY_")}
+    for name, warned in (("MEMPROXY_KEY", False), ("MEMPROXY_API_KEY", True)):
+        ran = subprocess.run([sys.executable, "-m", "proxy", "mcp", "--url", served.url],
+                             cwd=ROOT, env={**env, name: ALICE}, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert ("MEMPROXY_API_KEY is deprecated" in ran.stderr) is warned, ran.stderr

@@ -335,7 +335,7 @@ def test_stats_and_metrics(memproxy: RunningProxy, api: httpx.Client) -> None:
     assert stats["counts"] | {"sessions": 2, "turns": 4, "facts": 1, "pinned": 1} == stats["counts"]
     assert stats["index"]["vectors"] >= 5 and stats["index"]["database_bytes"] > 0
     assert stats["jobs"]["depth"] == 0 and stats["jobs"]["dead_letters"] == []
-    assert stats["limits"]["clear_undo_seconds"] == 10.0
+    assert stats["limits"]["clear_undo_seconds"] == 60.0
 
     metrics = api.get("/metrics").json()
     check_schema("Metrics", metrics)

@@ -221,7 +221,7 @@ def test_clear_all_and_undo_within_the_window(memproxy_quiet: RunningProxy) -> N
         cleared = receipt.json()
         assert cleared["removed"] | {"facts": 2, "turns": 4, "sessions": 2, "profile": 1} == cleared["removed"]
         assert (counts["facts"], counts["turns"], counts["sessions"]) == (2, 4, 2)
-        assert asked + 10 <= cleared["expires_at"] <= answered + 10  # the window, from the clear
+        assert asked + 60 <= cleared["expires_at"] <= answered + 60  # the default window, from the clear
         assert api.get("/facts").json()["data"] == [] and api.get("/sessions").json()["data"] == []
         assert api.get("/profile").json()["profile"] is None
         assert api.post("/search", json={"query": "what is the design system called?"}).json()["items"] == []

@@ -183,7 +183,14 @@ def test_a_migrated_install_has_the_same_rows_vectors_and_recall(
     copied = [line.split()[-1] for line in again.stdout.splitlines()
               if line.split()[0] in TABLES]
     assert copied == ["0"] * len(TABLES)
-    assert f"vectors {collection_name(settings)}: 0 copied" in again.stdout
+    vectors_row = next(line for line in again.stdout.splitlines() if line.startswith("vectors"))
+    assert vectors_row.split() == ["vectors", collection_name(settings), "0"]
+    # The columns line up: every number ends where its heading does.
+    header, *table_lines = again.stdout.splitlines()[:len(TABLES) + 1]
+    for heading in ("SOURCE", "DEST", "COPIED"):
+        end = header.index(heading) + len(heading)
+        assert all(line[end - 1].isdigit() and line[end:end + 1] in ("", " ")
+                   for line in table_lines), (heading, again.stdout)
 
     # Another install into this database: refused, nothing written.
     other = run_migrate(new_install(tmp_path / "other"), dest_url)
@@ -298,3 +305,46 @@ def test_a_killed_migrate_goes_on_where_it_stopped(
     assert expected - 1 <= copied <= expected
     assert counts(settings.replace(database_url=dest_url)) == rows
     assert fts_mismatches(settings.replace(database_url=dest_url)) == []
+
+
+def test_migrate_checks_every_target_before_writing_anything(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    """Issue 39 item 7: with the Chroma server down, a migrate left the destination's 21 new
+    tables behind and printed a traceback; a database that does not exist did too."""
+    from tests.support.servers import free_port
+
+    source = new_install(tmp_path / "source")
+    dest_url = postgres_server.create_database()
+    down = f"http://127.0.0.1:{free_port()}"
+    failed = run_migrate(source, dest_url, "--chroma-url", down)
+    assert failed.returncode == 1 and failed.stdout == "", failed
+    assert failed.stderr.splitlines() == [
+        f"memproxy: migrate failed: the vectors (Chroma server at {down}): no answer"
+        f" (ConnectError: [Errno 111] Connection refused); start it (chroma run), or fix"
+        " --chroma-url"], failed.stderr
+    held = _tables(dest_url)
+    assert held == [], held
+
+    missing = dest_url.rsplit("/", 1)[0] + "/no_such_db"
+    failed = run_migrate(source, missing)
+    assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1, failed.stderr
+    assert 'database "no_such_db" does not exist; create it (createdb) or fix DEST_URL' in (
+        failed.stderr)
+    assert "stays" not in failed.stderr and "Traceback" not in failed.stderr
+
+
+def _tables(url: str) -> list[str]:
+    import asyncio
+
+    import asyncpg
+
+    async def names() -> list[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        finally:
+            await conn.close()
+        return sorted(str(row[0]) for row in rows)
+
+    return asyncio.run(names())

@@ -90,3 +90,37 @@ def test_replace_validates() -> None:
     assert settings.replace(port="9001").port == 9001
     with pytest.raises(SettingsError, match="port"):
         settings.replace(port=0)
+
+
+def test_the_example_toml_file_loads_and_names_only_settings() -> None:
+    """config/memproxy.example.toml (issue 39): it loads, what it sets is the default unless
+    its comment says otherwise, and its commented-out lines name real settings too."""
+    import re
+    import tomllib
+
+    from config import Settings, load_settings
+    from config.settings import setting_fields
+
+    example = Path(__file__).parent.parent / "config" / "memproxy.example.toml"
+    settings = load_settings(env={}, config_file=example)
+    defaults = Settings()
+    set_here = tomllib.loads(example.read_text())
+    assert set_here and all(
+        getattr(settings, name) == getattr(defaults, name)
+        for name in set_here if name != "embedding_model_dir"
+    ), set_here
+    known = {f.name for f in setting_fields()}
+    commented = re.findall(r"^# (\w+) = ", example.read_text(), re.M)
+    assert commented and set(commented) - {"match", "base_url"} <= known, commented
+
+
+def test_a_misspelt_toml_setting_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:
+    from config import SettingsError, load_settings
+
+    file = tmp_path / "memproxy.toml"
+    file.write_text('upstream_baseurl = "http://127.0.0.1:1/v1"\nxyzzy = 1\n')
+    with pytest.raises(SettingsError) as raised:
+        load_settings(env={}, config_file=file)
+    said = str(raised.value)
+    assert "upstream_baseurl: unknown setting (did you mean upstream_base_url?)" in said
+    assert "xyzzy: unknown setting\n" in said + "\n" and "xyzzy: unknown setting (" not in said

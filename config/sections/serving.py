@@ -157,7 +157,9 @@ class ServingSettings:
         "tools for MCP clients, under the same keys and access rules as the memory API.",
     )
     clear_undo_seconds: float = setting(
-        10.0, "How long a clear-all can be undone; after it the memory is deleted for good.",
+        # 60 s, not 10: long enough to copy the undo command the CLI prints and paste it.
+        60.0, "How long a clear-all or a deleted fact can be undone; after it the memory is "
+        "deleted for good.",
         min=1.0, max=86400.0,
     )
     rate_limit: int = setting(

@@ -1,9 +1,14 @@
 """Importing records (memory/admin/records.py, or OpenAI-format conversations) into one user.
 
 Idempotent: turns are logged through `TurnLog.append_turns`, which stores each message of a
-conversation path once; a fact chain is skipped when its first version is already there
-(same text, category and first-seen time), a summary when its session already has one with
-the same text and time. Importing the same file twice adds nothing the second time.
+conversation path once; a summary is skipped when its session already has one with the same
+text and time. Importing the same file twice adds nothing the second time.
+
+A fact chain whose first version is already there (same text, category and first-seen time)
+is the same fact: if the file's chain changed later than the stored one (a newer export,
+after an edit or an unpin), the versions past the stored current one are added to the stored
+chain and the current version takes the file's pin ("updated"); otherwise it is skipped
+(docs/memory-api.md, Import).
 
 New turns are indexed by the durable job queue (one index job per batch of turns), facts and
 summaries by `sync_vectors` jobs, exactly as if they had been learned live.
@@ -25,7 +30,7 @@ from memory.log.turn_log import TurnLog
 from memory.redact import redact_record
 from memory.storage import facts, summaries, turns
 from memory.storage.database import Transaction
-from memory.storage.facts import NewFact
+from memory.storage.facts import Fact, NewFact
 from memory.storage.summaries import NewSummary
 from memory.storage.turns import NewTurn
 from memory.tokens import count_tokens
@@ -44,14 +49,16 @@ class ImportReport:
     """What an import added, what it found already there, and what it left out."""
 
     added: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
+    # Fact versions already stored that took the file's newer state (a pin changed).
+    updated: dict[str, int] = field(default_factory=lambda: {"facts": 0})
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
     # Conversation messages left out on purpose, by reason (record_checks.IGNORED).
     ignored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IGNORED, 0))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {"added": dict(self.added), "skipped": dict(self.skipped),
-                "ignored": dict(self.ignored)}
+        return {"added": dict(self.added), "updated": dict(self.updated),
+                "skipped": dict(self.skipped), "ignored": dict(self.ignored)}
 
 
 @dataclass
@@ -223,27 +230,71 @@ async def _write_facts(
         chains.setdefault(root, []).append(record)
     new_ids: list[int] = []
     for chain in chains.values():
-        if await _fact_chain_exists(tx, user_id, chain[0]):
-            report.skipped["facts"] += len(chain)
+        stored = await _stored_chain(tx, user_id, chain[0])
+        if stored is None:
+            new_ids += await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned)
+            report.added["facts"] += len(chain)
             continue
-        new_ids += await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned)
-        report.added["facts"] += len(chain)
+        added, changed = await _apply_newer(tx, user_id, stored, chain, turn_map, max_pinned)
+        new_ids += added + changed
+        report.added["facts"] += len(added)
+        report.updated["facts"] += len(changed)
+        report.skipped["facts"] += len(chain) - len(added) - len(changed)
     await queue_sync(tx, facts=new_ids)
 
 
-async def _fact_chain_exists(tx: Transaction, user_id: str, first: Mapping[str, Any]) -> bool:
+async def _stored_chain(
+    tx: Transaction, user_id: str, first: Mapping[str, Any]
+) -> list[Fact] | None:
+    """The stored versions of the fact the file's chain starts with, oldest first; None
+    when it is new."""
     if first["first_seen"] is not None:
-        return await facts.first_version_exists(
+        found = await facts.first_version(
             tx, user_id, first["text"], first["category"], first["first_seen"]
         )
-    # A hand-written fact: the same active fact counts as already there.
-    return await facts.current_exists(tx, user_id, first["text"], first["category"])
+        return None if found is None else await facts.history(tx, user_id, found)
+    # A hand-written fact: the same active fact counts as already there, and has no newer.
+    exists = await facts.current_exists(tx, user_id, first["text"], first["category"])
+    return [] if exists else None
+
+
+def _changed_at(record: Mapping[str, Any]) -> float:
+    return float(record["updated_at"] or record["created_at"] or 0.0)
+
+
+async def _apply_newer(
+    tx: Transaction, user_id: str, stored: Sequence[Fact], chain: Sequence[Mapping[str, Any]],
+    turn_map: Mapping[Key, int], max_pinned: int,
+) -> tuple[list[int], list[int]]:
+    """Bring a stored chain up to the file's when the file's changed later: (ids of the
+    versions added, ids of stored versions changed; a closed one is among them)."""
+    if not stored or max(map(_changed_at, chain)) <= max(f.updated_at for f in stored):
+        return [], []  # the same, or older than what is stored
+    current = stored[-1]
+    newer = [r for r in chain if r["version"] > current.version]
+    if newer:
+        chain_id = await facts.chain_of(tx, user_id, current.id)
+        assert chain_id is not None
+        added = await _insert_fact_chain(tx, user_id, newer, turn_map, max_pinned,
+                                         after=(chain_id, current.id))
+        closed_at = newer[0]["valid_from"] or _changed_at(newer[0])
+        await facts.close(tx, current.id, superseded_by=added[0], now=closed_at)
+        return added, [current.id]
+    same = next((r for r in chain if r["version"] == current.version), None)
+    if same is None or current.valid_to is not None or bool(same["pinned"]) == current.pinned:
+        return [], []
+    if same["pinned"] and await facts.count_pinned(tx, user_id) >= max_pinned:
+        return [], []  # over the limit: it stays unpinned, as a new import's would
+    await facts.set_pinned(tx, current.id, bool(same["pinned"]), _changed_at(same))
+    return [], [current.id]
 
 
 async def _insert_fact_chain(
     tx: Transaction, user_id: str, chain: Sequence[Mapping[str, Any]],
-    turn_map: Mapping[Key, int], max_pinned: int,
+    turn_map: Mapping[Key, int], max_pinned: int, *, after: tuple[int, int] | None = None,
 ) -> list[int]:
+    """Insert the versions of `chain` as a new chain, or `after` (chain id, current version
+    id) as the next versions of a stored one."""
     now = time.time()
     new_of: dict[int, int] = {}
     inserted: list[int] = []
@@ -251,6 +302,8 @@ async def _insert_fact_chain(
         first_seen = record["first_seen"] or now
         created = record["created_at"] or now
         previous = new_of.get(record["previous_id"]) if record["previous_id"] is not None else None
+        if previous is None and after is not None and not inserted:
+            previous = after[1]
         inserted.append(await facts.insert(tx, NewFact(
             user_id, record["text"], record["category"], record["confidence"],
             record["importance"], record["source"], mentions=record["mentions"],
@@ -260,7 +313,7 @@ async def _insert_fact_chain(
             expires_at=record["expires_at"], version=record["version"], previous_id=previous,
             valid_from=record["valid_from"] or created, valid_to=record["valid_to"],
             created_at=created, updated_at=record["updated_at"] or created,
-            chain_id=inserted[0] if inserted else None,
+            chain_id=after[0] if after else inserted[0] if inserted else None,
         )))
         if record["id"] is not None:
             new_of[record["id"]] = inserted[-1]

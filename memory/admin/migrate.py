@@ -27,12 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from config import Settings
+from config.settings import without_password
 from memory.engine import collection_name
-from memory.index.vectors import VectorIndex
+from memory.index.vectors import VectorIndex, check_server
+from memory.outages import CannotOpen
 from memory.storage import bulk_copy, jobs
 from memory.storage.bulk_copy import Batch, CopyRefused, Source, SourceBusy
 from memory.storage.database import DatabaseError
-from memory.storage.postgres import PostgresDatabase, PostgresError
+from memory.storage.postgres import PostgresDatabase, PostgresError, check_reachable
 
 
 class MigrateError(Exception):
@@ -71,7 +73,7 @@ def migrate(
                 source, settings, dest_url, chroma_url=chroma_url, batch_size=batch_size,
                 on_batch=on_batch,
             ))
-    except (SourceBusy, CopyRefused, DatabaseError, PostgresError) as exc:
+    except (SourceBusy, CopyRefused, DatabaseError, PostgresError, CannotOpen) as exc:
         raise MigrateError(str(exc)) from exc
     return MigrateResult(source_rows, dest_rows, copied, vectors, time.perf_counter() - started)
 
@@ -82,6 +84,12 @@ async def _copy(
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Rows copied and rows held per table, and vectors copied per collection."""
     source_name = str(settings.db_path.resolve())
+    # Every target answers before anything is written: a Chroma server that is down must
+    # not leave the destination's new tables behind.
+    await check_reachable(dest_url, without_password(dest_url), named="DEST_URL")
+    if chroma_url:
+        await asyncio.to_thread(check_server, chroma_url, without_password(chroma_url),
+                                named="--chroma-url")
     dest = await PostgresDatabase.open(dest_url)  # creates or upgrades its schema
     try:
         done = await bulk_copy.begin(source, dest, source_name=source_name)

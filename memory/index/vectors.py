@@ -40,7 +40,7 @@ from chromadb.errors import NotFoundError
 from memory.index.heap_fill import fill_heap
 from memory.index.vector_cache import Row, VectorCache
 from memory.index.vector_copies import CopyFiles
-from memory.outages import Unavailable
+from memory.outages import CannotOpen, Unavailable
 from memory.storage.file_modes import private_dir, private_tree
 
 Metadata = Mapping[str, str | int | float | bool]
@@ -338,6 +338,21 @@ class VectorIndex:
             session = getattr(api, "_session", None)
             if session is not None:
                 session.close()
+
+
+def check_server(url: str, shown: str, *, named: str) -> None:
+    """CannotOpen unless a Chroma server answers its heartbeat at `url`. `shown`: the
+    address without its password; `named`: what set it (a setting or an argument)."""
+    part = f"the vectors (Chroma server at {shown})"
+    try:
+        with httpx.Client(timeout=10.0) as http:
+            http.get(f"{url.rstrip('/')}/api/v2/heartbeat").raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        raise CannotOpen(part, f"not a Chroma server (its heartbeat answered"
+                         f" {exc.response.status_code})", f"fix {named}") from None
+    except httpx.HTTPError as exc:
+        raise CannotOpen(part, f"no answer ({type(exc).__name__}: {exc})",
+                         f"start it (chroma run), or fix {named}") from None
 
 
 def _client_settings() -> Settings:

@@ -297,16 +297,16 @@ async def count_by_session(
     return {str(row[0]): int(row[1]) for row in rows}
 
 
-async def first_version_exists(
+async def first_version(
     conn: Connection, user_id: str, text: str, category: str, first_seen: float
-) -> bool:
-    """Whether a chain starts with this text, category and first-seen time."""
+) -> int | None:
+    """The id of the chain's first version with this text, category and first-seen time."""
     rows = await conn.fetch(
-        "SELECT 1 FROM facts WHERE user_id = ? AND previous_id IS NULL AND text = ?"
-        " AND category = ? AND first_seen = ? LIMIT 1",
+        "SELECT id FROM facts WHERE user_id = ? AND previous_id IS NULL AND text = ?"
+        " AND category = ? AND first_seen = ? ORDER BY id LIMIT 1",
         (user_id, text, category, first_seen),
     )
-    return bool(rows)
+    return int(rows[0][0]) if rows else None
 
 
 async def current_exists(conn: Connection, user_id: str, text: str, category: str) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from memory.storage import usage_schema
 from memory.storage.api_keys import SQLITE_TABLE as _API_KEYS
-from memory.storage.rebuild import rebuild_table
+from memory.storage.rebuild import autoincrement_ids, rebuild_table
 
 if TYPE_CHECKING:
     from memory.storage.interface import Connection
@@ -300,13 +300,12 @@ def _version_triggers() -> str:
     return "\n".join(statements)
 
 
-# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected
-# is kept with the user turn it was placed at and put back, byte for byte, in the session's
-# later requests. A block may show any of the user's memory, so deleting a turn, a fact, a
-# summary or the profile, closing a fact's version or changing the profile drops all of the
-# user's blocks: nothing forgotten goes back into a prompt (the next request of a session
-# gets a new block, and its cached prefix breaks once). Recall cache validity
-# (memory/storage/versions.py): see _version_triggers.
+# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected is kept
+# with the user turn it was placed at and put back, byte for byte, in the session's later requests.
+# A block may show any of the user's memory, so deleting a turn, a fact, a summary or the profile,
+# closing a fact's version or changing the profile drops all of the user's blocks: nothing forgotten
+# goes back into a prompt (the next request of a session gets a new block, and its cached prefix
+# breaks once). Recall cache validity (memory/storage/versions.py): see _version_triggers.
 _FORGETTING = (
     ("turns_forget_blocks", "AFTER DELETE ON turns"),
     ("facts_forget_blocks", "AFTER DELETE ON facts"),
@@ -420,6 +419,7 @@ MIGRATIONS: list[Migration] = [
     ("0013_api_keys", _API_KEYS),  # keys in the database (docs/keys.md), stored hashed
     # Usage and quotas (docs/usage.md); 0013 is the stored keys' (issue 24's other half).
     *usage_schema.SQLITE_MIGRATIONS,  # 0014 and 0015: usage, quotas and rate buckets
+    ("0016_lasting_ids", lambda conn: autoincrement_ids(conn, ("facts", "summaries"))),
 ]
 
 

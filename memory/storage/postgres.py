@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import asyncpg
 from asyncpg import exceptions as pg_errors
 
-from memory.outages import Unavailable
+from memory.outages import CannotOpen, Unavailable
 from memory.storage import migrations, postgres_schema
 from memory.storage.interface import Dialect, Row
 
@@ -53,6 +53,28 @@ _CONNECTION_ERRORS = (
     pg_errors.CrashShutdownError, pg_errors.CannotConnectNowError,
     pg_errors.TooManyConnectionsError,
 )
+
+
+CONNECT_SECONDS = 10.0
+
+
+async def check_reachable(url: str, shown: str, *, named: str) -> None:
+    """Connect to `url` once and leave; CannotOpen when the server does not take the
+    connection. `shown`: the address without its password; `named`: what set it (the
+    setting or argument a user changes)."""
+    part = f"the database (PostgreSQL at {shown})"
+    try:
+        conn = await asyncpg.connect(url, timeout=CONNECT_SECONDS)
+    except pg_errors.InvalidCatalogNameError as exc:
+        raise CannotOpen(part, str(exc), f"create it (createdb) or fix {named}") from None
+    except (pg_errors.InvalidPasswordError,
+            pg_errors.InvalidAuthorizationSpecificationError) as exc:
+        raise CannotOpen(part, str(exc), f"fix the user or password in {named}") from None
+    except (OSError, TimeoutError, pg_errors.PostgresError, pg_errors.InterfaceError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CannotOpen(part, f"no connection ({reason})",
+                         f"start the server, or fix the host and port in {named}") from None
+    await conn.close()
 
 
 def connection_lost(exc: BaseException) -> bool:

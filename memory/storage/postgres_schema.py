@@ -464,6 +464,7 @@ ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
     ("0013_api_keys", api_keys.POSTGRES_TABLE),
     *usage_schema.POSTGRES_MIGRATIONS,
+    ("0016_lasting_ids", "SELECT 1;"),  # SQLite's AUTOINCREMENT: BIGSERIAL never reuses ids
 ]
 
 
@@ -485,9 +486,7 @@ async def apply(
             # Each migration commits together with the row that records it.
             async with conn.transaction():
                 await conn.execute(script)
-                await conn.execute(
-                    "INSERT INTO migrations (name, applied_at) VALUES ($1, $2)", name, time.time()
-                )
+                await conn.execute("INSERT INTO migrations (name, applied_at) VALUES ($1, $2)", name, time.time())
             newly_applied.append(name)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)

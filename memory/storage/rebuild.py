@@ -39,3 +39,23 @@ def rebuild_table(conn: Executes, table: str, change: Callable[[str], str]) -> N
     conn.execute(f"ALTER TABLE {new} RENAME TO {table}")
     for (sql,) in attached:
         conn.execute(sql)
+
+
+_REUSED_ID = "id INTEGER PRIMARY KEY,"
+
+
+def autoincrement_ids(conn: Executes, tables: tuple[str, ...]) -> None:
+    """Rebuild `tables` so their ids are never handed out again (migration 0016): a plain
+    INTEGER PRIMARY KEY takes the largest id + 1, so deleting the newest fact gave its id to
+    the next one, and a client holding the old id reached another fact. AUTOINCREMENT
+    remembers the largest id ever used (sqlite_sequence), as PostgreSQL's sequences do.
+    Facts and summaries are the integer ids that leave the server and can be deleted one by
+    one (docs/memory-api.md); sessions and stored keys have text ids never reused."""
+
+    def change(table: str) -> str:
+        if _REUSED_ID not in table:
+            raise ValueError("unexpected schema: its id is not a plain INTEGER PRIMARY KEY")
+        return table.replace(_REUSED_ID, "id INTEGER PRIMARY KEY AUTOINCREMENT,", 1)
+
+    for table in tables:
+        rebuild_table(conn, table, change)

@@ -63,6 +63,13 @@ async def authenticate(
         return None
     if not presented:
         raise AuthenticationFailed("missing API key: send a memproxy key as a Bearer token")
+    if settings.admin_key and hmac.compare_digest(presented.encode(), settings.admin_key.encode()):
+        # Reached only where the admin key does not count (a chat, MCP): say what it is for.
+        raise AuthenticationFailed(
+            "this is the admin key: it manages memory and keys (/v1/memory, /v1/admin, the"
+            " CLI) and does not chat; send a proxy key (MEMPROXY_API_KEYS or memproxy keys"
+            " create)"
+        )
     raise AuthenticationFailed("incorrect API key provided")
 
 

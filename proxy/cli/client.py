@@ -83,6 +83,9 @@ def _check(response: httpx.Response) -> None:
         message = f"{error['message']} ({response.status_code} {error.get('code') or ''})".strip()
     except (ValueError, KeyError, TypeError):
         message = f"HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 401:
+        # The server speaks HTTP ("a Bearer token"); the command line takes --key.
+        message += "; give the key with --key or MEMPROXY_KEY"
     raise CliError(message)
 
 

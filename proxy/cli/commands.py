@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 from proxy.cli.client import CliError, MemoryClient, UsageError, emit, upload
-from proxy.cli.render import Progress, table, when
+from proxy.cli.render import Progress, count, table, when
 from proxy.cli.usage import usage_show
 
 PAGE = 200
@@ -52,8 +54,9 @@ def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
     result = client.call("POST", "/search", json=body)
     rows = [[i + 1, item["source"], f"{item['score']:.3f}", item.get("session_id", ""),
              item["text"]] for i, item in enumerate(result["items"])]
-    summary = (f"{len(result['items'])} items in block order, {result['tokens']} of"
-               f" {result['budget']} tokens{' (truncated)' if result.get('truncated') else ''}")
+    summary = (f"{count(len(result['items']), 'item')} in block order, {result['tokens']} of"
+               f" {count(result['budget'], 'token')}"
+               f"{' (truncated)' if result.get('truncated') else ''}")
     text = table(["IN BLOCK", "SOURCE", "SCORE", "SESSION", "TEXT"], rows) + "\n" + summary if rows \
         else f"Nothing would be injected ({result.get('skipped') or 'no match'})."
     emit(args, result, text)
@@ -83,8 +86,9 @@ def memories_edit(client: MemoryClient, args: argparse.Namespace) -> None:
 def memories_forget(client: MemoryClient, args: argparse.Namespace) -> None:
     """Delete a fact and its history; prints the undo token."""
     result = client.call("DELETE", f"/facts/{args.id}")
-    emit(args, result, f"Forgot fact {args.id} and its history.\nUndo within the window:"
-                       f" memproxy memories undo --token={result['undo_token']}")
+    seconds = max(0.0, result["expires_at"] - time.time())
+    emit(args, result, f"Forgot fact {args.id} and its history.\n"
+                       + _undo_hint(args, result["undo_token"], seconds))
 
 
 def memories_pin(client: MemoryClient, args: argparse.Namespace) -> None:
@@ -130,7 +134,10 @@ def memories_import(client: MemoryClient, args: argparse.Namespace) -> None:
                + ("with no text" if reason == "no_text" else f"with role {reason}")
                for reason, n in result.get("ignored", {}).items() if n]
     left_out = f"; left out: {', '.join(ignored)}" if ignored else ""
-    emit(args, result, f"Imported {_counted(result['added'])}; already there: "
+    updated = result.get("updated", {})
+    newer = f"; updated to the file's newer version: {_counted(updated)}" if any(
+        updated.values()) else ""
+    emit(args, result, f"Imported {_counted(result['added'])}{newer}; already there: "
                        f"{_counted(result['skipped'])}{left_out}.")
 
 
@@ -142,8 +149,21 @@ def memories_clear(client: MemoryClient, args: argparse.Namespace) -> None:
     seconds = receipt["expires_at"] - receipt["created_at"]
     removed = receipt["removed"]
     shown = {kind: removed.get(kind, 0) for kind in ("turns", "facts", "summaries", "profile")}
-    emit(args, receipt, f"Cleared {_counted(shown)}. Undo within {seconds:.0f} s:"
-                        f" memproxy memories undo --token={receipt['undo_token']}")
+    emit(args, receipt, f"Cleared {_counted(shown)}. "
+                        + _undo_hint(args, receipt["undo_token"], seconds))
+
+
+def _undo_hint(args: argparse.Namespace, token: str, seconds: float) -> str:
+    """The command that undoes, for the same memproxy and the same user or organisation: a
+    token works only for the memory it came from (404 for anyone else's)."""
+    words = ["memproxy", "memories", "undo"]
+    for option in ("url", "user", "org"):
+        if getattr(args, option):
+            words += [f"--{option}", getattr(args, option)]
+    words.append(f"--token={token}")
+    # The key itself is not printed back (a terminal's scrollback outlives it).
+    key = " with the same --key" if args.key else ""
+    return f"Undo within {seconds:.0f} s{key}: {shlex.join(words)}"
 
 
 def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
@@ -180,8 +200,9 @@ def sessions_show(client: MemoryClient, args: argparse.Namespace) -> None:
         if not page["has_more"]:
             break
         params["cursor"] = page["next_cursor"]
-    lines = [f"Session {session['session_id']}: {session['turns']} turns, {session['facts']} "
-             f"facts, last active {when(session['last_active'])}", ""]
+    lines = [f"Session {session['session_id']}: {count(session['turns'], 'turn')}, "
+             f"{count(session['facts'], 'fact')}, last active {when(session['last_active'])}",
+             ""]
     for turn in turns:
         speaker = turn["name"] or turn["role"]
         lines.append(f"[{when(turn['created_at'])}] {speaker}: {turn['content']}")
@@ -192,8 +213,9 @@ def sessions_delete(client: MemoryClient, args: argparse.Namespace) -> None:
     """Delete a session and what was learned only from it."""
     result = client.call("DELETE", f"/sessions/{quote(args.session_id, safe='')}")
     removed = result["removed"]
-    emit(args, result, f"Deleted session {args.session_id}: {removed['turns']} turns, "
-                       f"{removed['summaries']} summaries, {removed['fact_versions']} fact versions.")
+    emit(args, result, f"Deleted session {args.session_id}: {count(removed['turns'], 'turn')}, "
+                       f"{count(removed['summaries'], 'summary', 'summaries')}, "
+                       f"{count(removed['fact_versions'], 'fact version')}.")
 
 
 def stats_show(client: MemoryClient, args: argparse.Namespace) -> None:

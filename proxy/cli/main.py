@@ -5,6 +5,8 @@ running server (proxy/cli/memory.py), and `keys` (proxy/cli/keys.py)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.metadata
 import os
 import signal
 import socket
@@ -13,18 +15,31 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from config import SettingsError, load_settings
+from config import Settings, SettingsError, load_settings
 from config.settings import unknown_env_warnings
 from proxy.access.exposure import start_refusal
 from proxy.cli import keys as cli_keys
 from proxy.cli import memory as cli_memory
+from proxy.cli.render import count
+
+if TYPE_CHECKING:
+    from memory import MigrateResult
+
+
+DESCRIPTION = """An OpenAI-compatible proxy that gives any chat application long-term memory.
+`memproxy serve` runs it; the other commands manage a running one (memories, sessions,
+stats, usage, keys, mcp) or its data directory (backup, migrate). `memproxy COMMAND -h`
+says more; docs/ has every page."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(prog="memproxy", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="memproxy", description=DESCRIPTION)
+    parser.add_argument("--version", action="version",
+                        version=f"memproxy {importlib.metadata.version('memproxy')}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
@@ -47,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mcp", help="speak MCP on stdin/stdout, forwarding to a running memproxy's /mcp"
     )
     mcp.add_argument("--url", help="memproxy's address (MEMPROXY_URL, default http://127.0.0.1:8080)")
-    mcp.add_argument("--key", help="a proxy key (MEMPROXY_API_KEY)")
+    mcp.add_argument("--key", help="a proxy key (MEMPROXY_KEY)")
     mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
     mcp.add_argument("--session", help="X-Memory-Session-Id for what is added")
     cli_memory.add_commands(commands)
@@ -57,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `memproxy` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `memproxy`: what it can do, not an error
+        parser.print_help()
+        return 0
     if args.command == "serve":
         return serve(args)
     if args.command == "backup":
@@ -86,9 +105,9 @@ def backup_command(args: argparse.Namespace) -> int:
     except (SettingsError, BackupError, OSError) as exc:
         print(f"memproxy: backup failed: {exc}", file=sys.stderr)
         return 1
-    print(f"Backed up {done.turns} turns ({done.size / 1e6:.1f} MB) to {done.path} in"
+    print(f"Backed up {count(done.turns, 'turn')} ({done.size / 1e6:.1f} MB) to {done.path} in"
           f" {done.seconds:.1f} s. A server started on it (MEMPROXY_DATA_DIR={args.dest})"
-          f" rebuilds the vector index first: {done.rebuild_jobs} queued jobs.")
+          f" rebuilds the vector index first: {count(done.rebuild_jobs, 'queued job')}.")
     return 0
 
 
@@ -96,7 +115,11 @@ def migrate_command(args: argparse.Namespace) -> int:
     """Copy MEMPROXY_DATA_DIR's memory into PostgreSQL (memory/admin/migrate.py)."""
     from memory import CopiedBatch, MigrateError, migrate
 
+    copied = 0
+
     def progress(batch: CopiedBatch) -> None:
+        nonlocal copied
+        copied += batch.inserted
         print(f"  {batch.table}: {batch.inserted} of {batch.rows} new", file=sys.stderr)
 
     try:
@@ -109,21 +132,46 @@ def migrate_command(args: argparse.Namespace) -> int:
         done = migrate(settings, args.dest_url, chroma_url=args.chroma_url,
                        batch_size=max(1, args.batch_size), on_batch=progress)
     except (SettingsError, MigrateError, OSError) as exc:
-        print(f"memproxy: migrate failed: {exc} (what was copied stays; run it again to go"
-              " on)", file=sys.stderr)
+        kept = (f" ({copied} rows and vectors copied stay; run it again to go on)" if copied
+                else "")
+        print(f"memproxy: migrate failed: {exc}{kept}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("memproxy: migrate interrupted; run it again to go on", file=sys.stderr)
         return 130
-    print(f"{'TABLE':<16} {'SOURCE':>9} {'DEST':>9} {'COPIED':>9}")
-    for table, count in done.source_rows.items():
-        print(f"{table:<16} {count:>9} {done.dest_rows[table]:>9} {done.copied_rows[table]:>9}")
-    for collection, count in done.copied_vectors.items():
-        print(f"vectors {collection}: {count} copied")
+    print(_copied_table(done))
     print(f"Done in {done.seconds:.1f} s. Start memproxy with MEMPROXY_DATABASE_URL=DEST_URL"
           + (f" and MEMPROXY_CHROMA_URL={args.chroma_url}." if args.chroma_url else
              f" and the same MEMPROXY_DATA_DIR={settings.data_dir} (its embedded Chroma)."))
     return 0
+
+
+def _copied_table(done: MigrateResult) -> str:
+    """What migrate copied, as columns as wide as their longest value."""
+    rows = [["TABLE", "SOURCE", "DEST", "COPIED"]]
+    rows += [[table, str(count), str(done.dest_rows[table]), str(done.copied_rows[table])]
+             for table, count in done.source_rows.items()]
+    rows += [[f"vectors {collection}", "", "", str(count)]
+             for collection, count in done.copied_vectors.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join([row[0].ljust(widths[0]), *(v.rjust(w) for v, w in zip(row[1:], widths[1:],
+                                                                          strict=True))]).rstrip()
+        for row in rows
+    )
+
+
+def _stores_answer(settings: Settings) -> str | None:
+    """Why PostgreSQL or the Chroma server will not do, in one line (None: they answer)."""
+    if not (settings.database_url or settings.chroma_url):
+        return None
+    from memory import CannotOpen, check_stores
+
+    try:
+        asyncio.run(check_stores(settings))
+    except CannotOpen as exc:
+        return str(exc)
+    return None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -159,6 +207,9 @@ def serve(args: argparse.Namespace) -> int:
     if (refusal := start_refusal(settings)) is not None:
         print(f"memproxy: {refusal}", file=sys.stderr)
         return 2
+    if problem := _stores_answer(settings):
+        print(f"memproxy: cannot start: {problem}", file=sys.stderr)
+        return 1
     # uvicorn re-raises the SIGTERM that stopped it once its graceful shutdown is done, which
     # would end a clean drain as "killed by a signal" (143); a finished shutdown exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)

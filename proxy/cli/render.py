@@ -24,6 +24,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, flex: int
     return "\n".join(line.rstrip() for line in lines)
 
 
+def count(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` and its noun, singular for one: "1 fact", "2 facts", "0 summaries"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def when(timestamp: float | None) -> str:
     """A unix time as local `YYYY-MM-DD HH:MM`."""
     if timestamp is None:

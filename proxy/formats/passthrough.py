@@ -113,7 +113,7 @@ async def relay(
         if too_large:  # the upload outgrew the limit on its way: 413, not a failed upstream
             raise too_large[0] from None
         raise
-    await raise_for_status(upstream)
+    await raise_for_status(upstream, url)
     body, on_done = upstream.aiter_raw(), None
     content_type = upstream.headers.get("content-type", "")
     if sent is not None and tally is not None:

@@ -154,11 +154,12 @@ class UpstreamConnectTimeout(UpstreamTimeout):
 class UpstreamStatus(UpstreamError):
     """The upstream answered with an error status; its body goes back as it was."""
 
-    def __init__(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+    def __init__(self, status: int, body: bytes, headers: dict[str, str], *, hint: str = "") -> None:
         super().__init__(f"upstream returned {status}", code="upstream_status")
         self.status = status
         self.body = body
         self.headers = headers
+        self.hint = hint  # memproxy's own guess at the cause, added to the upstream's message
 
     def to_response(self) -> Response:
         """The upstream's own error body, in OpenAI's envelope when it was not already."""
@@ -167,8 +168,14 @@ class UpstreamStatus(UpstreamError):
         except orjson.JSONDecodeError:
             parsed = None
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            return Response(self.body, self.status, self.headers, media_type="application/json")
+            if not self.hint or not isinstance(parsed["error"].get("message"), str):
+                return Response(self.body, self.status, self.headers, media_type="application/json")
+            parsed["error"]["message"] += f" ({self.hint})"
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
+            return error_response(self.status, parsed, headers)
         text = self.body.decode("utf-8", "replace").strip()[:2000] or self.message
+        if self.hint:
+            text += f" ({self.hint})"
         envelope = {"error": {"message": text, "type": _type_for(self.status),
                               "param": None, "code": "upstream_status"}}
         headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}

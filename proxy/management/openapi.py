@@ -198,6 +198,8 @@ SCHEMAS: dict[str, Any] = {
             "object": {"type": "string"}, "records": {"type": "integer"},
             "restored": {"type": "boolean"},
             "added": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "updated": {"type": "object", "additionalProperties": {"type": "integer"},
+                        "description": "Stored fact versions that took a newer file's state."},
             "skipped": {"type": "object", "additionalProperties": {"type": "integer"},
                         "description": "Records already there, by kind."},
             "ignored": {

@@ -1,7 +1,9 @@
 """POST /v1/memory/search: exactly what would be injected for a query, with scores and sources.
 
 It runs the same recall a chat request runs (a synthetic one-message conversation), so the
-block, items and token count are what the model would see; no model is called.
+block, items and token count are what the model would see; no model is called. Without the
+embedding model (the degraded mode /readyz reports) there is nothing to search with: a 503
+that says so, where a chat goes through without memory (docs/memory-api.md).
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import RecallRequest
-from proxy.http.errors import InvalidRequest
+from memory import EmbeddingModelMissing, MemoryEngine, Recalled, RecallRequest
+from proxy.http.errors import InvalidRequest, MemoryUnavailable
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.bodies import SearchQuery
 from proxy.management.inputs import json_body
@@ -28,7 +30,7 @@ async def search(request: Request, who: Caller) -> Response:
         raise InvalidRequest("scope session needs a session_id", param="session_id")
     model = body.model or DEFAULT_MODEL
     budget = who.settings.memory_budget if body.budget is None else body.budget
-    recalled = await who.memory.recall(RecallRequest(
+    recalled = await searched(who.memory, RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
         None if who.shared else who.org_id, rerank=who.settings.rerank != "off",
     ))
@@ -37,3 +39,18 @@ async def search(request: Request, who: Caller) -> Response:
         "session_id": session_id, "scope": scope, "budget": budget, "model": model,
         **recalled.as_dict(),
     })
+
+
+async def searched(memory: MemoryEngine, request: RecallRequest) -> Recalled:
+    """Recall for a search (this route, MCP's search_memory); MemoryUnavailable (503) when
+    the embedding model is missing, with what /readyz says and the fix."""
+    try:
+        return await memory.recall(request)
+    except EmbeddingModelMissing as exc:
+        detail = str(exc).removeprefix("the embedding model is unavailable: ")
+        raise MemoryUnavailable(
+            f"memory search needs the embedding model, which is unavailable: {detail}."
+            " /readyz reports it under \"embeddings\"; chats go on without memory until"
+            " MEMPROXY_EMBEDDING_MODEL_DIR names a folder holding the model and memproxy"
+            " restarts"
+        ) from exc

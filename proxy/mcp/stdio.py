@@ -9,6 +9,7 @@ command sends, never anything the local client says.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -22,7 +23,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
 from mcp_types import CLIENT_INFO_META_KEY
 
 from proxy.mcp.caller import FORWARDED_CLIENT_META_KEY
@@ -35,20 +35,70 @@ TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 def run(args: argparse.Namespace) -> int:
     """Serve until stdin closes; 1 when the server cannot be reached."""
     url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
-    key = args.key or os.environ.get("MEMPROXY_API_KEY") or os.environ.get("MEMPROXY_KEY")
+    key = args.key or os.environ.get("MEMPROXY_KEY")
+    if not key and os.environ.get("MEMPROXY_API_KEY"):
+        # The name this command read before the others' MEMPROXY_KEY; still read, for now.
+        key = os.environ["MEMPROXY_API_KEY"]
+        print("memproxy mcp: warning: MEMPROXY_API_KEY is deprecated, name the key"
+              " MEMPROXY_KEY as the other commands do", file=sys.stderr)
     headers = {name: value for name, value in (
         ("Authorization", f"Bearer {key}" if key else None),
         ("X-Memory-User-Id", args.user), ("X-Memory-Session-Id", args.session),
     ) if value}
+    # The SDK logs what it could not parse with a traceback; the failure is said once, below.
+    logging.getLogger("mcp").setLevel(logging.CRITICAL)
     try:
         anyio.run(bridge, f"{url}/mcp", headers)
-    except MCPError as exc:
-        print(f"memproxy mcp: {url}/mcp refused: {exc.message}", file=sys.stderr)
-        return 1
-    except (OSError, httpx2.HTTPError) as exc:
-        print(f"memproxy mcp: cannot reach memproxy at {url}: {exc}", file=sys.stderr)
+    except Exception as exc:  # the SDK's task groups wrap the reason in ExceptionGroups
+        print(f"memproxy mcp: {why_not(url, headers, exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def why_not(url: str, headers: Mapping[str, str], exc: Exception) -> str:
+    """One line for a bridge that could not start: what the server at `url` answered, or
+    why it could not be reached, and what to change."""
+    reasons = list(_leaves(exc))
+    unreachable = [e for e in reasons if isinstance(e, (OSError, httpx2.TransportError))]
+    if unreachable:
+        return (f"cannot reach memproxy at {url} ({unreachable[0]}): is it running there?"
+                " Check --url (MEMPROXY_URL)")
+    # The MCP client says only "Server returned an error response": ask once more, plainly,
+    # to read the status and the server's own message.
+    try:
+        answer = httpx2.post(f"{url}/mcp", headers={**headers, **_PLAIN}, json=_PING,
+                             timeout=TIMEOUT)
+    except httpx2.HTTPError as probe:
+        return f"cannot reach memproxy at {url} ({probe}): check --url (MEMPROXY_URL)"
+    fix = _FIXES.get(answer.status_code, "")
+    if url.endswith(("/v1", "/mcp")):  # memproxy relays /v1/* upstream: any answer may come
+        fix = _FIXES[404]
+    if not answer.is_error:
+        first = str(getattr(reasons[0], "message", reasons[0])) if reasons else str(exc)
+        return f"{url}/mcp failed: {(first.splitlines() or [''])[0][:200]}{fix}"
+    return f"{url}/mcp answered {answer.status_code} {_message(answer)}{fix}"
+
+
+_PLAIN = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+_PING = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
+_FIXES = {
+    401: "; give a proxy key with --key or MEMPROXY_KEY",
+    403: "; this key may not use that memory: check --key and --user",
+    404: "; --url (MEMPROXY_URL) is memproxy's own address, without /v1 or /mcp",
+}
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _message(answer: httpx2.Response) -> str:
+    try:
+        return str(answer.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return answer.reason_phrase
 
 
 async def bridge(url: str, headers: Mapping[str, str]) -> None:

@@ -29,6 +29,7 @@ from proxy.access.decision import decide
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.inputs import choice, flag, number, text
+from proxy.management.search import searched
 from proxy.mcp.caller import McpCaller
 from proxy.mcp.schemas import KINDS, MAX_LIST_PAGE, MAX_QUERY_CHARS, MAX_TTL_DAYS, TOOLS
 
@@ -59,7 +60,7 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
         raise InvalidRequest("scope session needs a session_id", param="session_id")
     budget = who.settings.memory_budget if budget is None else budget
     decide(who.principal, who.settings, user_id=who.user_id, org_id=who.org_id, action="read")
-    recalled = await who.memory.recall(RecallRequest(
+    recalled = await searched(who.memory, RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], SEARCH_MODEL,
         budget, scope, who.org_id, rerank=who.settings.rerank != "off",
     ))

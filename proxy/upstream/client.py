@@ -25,6 +25,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -204,7 +205,7 @@ class Upstream:
         for attempt in range(retries + 1):
             try:
                 response = await self.open(method, url, headers, content)
-                await raise_for_status(response)
+                await raise_for_status(response, url)
                 return response
             except ProxyError as exc:
                 delay = retry_delay(exc, attempt) if attempt < retries else None
@@ -290,15 +291,29 @@ def retry_after(headers: dict[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def raise_for_status(response: UpstreamReply) -> None:
-    """Turn an upstream error status into UpstreamStatus, keeping its body."""
+async def raise_for_status(response: UpstreamReply, url: str | None = None) -> None:
+    """Turn an upstream error status into UpstreamStatus, keeping its body; `url`, what
+    was asked, lets a 404 say what is likely wrong with the base URL."""
     if response.status_code < 400:
         return
     try:
         body = await read_body(response, limit=MAX_ERROR_BODY)
     finally:
         await response.aclose()
-    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()))
+    hint = version_hint(url) if url is not None and response.status_code == 404 else ""
+    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()),
+                         hint=hint)
+
+
+def version_hint(url: str) -> str:
+    """For a 404: a base URL without its API version (…:11434 for …:11434/v1) is the
+    usual cause, and the upstream's own 404 never says so (docs/api-formats.md)."""
+    path = urlsplit(url).path
+    if re.search(r"/v\d", path):
+        return ""
+    return (f"memproxy asked {path}: an OpenAI-compatible upstream's base URL usually ends"
+            " with its version, such as /v1 (MEMPROXY_UPSTREAM_BASE_URL, or the route's"
+            " base_url)")
 
 
 async def read_body(response: UpstreamReply, *, limit: int | None = None) -> bytes:
