@@ -191,7 +191,7 @@ def test_inspector_sessions_metrics_and_clear_all(browser: Browser, panel_proxy:
     clear.click()
     dialog = page.get_by_role("dialog")
     expect(dialog).to_contain_text("This removes 4 facts, 4 turns in 2 sessions.")
-    expect(dialog).to_contain_text("undo it for 10 seconds")
+    expect(dialog).to_contain_text("undo it for 60 seconds")
     dialog.get_by_role("button", name="Clear all").click()
     undo_bar = page.locator("#undo-bar")
     expect(undo_bar).to_contain_text("Cleared 4 facts, 4 turns and 2 sessions.")
