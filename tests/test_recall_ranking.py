@@ -99,6 +99,25 @@ def test_fusion_scales_each_signal_over_the_query() -> None:
     assert only.signals["dense"] == 1.0
 
 
+def test_the_users_own_turns_rank_above_the_models_replies() -> None:
+    def said(key: str, role: str, name: str = "", dense: float = 0.0) -> Candidate:
+        return Candidate(key, "s", T0, f"text {key}", speaker=name or role, role=role,
+                         dense=dense)
+
+    candidates = {c.key: c for c in [
+        said("reply", "assistant", dense=0.60), said("plan", "user", dense=0.55),
+        said("named", "user", "Ana", dense=0.58), said("posing", "assistant", "user", dense=0.5),
+    ]}
+    ranked = fuse(candidates, Weights(), session_id="other", query_identifiers=set(), now=T0)
+    # The user's own unnamed message is lifted past the model's better-matching reply; a
+    # named speaker (chat between people) and a reply that names itself "user" are not.
+    assert [c.key for c in ranked] == ["plan", "reply", "named", "posing"]
+    assert [c.signals["user"] for c in ranked] == [1.0, 0.0, 0.0, 0.0]
+    plain = fuse(candidates, Weights(user=0.0), session_id="other", query_identifiers=set(),
+                 now=T0)
+    assert [c.key for c in plain] == ["reply", "named", "plan", "posing"]
+
+
 def test_context_lifts_the_turns_next_to_a_strong_match() -> None:
     ranked = [candidate("q"), candidate("x"), candidate("y")]
     for c, score in zip(ranked, (2.0, 1.0, 0.9), strict=True):

@@ -238,3 +238,10 @@ class MemorySettings(ServingSettings):
         "best items, scaled to the best session's); 0 turns this off.",
         min=0.0,
     )
+    weight_user: float = setting(
+        1.2,
+        "Fusion weight of the user's own turns (role user, no name): with a model they state "
+        "the user's facts and plans, which the model's replies only elaborate on; 0 turns "
+        "this off.",
+        min=0.0,
+    )

@@ -113,7 +113,9 @@ def unshown(
 
 
 def score_ceiling(weights: Weights) -> float:
-    """The largest fused score the weights allow without context (each signal is in [0, 1])."""
+    """The largest fused score the weights allow without context (each signal is in [0, 1]),
+    the user-turn weight aside: it lets the user's own turns past a cut as it lifts them in
+    the ranking."""
     return (weights.dense + weights.bm25 + weights.identifier + weights.recency
             + weights.session + weights.conversation)
 

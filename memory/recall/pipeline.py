@@ -349,6 +349,7 @@ class RecallPipeline:
             found.dense, found.bm25 = max(found.dense, dense_score), max(found.bm25, bm25)
             if row.name and found.speaker in TURN_ROLES:
                 found.key, found.turn_id, found.speaker = f"c{row.id}", row.turn_id, row.name
+                found.role = row.role
                 found.session_id, found.created_at = row.session_id, row.created_at
         return {c.key: c for c in by_text.values()}
 
@@ -381,7 +382,7 @@ class RecallPipeline:
 def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
     return Candidate(
         f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
-        turn_id=row.turn_id, dense=dense, bm25=bm25,
+        turn_id=row.turn_id, dense=dense, bm25=bm25, role=row.role,
     )
 
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 CONTEXT_SEEDS = 30
 # How many of a session's best items make its score (see `add_conversation`).
 CONVERSATION_ITEMS = 3
+# The role, and speaker, of the user's own messages in a conversation with the model: those
+# carry no name (see `fuse`).
+USER = "user"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Weights:
     half_life_days: float = 30.0
     context: float = 0.4
     conversation: float = 0.4
+    user: float = 1.2
 
 
 @dataclass
@@ -36,6 +40,8 @@ class Candidate:
     text: str
     speaker: str = ""
     turn_id: int = 0
+    # The message's role (user or assistant); `speaker` is its name when it has one.
+    role: str = ""
     dense: float = 0.0
     bm25: float = 0.0
     signals: dict[str, float] = field(default_factory=dict)
@@ -58,6 +64,12 @@ def fuse(
     cosines of a small model crowd into a narrow band and BM25 is unbounded, so only their
     order within the query carries meaning. A candidate one search did not return gets 0
     from it. Recency halves every half-life.
+
+    The user's own turns (speaker `user`: a message of role user without a name) get the
+    `user` weight. With a model, the user's messages state the facts of their project and
+    plans and are said once, while the model's long replies elaborate on them and match
+    many questions weakly; chat between named people (every turn carries a name) is left as
+    it is (docs/memory.md, "Recall").
     """
     dense = _scaled({key: c.dense for key, c in candidates.items()})
     bm25 = _scaled({key: c.bm25 for key, c in candidates.items()})
@@ -71,13 +83,15 @@ def fuse(
             "identifier": round(ident, 4),
             "recency": round(recency, 4),
             "session": 1.0 if c.session_id == session_id else 0.0,
+            "user": 1.0 if c.role == c.speaker == USER else 0.0,
         }
         c.score = round(
             weights.dense * c.signals["dense"]
             + weights.bm25 * c.signals["bm25"]
             + weights.identifier * c.signals["identifier"]
             + weights.recency * c.signals["recency"]
-            + weights.session * c.signals["session"],
+            + weights.session * c.signals["session"]
+            + weights.user * c.signals["user"],
             6,
         )
     return _best_first(candidates.values())
