@@ -239,9 +239,9 @@ class MemorySettings(ServingSettings):
         min=0.0,
     )
     weight_user: float = setting(
-        1.2,
-        "Fusion weight of the user's own turns (role user, no name): with a model they state "
-        "the user's facts and plans, which the model's replies only elaborate on; 0 turns "
-        "this off.",
+        0.6,
+        "Added to the score of the user's own turns (role user, no name) after fusion: with a "
+        "model they state the user's facts and plans, which the model's replies only "
+        "elaborate on; a later block's relevance cut leaves it out. 0 turns this off.",
         min=0.0,
     )

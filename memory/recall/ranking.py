@@ -11,7 +11,7 @@ CONTEXT_SEEDS = 30
 # How many of a session's best items make its score (see `add_conversation`).
 CONVERSATION_ITEMS = 3
 # The role, and speaker, of the user's own messages in a conversation with the model: those
-# carry no name (see `fuse`).
+# carry no name (see `lift_user`).
 USER = "user"
 
 
@@ -27,7 +27,7 @@ class Weights:
     half_life_days: float = 30.0
     context: float = 0.4
     conversation: float = 0.4
-    user: float = 1.2
+    user: float = 0.6
 
 
 @dataclass
@@ -64,12 +64,6 @@ def fuse(
     cosines of a small model crowd into a narrow band and BM25 is unbounded, so only their
     order within the query carries meaning. A candidate one search did not return gets 0
     from it. Recency halves every half-life.
-
-    The user's own turns (speaker `user`: a message of role user without a name) get the
-    `user` weight. With a model, the user's messages state the facts of their project and
-    plans and are said once, while the model's long replies elaborate on them and match
-    many questions weakly; chat between named people (every turn carries a name) is left as
-    it is (docs/memory.md, "Recall").
     """
     dense = _scaled({key: c.dense for key, c in candidates.items()})
     bm25 = _scaled({key: c.bm25 for key, c in candidates.items()})
@@ -83,15 +77,13 @@ def fuse(
             "identifier": round(ident, 4),
             "recency": round(recency, 4),
             "session": 1.0 if c.session_id == session_id else 0.0,
-            "user": 1.0 if c.role == c.speaker == USER else 0.0,
         }
         c.score = round(
             weights.dense * c.signals["dense"]
             + weights.bm25 * c.signals["bm25"]
             + weights.identifier * c.signals["identifier"]
             + weights.recency * c.signals["recency"]
-            + weights.session * c.signals["session"]
-            + weights.user * c.signals["user"],
+            + weights.session * c.signals["session"],
             6,
         )
     return _best_first(candidates.values())
@@ -144,6 +136,22 @@ def add_context(
             c.signals["context"] = round(extra, 4)
             c.score = round(c.score + extra, 6)
     return _best_first(everyone.values())
+
+
+def lift_user(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
+    """Lift the user's own turns (a message of role user without a name) by `weight`, and
+    re-rank.
+
+    With a model, the user's messages state the facts of their project and plans once,
+    while the model's long replies elaborate on them and match many questions weakly; chat
+    between named people (every turn carries a name) is left as it is (docs/memory.md,
+    "Recall"). It comes last, so a session's score and a neighbour's share are of what
+    matched, and a later block's relevance cut can leave it out (outcome.new_relevant).
+    """
+    for c in ranked:
+        c.signals["user"] = 1.0 if c.role == c.speaker == USER else 0.0
+        c.score = round(c.score + weight * c.signals["user"], 6)
+    return _best_first(ranked)
 
 
 def _scaled(values: Mapping[str, float]) -> dict[str, float]:
