@@ -50,6 +50,21 @@ def test_a_long_item_is_cut_to_the_run_that_holds_the_words() -> None:
     assert excerpt(short, terms, cap=200) is short
 
 
+def test_a_reply_of_the_model_gets_half_the_cap() -> None:
+    terms = query_terms({"sprint": 12, "deadline": 3})
+    deadline = "The deadline for the demo is April 15."
+    text = " ".join([*FILLER[:3], ANSWER, deadline, *FILLER[3:]])
+    both = f"{ANSWER} {deadline}"
+    said = {role: Candidate("c1", "s", 0.0, text, role, dense=0.4, role=role)
+            for role in ("user", "assistant")}
+    # Both sentences fit in 200 characters; a reply of the model gets 100: the rarer word's.
+    assert excerpt(said["user"], terms, cap=200).text == both
+    assert excerpt(said["assistant"], terms, cap=200).text == deadline
+    # A named speaker (chat between people) gets the whole cap.
+    named = Candidate("c1", "s", 0.0, text, "Bo", dense=0.4, role="assistant")
+    assert excerpt(named, terms, cap=200).text == both
+
+
 def test_the_same_code_twice_is_packed_once() -> None:
     terms = query_terms({"summary": 3})
     asked = Candidate("c1", "s", 0.0, "Here is my monthly summary:\n" + CODE, "user", bm25=1.0)

@@ -13,7 +13,14 @@ import pytest
 from memory.recall.block import FACTS_HEADING, TURNS_HEADING, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
 from memory.recall.query import for_embedding
-from memory.recall.ranking import Candidate, Weights, add_context, add_conversation, fuse
+from memory.recall.ranking import (
+    Candidate,
+    Weights,
+    add_context,
+    add_conversation,
+    fuse,
+    lift_user,
+)
 from memory.recall.render import CLOSE, OPEN, SAME_DAY, Entry, pack
 from memory.storage import migrations
 from memory.storage.fts import owner_token, session_token
@@ -97,6 +104,24 @@ def test_fusion_scales_each_signal_over_the_query() -> None:
     (only,) = fuse({"x": candidate("x", dense=0.3)}, Weights(), session_id="s",
                    query_identifiers=set(), now=T0)
     assert only.signals["dense"] == 1.0
+
+
+def test_the_users_own_turns_rank_above_the_models_replies() -> None:
+    def said(key: str, role: str, name: str = "", dense: float = 0.0) -> Candidate:
+        return Candidate(key, "s", T0, f"text {key}", speaker=name or role, role=role,
+                         dense=dense)
+
+    candidates = {c.key: c for c in [
+        said("reply", "assistant", dense=0.60), said("plan", "user", dense=0.55),
+        said("named", "user", "Ana", dense=0.58), said("posing", "assistant", "user", dense=0.5),
+    ]}
+    ranked = fuse(candidates, Weights(), session_id="other", query_identifiers=set(), now=T0)
+    assert [c.key for c in ranked] == ["reply", "named", "plan", "posing"]
+    # The user's own unnamed message is lifted past the model's better-matching reply; a
+    # named speaker (chat between people) and a reply that names itself "user" are not.
+    lifted = lift_user(ranked, Weights().user)
+    assert [c.key for c in lifted] == ["plan", "reply", "named", "posing"]
+    assert [c.signals["user"] for c in lifted] == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_context_lifts_the_turns_next_to_a_strong_match() -> None:

@@ -238,3 +238,10 @@ class MemorySettings(ServingSettings):
         "best items, scaled to the best session's); 0 turns this off.",
         min=0.0,
     )
+    weight_user: float = setting(
+        0.6,
+        "Added to the score of the user's own turns (role user, no name) after fusion: with a "
+        "model they state the user's facts and plans, which the model's replies only "
+        "elaborate on; a later block's relevance cut leaves it out. 0 turns this off.",
+        min=0.0,
+    )

@@ -7,7 +7,8 @@ than the cap is shown as an excerpt: the run of its sentences (lines, in code) t
 most of the query's words, rarer words counting more, within the cap, marked as cut where it
 was. A neighbour lifted only for context (it matched nothing itself) gets half the cap, from
 its start: a short question that matches should not bring in the first screen of the long
-reply after it. Short items, as in chat between people, are shown whole.
+reply after it. A reply of the model gets half of that again (REPLY_SHARE), so the block holds
+more items. Short items, as in chat between people, are shown whole.
 
 Then near-duplicates go: an item whose long lines are mostly in an item ranked above it (the
 user's code, then the assistant's copy of it) is dropped, so the budget holds it once.
@@ -36,6 +37,11 @@ EXCERPTED = 48
 WHOLE_UNIT = 2
 # A neighbour that matched nothing itself gets this share of the cap.
 CONTEXT_SHARE = 0.5
+# A reply of the model (role assistant, no name) gets this share of the cap: it elaborates on
+# what the user said, and the sentence that matches is what a later question needs of it;
+# the user's own turns, which state the facts, get the whole cap.
+REPLY_SHARE = 0.5
+MODEL = "assistant"
 # Lines at least this long (whitespace squashed) are compared to find near-duplicates, and
 # an item whose such lines are at least this share already shown is dropped.
 DUPLICATE_LINE_CHARS = 24
@@ -106,6 +112,8 @@ def excerpt(candidate: Candidate, terms: Terms, cap: int) -> Candidate:
     text = candidate.text.strip()
     matched = candidate.dense > 0 or candidate.bm25 > 0
     limit = cap if matched else int(cap * CONTEXT_SHARE)
+    if candidate.role == candidate.speaker == MODEL:
+        limit = int(limit * REPLY_SHARE)
     if len(text) <= limit:
         return candidate
     hits = list(terms.pattern.finditer(text)) if matched and terms.pattern else []

@@ -113,14 +113,15 @@ def unshown(
 
 
 def score_ceiling(weights: Weights) -> float:
-    """The largest fused score the weights allow without context (each signal is in [0, 1])."""
+    """The largest fused score the weights allow without context (each signal is in [0, 1]),
+    the user-turn weight aside: it ranks, it does not say that a turn matches (new_relevant)."""
     return (weights.dense + weights.bm25 + weights.identifier + weights.recency
             + weights.session + weights.conversation)
 
 
 def new_relevant(
     learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str],
-    cut: float, similarity: float = 0.0,
+    cut: float, similarity: float = 0.0, user_weight: float = 0.0,
 ) -> tuple[Learned, list[Candidate]]:
     """What a later block of a stable injection may carry: the items `packed` chose that the
     earlier blocks do not show (`unshown`), when the best of them by meaning has a raw cosine
@@ -132,7 +133,9 @@ def new_relevant(
     high. The raw cosine is on one scale for every query (the same model embeds both), so
     it is the gate: a question about something memory does not hold finds nothing new that
     close, and adds no block, where a fixed share would have been filled anyway. The cut
-    then keeps, of a gated-in delta, the items the signals agree on.
+    then keeps, of a gated-in delta, the items the signals agree on. A turn's lift for being
+    the user's own (`user_weight`, ranking.lift_user) does not count towards the cut: it would let
+    any new turn of the user's in.
     """
     new, turns = unshown(learned, ranked, packed, shown)
     if similarity > 0:
@@ -146,7 +149,7 @@ def new_relevant(
         return [i for i in items if i.score >= cut]
 
     return Learned(kept(new.facts), kept(new.summaries), new.profile, kept(new.shared)), [
-        c for c in turns if c.score >= cut
+        c for c in turns if c.score - user_weight * c.signals.get("user", 0.0) >= cut
     ]
 
 

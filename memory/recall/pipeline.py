@@ -49,6 +49,7 @@ from memory.recall.ranking import (
     add_context,
     add_conversation,
     fuse,
+    lift_user,
 )
 from memory.recall.rerank import Reranker, RerankReport
 from memory.recall.speakers import SpeakerQuery
@@ -264,6 +265,8 @@ class RecallPipeline:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
             ranked = await self._with_context(request.user_id, present, ranked)
+        if self.weights.user:
+            ranked = lift_user(ranked, self.weights.user)
         return ranked
 
     async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
@@ -288,7 +291,8 @@ class RecallPipeline:
             add = request.budget if request.add_budget is None else request.add_budget
             cut = request.relevance * score_ceiling(self.weights)
             learned, ranked = new_relevant(
-                learned, ranked, packed, request.shown, cut, request.similarity
+                learned, ranked, packed, request.shown, cut, request.similarity,
+                self.weights.user,
             )
             packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share,
                                  later=True)
@@ -349,6 +353,7 @@ class RecallPipeline:
             found.dense, found.bm25 = max(found.dense, dense_score), max(found.bm25, bm25)
             if row.name and found.speaker in TURN_ROLES:
                 found.key, found.turn_id, found.speaker = f"c{row.id}", row.turn_id, row.name
+                found.role = row.role
                 found.session_id, found.created_at = row.session_id, row.created_at
         return {c.key: c for c in by_text.values()}
 
@@ -381,7 +386,7 @@ class RecallPipeline:
 def _candidate(row: ChunkRow, dense: float, bm25: float) -> Candidate:
     return Candidate(
         f"c{row.id}", row.session_id, row.created_at, row.text, speaker=row.name or row.role,
-        turn_id=row.turn_id, dense=dense, bm25=bm25,
+        turn_id=row.turn_id, dense=dense, bm25=bm25, role=row.role,
     )
 
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 CONTEXT_SEEDS = 30
 # How many of a session's best items make its score (see `add_conversation`).
 CONVERSATION_ITEMS = 3
+# The role, and speaker, of the user's own messages in a conversation with the model: those
+# carry no name (see `lift_user`).
+USER = "user"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Weights:
     half_life_days: float = 30.0
     context: float = 0.4
     conversation: float = 0.4
+    user: float = 0.6
 
 
 @dataclass
@@ -36,6 +40,8 @@ class Candidate:
     text: str
     speaker: str = ""
     turn_id: int = 0
+    # The message's role (user or assistant); `speaker` is its name when it has one.
+    role: str = ""
     dense: float = 0.0
     bm25: float = 0.0
     signals: dict[str, float] = field(default_factory=dict)
@@ -130,6 +136,22 @@ def add_context(
             c.signals["context"] = round(extra, 4)
             c.score = round(c.score + extra, 6)
     return _best_first(everyone.values())
+
+
+def lift_user(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
+    """Lift the user's own turns (a message of role user without a name) by `weight`, and
+    re-rank.
+
+    With a model, the user's messages state the facts of their project and plans once,
+    while the model's long replies elaborate on them and match many questions weakly; chat
+    between named people (every turn carries a name) is left as it is (docs/memory.md,
+    "Recall"). It comes last, so a session's score and a neighbour's share are of what
+    matched, and a later block's relevance cut can leave it out (outcome.new_relevant).
+    """
+    for c in ranked:
+        c.signals["user"] = 1.0 if c.role == c.speaker == USER else 0.0
+        c.score = round(c.score + weight * c.signals["user"], 6)
+    return _best_first(ranked)
 
 
 def _scaled(values: Mapping[str, float]) -> dict[str, float]:

@@ -60,7 +60,7 @@ def spooled_candidates(
             key = _KEY.format(n)
             found[key] = Candidate(
                 key, session_id, turn.created_at, turn.content, speaker=turn.name or turn.role,
-                bm25=share * scale,
+                bm25=share * scale, role=turn.role,
             )
     return found
 
