@@ -47,7 +47,14 @@ import httpx
 import orjson
 
 from scripts.bench_overhead import BenchError, free_port
-from scripts.eval_locomo import REPLY_HEADER, Replies, ingested_users, memproxy, wait_indexed
+from scripts.eval_locomo import (
+    REPLY_HEADER,
+    Replies,
+    dry_run,
+    ingested_users,
+    memproxy,
+    wait_indexed,
+)
 from tests.support.scripted_upstream import ScriptedUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,16 +266,8 @@ async def ask(http: httpx.AsyncClient, chat: Chat, question: Question,
               budgets: Sequence[int]) -> Answer:
     answer = Answer()
     for budget in budgets:
-        response = await http.post("/v1/chat/completions", headers={
-            "X-Memory-User-Id": chat.user,
-            "X-Memory-Session-Id": f"{chat.user}-q-{question.kind}-{question.index}",
-            "X-Memory-Dry-Run": "on", "X-Memory-Write": "off", "X-Memory-Budget": str(budget),
-        }, json={"model": MODEL, "messages": [{"role": "user", "content": question.text}]})
-        if response.status_code != 200:
-            raise BenchError(f"question got {response.status_code}: {response.text[:300]}")
-        result = response.json()
-        if result.get("errors"):
-            raise BenchError(f"recall degraded: {result['errors']}")
+        result = await dry_run(http, chat.user, f"{chat.user}-q-{question.kind}-{question.index}",
+                               question.text, budget)
         block = result["block"]
         answer.found[budget] = recalled(block, chat.keys, question.sources)
         answer.tokens[budget], answer.items[budget] = result["tokens"], len(result["items"])

@@ -281,22 +281,31 @@ class Answer:
     recall_ms: float  # at the default budget
 
 
+async def dry_run(
+    http: httpx.AsyncClient, user: str, session: str, text: str, budget: int
+) -> dict[str, Any]:
+    """What recall would inject for `text`, asked as `user` in a new `session` (a dry run
+    that writes nothing); BenchError when it fails or memory degraded."""
+    response = await http.post("/v1/chat/completions", headers={
+        "X-Memory-User-Id": user, "X-Memory-Session-Id": session,
+        "X-Memory-Dry-Run": "on", "X-Memory-Write": "off", "X-Memory-Budget": str(budget),
+    }, json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
+    if response.status_code != 200:
+        raise BenchError(f"question got {response.status_code}: {response.text[:300]}")
+    result: dict[str, Any] = response.json()
+    if result.get("errors"):
+        raise BenchError(f"recall degraded: {result['errors']}")
+    return result
+
+
 async def ask(
     http: httpx.AsyncClient, conv: Conversation, question: Question, budgets: Sequence[int]
 ) -> Answer:
     """Dry runs of one question at the ranking budget and at every reported budget."""
     answer = Answer([], {}, {}, {}, 0.0)
     for budget in (RANKING_BUDGET, *budgets):
-        response = await http.post("/v1/chat/completions", headers={
-            "X-Memory-User-Id": conv.sample_id,
-            "X-Memory-Session-Id": f"{conv.sample_id}-question-{question.index}",
-            "X-Memory-Dry-Run": "on", "X-Memory-Write": "off", "X-Memory-Budget": str(budget),
-        }, json={"model": MODEL, "messages": [{"role": "user", "content": question.text}]})
-        if response.status_code != 200:
-            raise BenchError(f"question got {response.status_code}: {response.text[:300]}")
-        result = response.json()
-        if result.get("errors"):
-            raise BenchError(f"recall degraded: {result['errors']}")
+        result = await dry_run(http, conv.sample_id, f"{conv.sample_id}-question-{question.index}",
+                               question.text, budget)
         turns = credited(conv, result["items"], result["block"])
         if budget == RANKING_BUDGET:
             answer.ranking = turns
