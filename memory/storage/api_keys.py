@@ -14,30 +14,6 @@ from typing import Any
 
 from memory.storage.interface import Connection, Row, Transaction
 
-# Migration 0013_api_keys on each backend (memory.storage.migrations, .postgres_schema).
-SQLITE_TABLE = """
-CREATE TABLE api_keys (
-    id TEXT PRIMARY KEY,
-    digest TEXT NOT NULL UNIQUE,
-    prefix TEXT NOT NULL,
-    user_id TEXT NULL,
-    org_id TEXT NULL,
-    org_writer INTEGER NOT NULL DEFAULT 0 CHECK (org_writer IN (0, 1)),
-    expires_at REAL NULL,
-    rate_limit INTEGER NULL CHECK (rate_limit IS NULL OR rate_limit > 0),
-    token_quota INTEGER NULL CHECK (token_quota IS NULL OR token_quota >= 0),
-    created_at REAL NOT NULL,
-    last_used_at REAL NULL,
-    revoked_at REAL NULL
-);
-CREATE INDEX api_keys_by_org ON api_keys (org_id, user_id);
-"""
-POSTGRES_TABLE = (
-    SQLITE_TABLE.replace(" REAL ", " DOUBLE PRECISION ")
-    .replace("rate_limit INTEGER", "rate_limit BIGINT")
-    .replace("token_quota INTEGER", "token_quota BIGINT")
-)
-
 _COLUMNS = (
     "id, digest, prefix, user_id, org_id, org_writer, expires_at, rate_limit, token_quota,"
     " created_at, last_used_at, revoked_at"

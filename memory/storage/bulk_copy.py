@@ -45,7 +45,7 @@ TABLES = (
 )
 # Not copied: the schema's own record (the destination has its own), FTS5's tables, whose
 # work PostgreSQL's triggers do, and the quota reservations and rate buckets of the running
-# proxy (memory/storage/quota_schema.py): state of requests in flight, not memory.
+# proxy (memory/storage/schema.py, QUOTA_HOLDS): state of requests in flight, not memory.
 _NOT_COPIED = ("migrations", "usage_reservations", "rate_buckets")
 _FTS5 = ("chunks_fts", "facts_fts", "summaries_fts")
 _PROGRESS = """

@@ -1,9 +1,8 @@
 """The PostgreSQL schema: the SQLite migrations (memory.storage.migrations), same names, same
-tables and constraints, in PostgreSQL's words.
+tables and constraints. The tables both have are declared once (memory.storage.schema, which
+also says how the types differ); this adds what only PostgreSQL has.
 
 What differs, and why:
-- ids are BIGSERIAL, times DOUBLE PRECISION; JSON stays TEXT, flags stay 0/1 INTEGERs, so
-  every table function reads the same values on both backends.
 - Full text: instead of FTS5 tables, each searched table (chunks, facts, summaries) carries
   a `tsv` (GIN-indexed), `doc_len` (its words) and `tf` (each word's weighted count), set by
   a trigger; `fts_totals` keeps each table's row and word counts and `fts_terms` how many
@@ -22,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from memory.storage import api_keys, usage_schema
+from memory.storage import schema
 
 if TYPE_CHECKING:
     import asyncpg
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 # Any fixed number: the advisory lock all replicas take while they migrate.
 _MIGRATION_LOCK = 7_305_210_411
 
-_INITIAL = """
+_WORDS = """
 -- FTS5's tokenizer `porter unicode61`, word for word: split at every character that is not
 -- a letter or a digit, lower-case, and stem with the original Porter algorithm (Snowball
 -- ships it) except words under 3 or over 64 characters, which FTS5 keeps as they are; no
@@ -98,211 +97,43 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+"""
 
-CREATE TABLE sessions (
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    last_active DOUBLE PRECISION NOT NULL,
-    turn_count INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (user_id, session_id)
-);
 
-CREATE TABLE turns (
-    id BIGSERIAL PRIMARY KEY,
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    parent_id BIGINT NULL REFERENCES turns(id),
-    position INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    name TEXT NULL,
-    content TEXT NOT NULL,
-    content_hash TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    model TEXT NULL,
-    tokens INTEGER NOT NULL DEFAULT 0,
-    request_id TEXT NULL,
-    incomplete INTEGER NOT NULL DEFAULT 0
-);
--- Exactly-once logging, as on SQLite: one row per (branch point, content).
-CREATE UNIQUE INDEX turns_path ON turns (user_id, session_id, COALESCE(parent_id, 0), content_hash);
-CREATE INDEX turns_by_hash ON turns (user_id, session_id, content_hash);
-
--- doc_len counts the owner and session tokens FTS5 indexes with each chunk (2).
-CREATE TABLE chunks (
-    id BIGSERIAL PRIMARY KEY,
-    turn_id BIGINT NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    ordinal INTEGER NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('code', 'prose')),
-    text TEXT NOT NULL,
-    tokens INTEGER NOT NULL DEFAULT 0,
-    owner TEXT NOT NULL,
-    sess TEXT NOT NULL,
-    tsv tsvector NOT NULL,
-    doc_len INTEGER NOT NULL,
-    tf JSONB NOT NULL,
-    UNIQUE (turn_id, ordinal)
-);
-CREATE INDEX chunks_by_user ON chunks (user_id, session_id);
-CREATE INDEX chunks_tsv ON chunks USING GIN (tsv);
-CREATE FUNCTION chunks_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
+def _searched(table: str, scope_tokens: int) -> str:
+    """The words of a searched table's rows (the module docstring), set by a trigger from
+    their text; doc_len also counts the scope tokens FTS5 indexes with each row (owner, and
+    sess where the table has it)."""
+    return f"""
+ALTER TABLE {table} ADD COLUMN tsv tsvector NOT NULL, ADD COLUMN doc_len INTEGER NOT NULL,
+    ADD COLUMN tf JSONB NOT NULL;
+CREATE INDEX {table}_tsv ON {table} USING GIN (tsv);
+CREATE FUNCTION {table}_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
-    NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
+    NEW.doc_len := memproxy_tokens(NEW.tsv) + {scope_tokens};
     NEW.tf := memproxy_tf(NEW.tsv);
     RETURN NEW;
 END $$;
-CREATE TRIGGER chunks_tsv BEFORE INSERT OR UPDATE OF text ON chunks
-    FOR EACH ROW EXECUTE FUNCTION chunks_tsv();
-CREATE TRIGGER chunks_count AFTER INSERT OR UPDATE OR DELETE ON chunks
+CREATE TRIGGER {table}_tsv BEFORE INSERT OR UPDATE OF text ON {table}
+    FOR EACH ROW EXECUTE FUNCTION {table}_tsv();
+CREATE TRIGGER {table}_count AFTER INSERT OR UPDATE OR DELETE ON {table}
     FOR EACH ROW EXECUTE FUNCTION fts_count();
-
-CREATE TABLE jobs (
-    id BIGSERIAL PRIMARY KEY,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'dead')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    run_after DOUBLE PRECISION NOT NULL,
-    last_error TEXT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    lease_until DOUBLE PRECISION NULL
-);
-CREATE INDEX jobs_ready ON jobs (status, run_after, id);
-
-CREATE TABLE request_metrics (
-    id BIGSERIAL PRIMARY KEY,
-    created_at DOUBLE PRECISION NOT NULL,
-    user_id TEXT NOT NULL,
-    session_id TEXT NULL,
-    request_id TEXT NULL,
-    model TEXT NULL,
-    items_json TEXT NOT NULL,
-    injected_tokens INTEGER NOT NULL DEFAULT 0,
-    truncated INTEGER NOT NULL DEFAULT 0,
-    recall_ms DOUBLE PRECISION NULL,
-    embed_ms DOUBLE PRECISION NULL,
-    error TEXT NULL
-);
-CREATE INDEX request_metrics_created ON request_metrics (created_at);
 """
 
-_FACTS = """
-CREATE TABLE facts (
-    id BIGSERIAL PRIMARY KEY,
-    chain_id BIGINT NOT NULL,
-    user_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    category TEXT NOT NULL CHECK (category IN ('identity', 'preference', 'project',
-        'relationship', 'context', 'todo', 'decision')),
-    confidence DOUBLE PRECISION NOT NULL,
-    importance INTEGER NOT NULL,
-    mentions INTEGER NOT NULL DEFAULT 1,
-    source TEXT NOT NULL CHECK (source IN ('extracted', 'manual', 'import')),
-    source_session TEXT NULL,
-    source_turn_ids TEXT NOT NULL DEFAULT '[]',
-    pinned INTEGER NOT NULL DEFAULT 0,
-    first_seen DOUBLE PRECISION NOT NULL,
-    last_seen DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION NULL,
-    version INTEGER NOT NULL DEFAULT 1,
-    previous_id BIGINT NULL,
-    valid_from DOUBLE PRECISION NOT NULL,
-    valid_to DOUBLE PRECISION NULL,
-    superseded_by BIGINT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    owner TEXT NOT NULL,
-    tsv tsvector NOT NULL,
-    doc_len INTEGER NOT NULL,
-    tf JSONB NOT NULL
-);
-CREATE INDEX facts_by_user ON facts (user_id, valid_to, id);
-CREATE INDEX facts_by_chain ON facts (chain_id, version);
-CREATE INDEX facts_tsv ON facts USING GIN (tsv);
--- doc_len counts the owner token FTS5 indexes with each fact (1).
-CREATE FUNCTION facts_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
-    NEW.doc_len := memproxy_tokens(NEW.tsv) + 1;
-    NEW.tf := memproxy_tf(NEW.tsv);
-    RETURN NEW;
-END $$;
-CREATE TRIGGER facts_tsv BEFORE INSERT OR UPDATE OF text ON facts
-    FOR EACH ROW EXECUTE FUNCTION facts_tsv();
-CREATE TRIGGER facts_count AFTER INSERT OR UPDATE OR DELETE ON facts
-    FOR EACH ROW EXECUTE FUNCTION fts_count();
 
-CREATE TABLE summaries (
-    id BIGSERIAL PRIMARY KEY,
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    data TEXT NOT NULL,
-    source_turn_ids TEXT NOT NULL DEFAULT '[]',
-    last_turn_id BIGINT NOT NULL,
-    user_turns INTEGER NOT NULL,
-    tokens INTEGER NOT NULL DEFAULT 0,
-    superseded_by BIGINT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    owner TEXT NOT NULL,
-    sess TEXT NOT NULL,
-    tsv tsvector NOT NULL,
-    doc_len INTEGER NOT NULL,
-    tf JSONB NOT NULL
-);
-CREATE INDEX summaries_by_session ON summaries (user_id, session_id, id);
-CREATE INDEX summaries_tsv ON summaries USING GIN (tsv);
--- doc_len counts the owner and session tokens FTS5 indexes with each summary (2).
-CREATE FUNCTION summaries_tsv() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.tsv := setweight(memproxy_words(NEW.text), 'A');
-    NEW.doc_len := memproxy_tokens(NEW.tsv) + 2;
-    NEW.tf := memproxy_tf(NEW.tsv);
-    RETURN NEW;
-END $$;
-CREATE TRIGGER summaries_tsv BEFORE INSERT OR UPDATE OF text ON summaries
-    FOR EACH ROW EXECUTE FUNCTION summaries_tsv();
-CREATE TRIGGER summaries_count AFTER INSERT OR UPDATE OR DELETE ON summaries
-    FOR EACH ROW EXECUTE FUNCTION fts_count();
+# jobs has `lease_until` (the module docstring).
+_INITIAL = (
+    _WORDS + schema.SESSIONS + schema.TURNS + schema.CHUNKS
+    + "CREATE INDEX chunks_by_user ON chunks (user_id, session_id);\n"
+    + _searched("chunks", scope_tokens=2) + schema.JOBS_AND_METRICS
+    + "ALTER TABLE jobs ADD COLUMN lease_until DOUBLE PRECISION NULL;\n"
+)
 
-CREATE TABLE profiles (
-    user_id TEXT PRIMARY KEY,
-    fields TEXT NOT NULL,
-    text TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE consent (
-    user_id TEXT PRIMARY KEY,
-    profile INTEGER NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-"""
-
-_CLEARS = """
-CREATE TABLE clears (
-    id TEXT PRIMARY KEY,
-    user_id TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('pending', 'undone', 'restored', 'purged')),
-    removed TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION NOT NULL,
-    settled_at DOUBLE PRECISION NULL
-);
-CREATE INDEX clears_by_user ON clears (user_id, status, expires_at);
-CREATE TABLE clear_records (
-    clear_id TEXT NOT NULL REFERENCES clears(id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    record TEXT NOT NULL,
-    PRIMARY KEY (clear_id, seq)
-);
-CREATE INDEX request_metrics_by_user ON request_metrics (user_id, created_at);
-"""
+_FACTS = (
+    schema.FACTS + _searched("facts", scope_tokens=1)
+    + schema.SUMMARIES + _searched("summaries", scope_tokens=2) + schema.PROFILES
+)
 
 # The speaker is indexed with the chunk's text at half a text word's weight (FTS5's
 # bm25(1.0, 0.5, ...)): weight B marks its words.
@@ -326,24 +157,7 @@ CREATE INDEX turns_by_parent ON turns (parent_id);
 # triggers): the same tables, and one trigger function each for the write counters and for
 # dropping the blocks that showed forgotten memory (an organisation's shared fact is in its
 # members' blocks: those that show it go too).
-_INJECTIONS = """
-CREATE TABLE injections (
-    turn_id BIGINT PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    placement TEXT NOT NULL CHECK (placement IN ('system', 'last_user')),
-    block TEXT NOT NULL,
-    items TEXT NOT NULL,
-    tokens INTEGER NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE memory_versions (
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    version BIGINT NOT NULL,
-    PRIMARY KEY (user_id, session_id)
-);
-CREATE INDEX injections_by_user ON injections (user_id);
+_INJECTIONS = schema.INJECTIONS + """
 CREATE FUNCTION memory_version_bump() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     r RECORD;
@@ -433,37 +247,24 @@ ALTER INDEX summaries_tsv SET (fastupdate = off);
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001_initial", _INITIAL),
     ("0002_facts", _FACTS),
-    ("0003_clears", _CLEARS),
+    ("0003_clears", schema.CLEARS),
     ("0004_recall", _RECALL),
-    ("0005_reply_lookup", "CREATE INDEX turns_by_request ON turns (user_id, request_id);"),
+    ("0005_reply_lookup", schema.REPLY_LOOKUP),
     ("0006_injections", _INJECTIONS),
-    ("0007_vector_generations", """
-CREATE TABLE vector_generations (
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    generation BIGINT NOT NULL,
-    PRIMARY KEY (user_id, session_id)
-);
-"""),
-    ("0008_turn_speakers", "CREATE INDEX turns_by_name ON turns (user_id, name);"),
+    ("0007_vector_generations", schema.VECTOR_GENERATIONS),
+    ("0008_turn_speakers", schema.TURN_SPEAKERS),
     ("0009_chunk_postings", _CHUNK_POSTINGS),
-    ("0010_reply_owner",
-     "CREATE INDEX turns_by_reply ON turns (request_id, id) WHERE role = 'assistant';"),
-    ("0011_fair_jobs", """
-ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
-ALTER TABLE jobs ADD COLUMN fair_at DOUBLE PRECISION NOT NULL DEFAULT 0;
-UPDATE jobs SET fair_at = run_after;
-CREATE INDEX jobs_fair ON jobs (status, fair_at, id);
-CREATE INDEX jobs_by_owner ON jobs (owner, fair_at) WHERE status IN ('queued', 'running');
-"""),
+    ("0010_reply_owner", schema.REPLY_OWNER),
+    ("0011_fair_jobs", schema.FAIR_JOBS),
     ("0012_fact_provenance", """
 ALTER TABLE facts DROP CONSTRAINT facts_source_check;
 ALTER TABLE facts ADD CONSTRAINT facts_source_check
     CHECK (source IN ('extracted', 'manual', 'import', 'mcp'));
 ALTER TABLE facts ADD COLUMN client TEXT NULL;
 """),
-    ("0013_api_keys", api_keys.POSTGRES_TABLE),
-    *usage_schema.POSTGRES_MIGRATIONS,
+    ("0013_api_keys", schema.API_KEYS),
+    ("0014_usage", schema.USAGE),
+    ("0015_quota_holds", schema.QUOTA_HOLDS),
     ("0016_lasting_ids", "SELECT 1;"),  # SQLite's AUTOINCREMENT: BIGSERIAL never reuses ids
 ]
 
