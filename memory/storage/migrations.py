@@ -143,7 +143,7 @@ def _version_triggers() -> str:
         "ON CONFLICT (user_id, session_id) DO UPDATE SET version = version + 1;"
     )
     statements = []
-    for table in ("turns", "chunks", "facts", "summaries", "profiles", "consent"):
+    for table in schema.VERSIONED:
         for op in ("INSERT", "UPDATE", "DELETE"):
             row = "old" if op == "DELETE" else "new"
             body = bump.format(user=f"{row}.user_id", session="''")
@@ -153,22 +153,6 @@ def _version_triggers() -> str:
                 f"CREATE TRIGGER {table}_version_{op.lower()} AFTER {op} ON {table} BEGIN {body} END;"
             )
     return "\n".join(statements)
-
-
-# Prompt-cache-safe injection (memory/storage/injections.py): the block a request injected is kept
-# with the user turn it was placed at and put back, byte for byte, in the session's later requests.
-# A block may show any of the user's memory, so deleting a turn, a fact, a summary or the profile,
-# closing a fact's version or changing the profile drops all of the user's blocks: nothing forgotten
-# goes back into a prompt (the next request of a session gets a new block, and its cached prefix
-# breaks once). Recall cache validity (memory/storage/versions.py): see _version_triggers.
-_FORGETTING = (
-    ("turns_forget_blocks", "AFTER DELETE ON turns"),
-    ("facts_forget_blocks", "AFTER DELETE ON facts"),
-    ("facts_close_blocks", "AFTER UPDATE OF valid_to ON facts WHEN new.valid_to IS NOT NULL"),
-    ("summaries_forget_blocks", "AFTER DELETE ON summaries"),
-    ("profiles_forget_blocks", "AFTER DELETE ON profiles"),
-    ("profiles_change_blocks", "AFTER UPDATE ON profiles"),
-)
 
 
 # An organisation's shared fact (memory/scopes.py: its owner id starts with char(31)) is in
@@ -181,12 +165,14 @@ _SHARED_FACT_BLOCKS = (
 
 def _forgetting_triggers() -> str:
     return "\n".join(
-        f"CREATE TRIGGER {name} {when} BEGIN DELETE FROM injections WHERE user_id = old.user_id;"
+        f"CREATE TRIGGER {name} {event}{f' WHEN {rows}' if rows else ''}"
+        " BEGIN DELETE FROM injections WHERE user_id = old.user_id;"
         f"{_SHARED_FACT_BLOCKS if name.startswith('facts_') else ''} END;"
-        for name, when in _FORGETTING
+        for name, event, rows in schema.FORGETTING
     )
 
 
+# Stable injection and the recall cache (memory/storage/schema.py, INJECTIONS).
 _INJECTIONS = (
     for_sqlite(schema.INJECTIONS) + _version_triggers() + "\n" + _forgetting_triggers()
 )

@@ -153,7 +153,7 @@ CREATE TRIGGER chunks_tsv BEFORE INSERT OR UPDATE OF text, speaker ON chunks
 CREATE INDEX turns_by_parent ON turns (parent_id);
 """
 
-# Stable injection and the recall cache (SQLite: migrations._INJECTIONS, which explains the
+# Stable injection and the recall cache (memory.storage.schema, INJECTIONS, which explains the
 # triggers): the same tables, and one trigger function each for the write counters and for
 # dropping the blocks that showed forgotten memory (an organisation's shared fact is in its
 # members' blocks: those that show it go too).
@@ -175,7 +175,7 @@ END $$;
 """ + "".join(
     f"CREATE TRIGGER {table}_version AFTER INSERT OR UPDATE OR DELETE ON {table}"
     " FOR EACH ROW EXECUTE FUNCTION memory_version_bump();\n"
-    for table in ("turns", "chunks", "facts", "summaries", "profiles", "consent")
+    for table in schema.VERSIONED
 ) + """
 CREATE FUNCTION injections_forget() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -185,19 +185,11 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER turns_forget_blocks AFTER DELETE ON turns
-    FOR EACH ROW EXECUTE FUNCTION injections_forget();
-CREATE TRIGGER facts_forget_blocks AFTER DELETE ON facts
-    FOR EACH ROW EXECUTE FUNCTION injections_forget();
-CREATE TRIGGER facts_close_blocks AFTER UPDATE OF valid_to ON facts
-    FOR EACH ROW WHEN (NEW.valid_to IS NOT NULL) EXECUTE FUNCTION injections_forget();
-CREATE TRIGGER summaries_forget_blocks AFTER DELETE ON summaries
-    FOR EACH ROW EXECUTE FUNCTION injections_forget();
-CREATE TRIGGER profiles_forget_blocks AFTER DELETE ON profiles
-    FOR EACH ROW EXECUTE FUNCTION injections_forget();
-CREATE TRIGGER profiles_change_blocks AFTER UPDATE ON profiles
-    FOR EACH ROW EXECUTE FUNCTION injections_forget();
-"""
+""" + "".join(
+    f"CREATE TRIGGER {name} {event}\n    FOR EACH ROW{f' WHEN ({rows})' if rows else ''}"
+    " EXECUTE FUNCTION injections_forget();\n"
+    for name, event, rows in schema.FORGETTING
+)
 
 # Chunks' full text as postings, FTS5's own layout: one row per (chunk, word) with the word's
 # weighted count and the chunk's length, keyed by owner and word, so a search reads the

@@ -238,6 +238,26 @@ CREATE TABLE memory_versions (
 CREATE INDEX injections_by_user ON injections (user_id);
 """
 
+# The triggers that keep them, which each backend writes in its own words: every write to
+# these tables counts in `memory_versions` (memory.storage.migrations._version_triggers says
+# how and why) ...
+VERSIONED = ("turns", "chunks", "facts", "summaries", "profiles", "consent")
+
+# ... and the block a request injected is kept with the user turn it was placed at and put
+# back, byte for byte, in the session's later requests. A block may show any of the user's
+# memory, so deleting a turn, a fact, a summary or the profile, closing a fact's version or
+# changing the profile drops all of the user's blocks: nothing forgotten goes back into a
+# prompt (the next request of a session gets a new block, and its cached prefix breaks once).
+# (trigger, event, the rows it fires for: all when empty)
+FORGETTING = (
+    ("turns_forget_blocks", "AFTER DELETE ON turns", ""),
+    ("facts_forget_blocks", "AFTER DELETE ON facts", ""),
+    ("facts_close_blocks", "AFTER UPDATE OF valid_to ON facts", "new.valid_to IS NOT NULL"),
+    ("summaries_forget_blocks", "AFTER DELETE ON summaries", ""),
+    ("profiles_forget_blocks", "AFTER DELETE ON profiles", ""),
+    ("profiles_change_blocks", "AFTER UPDATE ON profiles", ""),
+)
+
 VECTOR_GENERATIONS = """
 CREATE TABLE vector_generations (
     user_id TEXT NOT NULL,
