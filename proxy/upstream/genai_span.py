@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.http.sse import SSEDecoder
+from proxy.http.sse import SSEDecoder, event_payload
 from proxy.upstream.captured_messages import captured_messages
 from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
 
@@ -295,7 +295,7 @@ def _server(base_url: str) -> dict[str, str | int]:
 
 def _objects_in(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects the whole SSE events in `data` carry (`[DONE]` is none)."""
-    return [found for event in SSEDecoder().feed(data) if (found := _json(event.data)) is not None]
+    return [found for event in SSEDecoder().feed(data) if (found := event_payload(event)) is not None]
 
 
 def _json(data: bytes | str) -> dict[str, Any] | None:
