@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.http.sse import ChatReplyTee, ServerSentEvent, SSEDecoder
+from proxy.http.sse import ChatReplyTee, ServerSentEvent, SSEDecoder, decode, encode, frames
 
 STREAM = (
     b": keep-alive comment\r\n"
@@ -79,3 +79,54 @@ def test_tee_renders_tool_calls_and_notes_errors() -> None:
     assert tee.text == '[tool call] get_weather({"city":"Oslo"})'
     tee.feed(b'event: error\ndata: {"error": {"message": "boom"}}\n\n')
     assert tee.errored and not tee.finished
+
+
+# Every blank line a stream may send: each pair of terminators (LF, CR, CRLF), and a comment.
+MIXED = (
+    b"data: 1\n\n" b"data: 2\r\r" b"data: 3\r\n\r\n" b"data: 4\n\r\n" b"data: 5\r\n\n"
+    b"data: 6\r\r\n" b"data: 7\n\r" b"data: 8\r\n\r" b": ping\n\n" b"event: end\ndata: 9\n\n"
+)
+MIXED_EVENTS = [*(ServerSentEvent(str(n)) for n in range(1, 9)), ServerSentEvent("9", "end")]
+
+
+def test_the_cut_passes_whole_events_only_and_every_byte() -> None:
+    """What a relay that holds partial events sends: the bytes as they came, in whole events."""
+    for cut in range(len(MIXED) + 1):
+        cutter, reader = SSEDecoder(), SSEDecoder()
+        sent = [cutter.whole(MIXED[:cut]), cutter.whole(MIXED[cut:])]
+        assert b"".join(sent) + cutter.end() == MIXED, cut
+        # Each part read alone holds only whole events: none is left half-read.
+        assert [e for part in sent for e in SSEDecoder().feed(part)] == MIXED_EVENTS, cut
+        assert [e for part in sent for e in reader.feed(part)] == MIXED_EVENTS, cut
+
+
+def test_the_cut_holds_an_unfinished_event_until_its_blank_line() -> None:
+    cutter = SSEDecoder()
+    assert cutter.whole(b"data: 1\n\ndata: 2\r\n") == b"data: 1\n\n"
+    assert cutter.held == b"data: 2\r\n"
+    assert cutter.whole(b"\r\ndata: 3") == b"data: 2\r\n\r\n"
+    assert cutter.end() == b"data: 3" and cutter.held == b""
+
+
+def test_frames_and_decode_read_every_event_an_unfinished_last_one_too() -> None:
+    parts = frames(MIXED + b"data: 10")
+    assert b"".join(parts) == MIXED + b"data: 10"
+    assert [decode(part) for part in parts] == [
+        [ServerSentEvent(str(n))] for n in range(1, 9)] + [[], [ServerSentEvent("9", "end")],
+                                                           [ServerSentEvent("10")]]
+    assert decode(MIXED + b"data: 10") == [*MIXED_EVENTS, ServerSentEvent("10")]
+    assert SSEDecoder().feed(MIXED + b"data: 10") == MIXED_EVENTS  # a relay waits for its end
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\r"), max_size=40),
+       st.one_of(st.none(), st.sampled_from(["error", "message_start", "response.completed"])))
+def test_what_encode_writes_decodes_as_it_was(data: str, name: str | None) -> None:
+    assert SSEDecoder().feed(encode(data, name)) == [ServerSentEvent(data, name)]
+    assert encode(data.encode(), name) == encode(data, name)
+
+
+def test_encode_writes_the_frames_the_apis_send() -> None:
+    assert encode(b'{"a":1}') == b'data: {"a":1}\n\n'
+    assert encode(b"[DONE]") == b"data: [DONE]\n\n"
+    assert encode(b'{"type":"error"}', "error") == b'event: error\ndata: {"type":"error"}\n\n'
+    assert encode("two\nlines") == b"data: two\ndata: lines\n\n"
