@@ -109,7 +109,8 @@ def frames(data: bytes) -> list[bytes]:
 
 def encode(data: bytes | str, event: str | None = None) -> bytes:
     """One event as SSE bytes: its name when it has one, then a `data:` line for each line of
-    `data` (memproxy's events carry no id)."""
+    `data`, which is JSON or a decoded event's data, so LF is its only line end (memproxy's
+    events carry no id)."""
     raw = data.encode() if isinstance(data, str) else data
     head = b"event: " + event.encode() + b"\n" if event is not None else b""
     return head + b"data: " + raw.replace(b"\n", b"\ndata: ") + b"\n\n"

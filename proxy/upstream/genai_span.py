@@ -298,7 +298,7 @@ def _objects_in(data: bytes) -> list[dict[str, Any]]:
     return [found for event in SSEDecoder().feed(data) if (found := event_payload(event)) is not None]
 
 
-def _json(data: bytes | str) -> dict[str, Any] | None:
+def _json(data: bytes) -> dict[str, Any] | None:
     try:
         found = orjson.loads(data)
     except orjson.JSONDecodeError:
