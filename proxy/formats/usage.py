@@ -134,7 +134,7 @@ class UsageTap:
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return what goes to the client now."""
         data = self._events.whole(chunk)  # the usual chunk: a byte check, the same bytes
-        if len(self._events.held) > MAX_HELD:
+        if self._events.held_size > MAX_HELD:
             data += self._events.end()
         return self._look(data) if self.mark in data else data
 

@@ -37,7 +37,10 @@ class SSEDecoder:
     """Feed bytes, get whole events back."""
 
     def __init__(self) -> None:
-        self.held = b""  # the start of the next event, not yet whole
+        # The start of the next event, as it came, not yet whole: joined once it is, so an
+        # event that comes in many reads is copied once, not once a read.
+        self._held: list[bytes] = []
+        self.held_size = 0
         self._id: str | None = None  # the last event id, which persists (WHATWG)
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
@@ -47,22 +50,28 @@ class SSEDecoder:
     def whole(self, chunk: bytes) -> bytes:
         """Take a chunk; return the whole events it completes, as their bytes came (those
         held before first), and hold the start of the next."""
-        held = self.held
+        held = self._held
         if not held and chunk.endswith(b"\n\n"):
             return chunk  # the usual chunk: whole events
-        data = held + chunk
-        # A blank line not seen before ends in the chunk: its pair starts at most a byte back.
-        start = max(len(held) - 1, 0)
-        at = max(data.rfind(pair, start) for pair in _BLANK_LINE_PAIRS)
-        end = 0 if at == -1 else at + 2
-        if data[end - 1 : end] == b"\r" and data[end : end + 1] == b"\n":
+        # A blank line not seen before ends in the chunk; its pair may start on the held
+        # byte before it.
+        end = max(chunk.rfind(pair) for pair in _BLANK_LINE_PAIRS) + 2
+        if end == 1 and not (held and held[-1][-1:] + chunk[:1] in _BLANK_LINE_PAIRS):
+            if chunk:
+                held.append(chunk)
+                self.held_size += len(chunk)
+            return b""
+        if chunk[end - 1 : end] == b"\r" and chunk[end : end + 1] == b"\n":
             end += 1  # the blank line ends in CRLF
-        self.held = data[end:]
-        return data[:end]
+        out = b"".join([*held, chunk[:end]]) if held else chunk[:end]
+        self._held = [chunk[end:]] if end < len(chunk) else []
+        self.held_size = len(chunk) - end
+        return out
 
     def end(self) -> bytes:
         """The bytes still held (an unfinished event), now let go."""
-        rest, self.held = self.held, b""
+        rest = b"".join(self._held)
+        self._held, self.held_size = [], 0
         return rest
 
     def _events(self, lines: list[bytes]) -> list[ServerSentEvent]:
