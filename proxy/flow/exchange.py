@@ -39,14 +39,14 @@ from proxy.flow.compaction import compact
 from proxy.flow.counting import count_error, count_reply, kept_text
 from proxy.flow.memory_step import MemoryStep
 from proxy.flow.memory_tool.loop import MemoryTool
-from proxy.formats.base import ApiFormat, ReplyTee
+from proxy.formats.base import ApiFormat
 from proxy.formats.chat import CHAT
 from proxy.formats.usage import UsageTap, ask_stream_usage
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
-from proxy.http.sse import SSEDecoder, frames
+from proxy.http.sse import ReplyTee, SSEDecoder, frames
 from proxy.state import AppState
 from proxy.upstream import genai_span
 from proxy.upstream.client import (

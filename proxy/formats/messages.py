@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from memory import Placed, count_tokens
 from proxy.access.identity import authenticate, presented_key, proxy_key_sent
-from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.messages_body import (
     MESSAGES_PARAMS,
@@ -36,7 +36,7 @@ from proxy.formats.usage import MESSAGES_MARK, Seen, UsageTap, messages_usage
 from proxy.http.body import read_body
 from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
 from proxy.state import AppState
 from proxy.upstream.client import Target, Upstream, UpstreamReply, anthropic_target
 

@@ -20,12 +20,12 @@ import orjson
 from starlette.responses import Response
 
 from memory import Placed, placing_order
-from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})

@@ -14,7 +14,7 @@ events, costs a byte check and no copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -132,6 +132,24 @@ def event_payload(event: ServerSentEvent) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+class ReplyTee(Protocol):
+    """Reads a relayed event stream as it passes, for the reply's text (each API format has
+    one: `proxy.formats.base.ApiFormat.tee`)."""
+
+    finished: bool  # the stream reached its normal, complete end
+    malformed: bool  # an event the client's SDK could not parse: the relay stops before it
+    reply_id: str | None
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes (whole events or not)."""
+        ...
+
+    @property
+    def text(self) -> str:
+        """The reply so far, as text."""
+        ...
 
 
 @dataclass
