@@ -10,7 +10,8 @@ import orjson
 
 from proxy.access.quota import KeptReply, prompt_tokens, text_tokens
 from proxy.flow.call import Call
-from proxy.formats.base import ApiFormat, ReplyTee
+from proxy.formats.base import ApiFormat
+from proxy.http.sse import ReplyTee
 
 
 def count_reply(

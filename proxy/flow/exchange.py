@@ -9,7 +9,6 @@ an upstream that speaks the format, or through litellm). Everything else happens
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -40,13 +39,14 @@ from proxy.flow.compaction import compact
 from proxy.flow.counting import count_error, count_reply, kept_text
 from proxy.flow.memory_step import MemoryStep
 from proxy.flow.memory_tool.loop import MemoryTool
-from proxy.formats.base import ApiFormat, ReplyTee
+from proxy.formats.base import ApiFormat
 from proxy.formats.chat import CHAT
 from proxy.formats.usage import UsageTap, ask_stream_usage
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
+from proxy.http.sse import ReplyTee, SSEDecoder, frames
 from proxy.state import AppState
 from proxy.upstream import genai_span
 from proxy.upstream.client import (
@@ -365,11 +365,10 @@ def _relay_stream(
             if out := tap.end():
                 yield out
             return
-        held = b""
+        # Whole events only, so a malformed one can be replaced by an error event.
+        events = SSEDecoder()
         async for chunk in (source if tap is None else _tapped(source, tap)):
-            # Whole events only, so a malformed one can be replaced by an error event.
-            ready, held = _whole_events(held + chunk)
-            if ready:
+            if ready := events.whole(chunk):
                 tee.feed(ready)
                 if tee.malformed:
                     if valid := _before_malformed(fmt, ready):
@@ -384,7 +383,7 @@ def _relay_stream(
                     await step.reply_stored()
                 last_sent[0] = ready
                 yield ready
-        if held:
+        if held := events.end():
             tee.feed(held)
             yield held
 
@@ -429,20 +428,11 @@ def _json_object(content: bytes) -> dict[str, Any]:
     return reply
 
 
-def _whole_events(data: bytes) -> tuple[bytes, bytes]:
-    """Split SSE bytes after the last blank line: (whole events, the start of the next)."""
-    if data.endswith(b"\n\n"):
-        return data, b""  # the usual case: the upstream flushes whole events
-    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) != -1]
-    end = max(ends, default=0)
-    return data[:end], data[end:]
-
-
 def _before_malformed(fmt: ApiFormat, events: bytes) -> bytes:
     """The whole events that precede the first malformed one (a rare path: it re-reads)."""
     tee: ReplyTee = fmt.tee()
     valid = b""
-    for event in re.split(rb"(?:(?<=\r\n\r\n)|(?<=\n\n)|(?<=\r\r))", events):
+    for event in frames(events):
         tee.feed(event)
         if tee.malformed:
             break

@@ -25,6 +25,7 @@ from memory import Placed
 from proxy.formats.shape import Shape
 from proxy.formats.usage import Seen, UsageTap
 from proxy.http.errors import ProxyError
+from proxy.http.sse import ReplyTee
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 
@@ -44,23 +45,6 @@ class Reply:
     text: str
     reply_id: str | None = None
     complete: bool = True
-
-
-class ReplyTee(Protocol):
-    """Reads a relayed event stream as it passes, for the reply's text."""
-
-    finished: bool  # the stream reached its normal, complete end
-    malformed: bool  # an event the client's SDK could not parse: the relay stops before it
-    reply_id: str | None
-
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes (whole events or not)."""
-        ...
-
-    @property
-    def text(self) -> str:
-        """The reply so far, as text."""
-        ...
 
 
 class ApiFormat(Protocol):

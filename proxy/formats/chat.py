@@ -8,12 +8,12 @@ from typing import Any
 from starlette.responses import Response
 
 from memory import Placed, inject, place
-from proxy.formats.base import Parsed, Reply, ReplyTee
+from proxy.formats.base import Parsed, Reply
 from proxy.formats.chat_body import CHAT_PARAMS, parse_chat_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import CHAT_MARK, Seen, UsageTap, chat_usage
 from proxy.http.errors import ProxyError, sse_error_event
-from proxy.http.sse import ChatReplyTee, reply_text
+from proxy.http.sse import ChatReplyTee, ReplyTee, reply_text
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 

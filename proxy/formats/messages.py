@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from memory import Placed, count_tokens
 from proxy.access.identity import authenticate, presented_key, proxy_key_sent
-from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.messages_body import (
     MESSAGES_PARAMS,
@@ -36,7 +36,7 @@ from proxy.formats.usage import MESSAGES_MARK, Seen, UsageTap, messages_usage
 from proxy.http.body import read_body
 from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
-from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
 from proxy.state import AppState
 from proxy.upstream.client import Target, Upstream, UpstreamReply, anthropic_target
 
@@ -146,7 +146,7 @@ class MessagesFormat:
 
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """Anthropic's `error` event, which its SDKs raise as an APIStatusError."""
-        return b"event: error\ndata: " + orjson.dumps(envelope(error.status, error.message)) + b"\n\n"
+        return encode(orjson.dumps(envelope(error.status, error.message)), "error")
 
     async def open_litellm(
         self, target: Target, body: dict[str, Any], *, timeout: float,
@@ -206,11 +206,8 @@ class MessagesTee:
                 self._event(event)
 
     def _event(self, event: ServerSentEvent) -> None:
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict):
+        payload = event_payload(event)
+        if payload is None:
             self.malformed = bool(event.data)  # every Messages event is a JSON object
             return
         kind, index = payload.get("type"), payload.get("index")

@@ -17,6 +17,7 @@ from proxy.access.quota import KeptReply, estimate, output_allowance, prompt_tok
 from proxy.access.usage import Tally
 from proxy.formats.usage import CHAT_MARK, ReplyUsage, UsageTap, ask_stream_usage, chat_usage
 from proxy.http.relay import StreamOutcome
+from proxy.http.sse import decode
 
 
 @dataclass
@@ -107,13 +108,10 @@ def _completion_text(parts: list[bytes], *, sse: bool) -> str:
     data = b"".join(parts)
     if not sse:
         return "".join(_choice_texts(data))
-    return "".join(
-        text for line in data.splitlines() if line.startswith(b"data:")
-        for text in _choice_texts(line[5:].strip())
-    )
+    return "".join(text for event in decode(data) for text in _choice_texts(event.data))
 
 
-def _choice_texts(data: bytes) -> list[str]:
+def _choice_texts(data: bytes | str) -> list[str]:
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:

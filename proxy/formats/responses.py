@@ -20,12 +20,12 @@ import orjson
 from starlette.responses import Response
 
 from memory import Placed, placing_order
-from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
-from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -151,7 +151,7 @@ class ResponsesFormat:
         numbers = _SEQUENCE.findall(last_sent)
         event = {"type": "error", "code": error.code, "message": error.message,
                  "param": error.param, "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
-        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+        return encode(orjson.dumps(event), "error")
 
     async def open_litellm(
         self, target: Target, body: dict[str, Any], *, timeout: float,
@@ -219,11 +219,8 @@ class ResponsesTee:
     def _event(self, event: ServerSentEvent) -> None:
         if event.data.startswith("[DONE]"):
             return
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict):
+        payload = event_payload(event)
+        if payload is None:
             self.malformed = bool(event.data)  # every Responses event is a JSON object
             return
         kind = payload.get("type")

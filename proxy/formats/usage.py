@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from proxy.http.sse import SSEDecoder, decode, event_payload, frames
+
 _DECODER = json.JSONDecoder()
 
 MAX_TOKENS = 10**12  # a count beyond this is not a count
@@ -32,7 +34,6 @@ CHAT_MARK = b'"completion_tokens"'
 RESPONSES_MARK = MESSAGES_MARK = b'"output_tokens"'
 # A stream that never ends an event would otherwise be held whole: past this it goes through.
 MAX_HELD = 1024 * 1024
-_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # an event's end (WHATWG event streams)
 _ASK = b'{"stream_options":{"include_usage":true},'
 
 
@@ -128,46 +129,31 @@ class UsageTap:
         self.strip = strip
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
-        self._held = b""
+        self._events = SSEDecoder()  # cuts the stream after its events, reads none
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return what goes to the client now."""
-        if not self._held and chunk.endswith(b"\n\n") and self.mark not in chunk:
-            return chunk  # the usual chunk: two byte checks
-        data = self._held + chunk
-        data, self._held = _whole_events(data)
-        if len(self._held) > MAX_HELD:
-            data, self._held = data + self._held, b""
+        data = self._events.whole(chunk)  # the usual chunk: a byte check, the same bytes
+        if self._events.held_size > MAX_HELD:
+            data += self._events.end()
         return self._look(data) if self.mark in data else data
 
     def end(self) -> bytes:
         """The bytes still held when the upstream's stream ended."""
-        rest, self._held = self._held, b""
+        rest = self._events.end()
         return self._look(rest) if self.mark in rest else rest
 
     def _look(self, data: bytes) -> bytes:
         """Read every event that holds the mark; drop the usage chunk when stripping."""
-        kept: list[bytes] = []
-        done, at = 0, data.find(self.mark)
-        while at != -1:
-            begin, end = _event_around(data, at)
-            if self._usage_only(data[begin:end]):
-                kept.append(data[done:begin])
-                done = end
-            at = data.find(self.mark, end)
-        if not kept:
-            return data
-        kept.append(data[done:])
-        return b"".join(kept)
+        events = frames(data)
+        kept = [event for event in events if self.mark not in event or not self._usage_only(event)]
+        return data if len(kept) == len(events) else b"".join(kept)
 
     def _usage_only(self, event: bytes) -> bool:
         """Read the event's counts; whether it is a usage chunk the client did not ask for."""
-        lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
-        try:
-            payload = orjson.loads(b"\n".join(line[1:] if line[:1] == b" " else line for line in lines))
-        except orjson.JSONDecodeError:
-            return False
-        seen = self.read(payload) if isinstance(payload, dict) else None
+        decoded = decode(event)
+        payload = event_payload(decoded[0]) if decoded else None
+        seen = self.read(payload) if payload is not None else None
         if seen is None:
             return False
         if seen.input_tokens is not None:
@@ -234,19 +220,3 @@ def _object_after(data: bytes, at: int) -> dict[str, Any] | None:
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
-
-
-def _event_around(data: bytes, at: int) -> tuple[int, int]:
-    """Where the event holding byte `at` begins and ends (after its blank line)."""
-    begin = max((found + len(sep) for sep in _SEPARATORS if (found := data.rfind(sep, 0, at)) != -1),
-                default=0)
-    end = min((found + len(sep) for sep in _SEPARATORS if (found := data.find(sep, at)) != -1),
-              default=len(data))
-    return begin, end
-
-
-def _whole_events(data: bytes) -> tuple[bytes, bytes]:
-    """(the whole events of `data`, the start of the next)."""
-    ends = [at + len(sep) for sep in _SEPARATORS if (at := data.rfind(sep)) != -1]
-    end = max(ends, default=0)
-    return data[:end], data[end:]

@@ -33,6 +33,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.http.sse import encode
+
 
 class ProxyError(Exception):
     """Base of every error memproxy renders itself."""
@@ -196,7 +198,7 @@ def error_response(status: int, envelope: dict[str, Any], headers: dict[str, str
 
 def sse_error_event(error: ProxyError) -> bytes:
     """One SSE `error` event: how a stream that already started reports a failure."""
-    return b"event: error\ndata: " + orjson.dumps(error.envelope()) + b"\n\n"
+    return encode(orjson.dumps(error.envelope()), "error")
 
 
 async def handle_proxy_error(request: Request, exc: Exception) -> Response:

@@ -1,16 +1,27 @@
-"""A small incremental Server-Sent Events decoder and the chat-reply tee built on it.
+"""Server-Sent Events, both ways: the one decoder and the one encoder of the event streams
+memproxy relays and writes, and the chat-reply tee built on the decoder.
 
 Follows the WHATWG event-stream parsing rules: lines end in CRLF, LF or CR; a blank line
 dispatches the event; `data` lines join with LF; lines starting with ':' are comments.
 Bytes may arrive split anywhere, including inside a CRLF pair or a UTF-8 sequence.
+
+The decoder cuts the stream after its last blank line (`SSEDecoder.whole`) before it reads a
+line, so a relay that must pass whole events only (to replace a malformed one, or take one
+out) gets them from the same cut, as the bytes came: the usual chunk, one or more whole
+events, costs a byte check and no copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+
+# Each blank line holds one of these pairs (a terminator, then the next line's; the LF of a
+# CRLF pair may follow), and each pair is one: LF ends a terminator, CR begins one.
+_BLANK_LINE_PAIRS = (b"\n\n", b"\r\r", b"\n\r")
+_BLANK_LINES = (b"\n", b"\r", b"\r\n")  # a blank line on its own, with its terminator
 
 
 @dataclass(frozen=True)
@@ -26,67 +37,119 @@ class SSEDecoder:
     """Feed bytes, get whole events back."""
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._data: list[str] = []
-        self._event: str | None = None
-        self._id: str | None = None
-        self._pending_cr = False
+        # The start of the next event, as it came, not yet whole: joined once it is, so an
+        # event that comes in many reads is copied once, not once a read.
+        self._held: list[bytes] = []
+        self.held_size = 0
+        self._id: str | None = None  # the last event id, which persists (WHATWG)
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode a chunk; return the events it completed."""
-        if self._pending_cr and chunk.startswith(b"\n"):
-            chunk = chunk[1:]  # the LF of a CRLF split across chunks
-        self._pending_cr = False
-        self._buffer += chunk
+        return self._events(self.whole(chunk).splitlines())
+
+    def whole(self, chunk: bytes) -> bytes:
+        """Take a chunk; return the whole events it completes, as their bytes came (those
+        held before first), and hold the start of the next."""
+        held = self._held
+        if not held and chunk.endswith(b"\n\n"):
+            return chunk  # the usual chunk: whole events
+        # A blank line not seen before ends in the chunk; its pair may start on the held
+        # byte before it.
+        end = max(chunk.rfind(pair) for pair in _BLANK_LINE_PAIRS) + 2
+        if end == 1 and not (held and held[-1][-1:] + chunk[:1] in _BLANK_LINE_PAIRS):
+            if chunk:
+                held.append(chunk)
+                self.held_size += len(chunk)
+            return b""
+        if chunk[end - 1 : end] == b"\r" and chunk[end : end + 1] == b"\n":
+            end += 1  # the blank line ends in CRLF
+        out = b"".join([*held, chunk[:end]]) if held else chunk[:end]
+        self._held = [chunk[end:]] if end < len(chunk) else []
+        self.held_size = len(chunk) - end
+        return out
+
+    def end(self) -> bytes:
+        """The bytes still held (an unfinished event), now let go."""
+        rest = b"".join(self._held)
+        self._held, self.held_size = [], 0
+        return rest
+
+    def _events(self, lines: list[bytes]) -> list[ServerSentEvent]:
         events = []
-        while True:
-            line, found = self._next_line()
-            if not found:
-                break
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
+        data: list[str] = []
+        name: str | None = None
+        for line in lines:
+            if not line:
+                if data or name is not None:
+                    events.append(ServerSentEvent("\n".join(data), name, self._id))
+                    data, name = [], None
+                continue
+            key, _, raw = line.partition(b":")  # a comment's key is empty
+            value = (raw[1:] if raw[:1] == b" " else raw).decode("utf-8", "replace")
+            if key == b"data":
+                data.append(value)
+            elif key == b"event":
+                name = value
+            elif key == b"id" and "\0" not in value:
+                self._id = value
         return events
 
-    def _next_line(self) -> tuple[bytes, bool]:
-        buf = self._buffer
-        cr, lf = buf.find(b"\r"), buf.find(b"\n")
-        if cr == -1 and lf == -1:
-            return b"", False
-        if cr != -1 and (lf == -1 or cr < lf):
-            if cr == len(buf) - 1:
-                # A lone trailing CR ends the line; a following LF may still be in flight.
-                self._pending_cr = True
-                self._buffer = b""
-                return buf[:cr], True
-            end = cr + 2 if buf[cr + 1 : cr + 2] == b"\n" else cr + 1
-            self._buffer = buf[end:]
-            return buf[:cr], True
-        self._buffer = buf[lf + 1 :]
-        return buf[:lf], True
 
-    def _line(self, raw: bytes) -> ServerSentEvent | None:
-        if not raw:
-            return self._dispatch()
-        line = raw.decode("utf-8", "replace")
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
+def decode(data: bytes) -> list[ServerSentEvent]:
+    """Every event in a stream's bytes, an unfinished last one too (for reading what passed,
+    not for relaying it)."""
+    return SSEDecoder()._events([*data.splitlines(), b""])
+
+
+def frames(data: bytes) -> list[bytes]:
+    """`data` cut after each blank line: each event's bytes as they came, then any rest (a
+    rare path's tool: it cuts line by line)."""
+    out: list[bytes] = []
+    lines: list[bytes] = []
+    for line in data.splitlines(keepends=True):
+        lines.append(line)
+        if line in _BLANK_LINES:
+            out.append(b"".join(lines))
+            lines = []
+    if lines:
+        out.append(b"".join(lines))
+    return out
+
+
+def encode(data: bytes | str, event: str | None = None) -> bytes:
+    """One event as SSE bytes: its name when it has one, then a `data:` line for each line of
+    `data`, which is JSON or a decoded event's data, so LF is its only line end (memproxy's
+    events carry no id)."""
+    raw = data.encode() if isinstance(data, str) else data
+    head = b"event: " + event.encode() + b"\n" if event is not None else b""
+    return head + b"data: " + raw.replace(b"\n", b"\ndata: ") + b"\n\n"
+
+
+def event_payload(event: ServerSentEvent) -> dict[str, Any] | None:
+    """An event's data as a JSON object (None when it is not one)."""
+    try:
+        value = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
         return None
+    return value if isinstance(value, dict) else None
 
-    def _dispatch(self) -> ServerSentEvent | None:
-        if not self._data and self._event is None:
-            return None
-        event = ServerSentEvent("\n".join(self._data), self._event, self._id)
-        self._data, self._event = [], None
-        return event
+
+class ReplyTee(Protocol):
+    """Reads a relayed event stream as it passes, for the reply's text (each API format has
+    one: `proxy.formats.base.ApiFormat.tee`)."""
+
+    finished: bool  # the stream reached its normal, complete end
+    malformed: bool  # an event the client's SDK could not parse: the relay stops before it
+    reply_id: str | None
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes (whole events or not)."""
+        ...
+
+    @property
+    def text(self) -> str:
+        """The reply so far, as text."""
+        ...
 
 
 @dataclass
@@ -115,11 +178,8 @@ class ChatReplyTee:
         if event.data.startswith("[DONE]"):
             self.finished = True
             return
-        try:
-            payload = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict):
+        payload = event_payload(event)
+        if payload is None:
             # What the SDKs would fail on: an unnamed event whose data is not an object.
             self.malformed = self.malformed or (event.event is None and bool(event.data))
             return

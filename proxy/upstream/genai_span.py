@@ -16,11 +16,11 @@ import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.http.sse import SSEDecoder
+from proxy.http.sse import ReplyTee, SSEDecoder, event_payload
 from proxy.upstream.captured_messages import captured_messages
 from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
 
@@ -51,15 +51,6 @@ _TOKENS = (("prompt_tokens", "input_tokens"), ("input_tokens", "input_tokens"),
 _FINISHED = frozenset({"completed", "incomplete", "failed"})  # a Responses reply's end
 
 
-class TextTee(Protocol):
-    """A format's stream reader (proxy.formats.base.ReplyTee), for the captured reply."""
-
-    def feed(self, chunk: bytes) -> None: ...  # relayed bytes
-
-    @property
-    def text(self) -> str: ...  # the reply so far
-
-
 def provider_name(target: Target, fallback: str) -> str:
     """`gen_ai.provider.name` of a target: litellm's provider, else what the format speaks."""
     if target.provider is None:
@@ -70,7 +61,7 @@ def provider_name(target: Target, fallback: str) -> str:
 async def traced(
     tracing: Tracing, target: Target, body: Mapping[str, Any], *, api: str,
     messages: Callable[[], Sequence[Mapping[str, Any]]], read_text: Callable[[dict[str, Any]], str],
-    tee: Callable[[], TextTee],
+    tee: Callable[[], ReplyTee],
     send: Callable[[Mapping[str, str] | None], Awaitable[UpstreamReply]],
 ) -> UpstreamReply:
     """Send one upstream call (`send` gets the Trace Context headers to add, None when
@@ -149,7 +140,7 @@ class TracedReply:
 
     def __init__(
         self, call: GenAICall, reply: UpstreamReply, *, read_text: Callable[[dict[str, Any]], str],
-        tee: Callable[[], TextTee],
+        tee: Callable[[], ReplyTee],
     ) -> None:
         self._call = call
         self._reply = reply
@@ -295,10 +286,10 @@ def _server(base_url: str) -> dict[str, str | int]:
 
 def _objects_in(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects the whole SSE events in `data` carry (`[DONE]` is none)."""
-    return [found for event in SSEDecoder().feed(data) if (found := _json(event.data)) is not None]
+    return [found for event in SSEDecoder().feed(data) if (found := event_payload(event)) is not None]
 
 
-def _json(data: bytes | str) -> dict[str, Any] | None:
+def _json(data: bytes) -> dict[str, Any] | None:
     try:
         found = orjson.loads(data)
     except orjson.JSONDecodeError:

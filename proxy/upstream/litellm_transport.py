@@ -23,7 +23,7 @@ import orjson
 
 from proxy.http.errors import ProxyError, UpstreamStatus, UpstreamTimeout, UpstreamUnreachable
 from proxy.http.logs import get_logger
-from proxy.http.sse import reply_text
+from proxy.http.sse import encode, reply_text
 from proxy.upstream.client import Target, UpstreamHeaders
 
 # Never fetch the price map from the internet at import.
@@ -147,8 +147,8 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 async def _chat_events(stream: Any) -> AsyncIterator[bytes]:
     """litellm's chunk objects as the `data:` events an OpenAI upstream sends."""
     async for chunk in stream:
-        yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
-    yield b"data: [DONE]\n\n"
+        yield encode(orjson.dumps(chunk.model_dump(exclude_none=True)))
+    yield encode(b"[DONE]")
 
 
 async def _named_events(stream: Any) -> AsyncIterator[bytes]:
@@ -156,8 +156,7 @@ async def _named_events(stream: Any) -> AsyncIterator[bytes]:
     async for event in stream:
         data = _plain(event)
         name = data.get("type") if isinstance(data, dict) else None
-        head = b"event: " + str(name).encode() + b"\n" if isinstance(name, str) else b""
-        yield head + b"data: " + orjson.dumps(data) + b"\n\n"
+        yield encode(orjson.dumps(data), name if isinstance(name, str) else None)
 
 
 def _plain(value: Any) -> Any:

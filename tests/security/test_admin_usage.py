@@ -146,6 +146,17 @@ def test_the_tap_at_every_split_point() -> None:
     assert reading.feed(messages) + reading.end() == messages and reading.input_tokens == 33
 
 
+def test_the_tap_reads_events_ended_by_any_blank_line() -> None:
+    """A blank line may be any two line ends (WHATWG): LF then CRLF ends each event here, and
+    the usage chunk is still read, taken out, and the other events pass as they came."""
+    events = [b"data: " + orjson.dumps(e) + b"\n\r\n"
+              for e in chat_chunks("abc", include_usage=True, prompt_tokens=9, split=1)]
+    tap = CHAT.usage_tap(strip=True)
+    out = b"".join(tap.feed(event) for event in events) + tap.end()
+    assert (tap.input_tokens, tap.output_tokens) == (9, 1)
+    assert out == b"".join(e for e in events if b'"usage":{' not in e)
+
+
 def test_a_stream_without_event_ends_is_not_held_without_bound() -> None:
     tap = CHAT.usage_tap(strip=True)
     out = tap.feed(b"x" * (MAX_HELD + 1))

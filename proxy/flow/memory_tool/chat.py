@@ -21,11 +21,9 @@ from proxy.flow.memory_tool.dialect import (
     TOOL_NAME,
     Search,
     add_usage,
-    encoded,
-    event_payload,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
 
 Payload = dict[str, Any]
 TOOL: Payload = {
@@ -131,7 +129,7 @@ class ChatRound:
             if self._holds(event, payload):
                 self._held.append((event, payload))
             else:
-                out.append(encoded(event))
+                out.append(encode(event.data, event.event))
         return b"".join(out)
 
     def reply(self) -> Payload:
@@ -150,9 +148,9 @@ class ChatRound:
         out = []
         for event, payload in self._held:
             if payload is None or (not stripped and usage_before is None):
-                out.append(encoded(event))
+                out.append(encode(event.data, event.event))
             elif (rewritten := _rewritten(payload, renumber, stripped, usage_before)) is not None:
-                out.append(b"data: " + orjson.dumps(rewritten) + b"\n\n")
+                out.append(encode(orjson.dumps(rewritten)))
         return b"".join(out)
 
     def _is_ours(self, call: Payload) -> bool:

@@ -13,8 +13,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.http.sse import ServerSentEvent
-
 TOOL_NAME = "memory_search"
 DESCRIPTION = (
     "Search long-term memory of earlier conversations with this user: facts, preferences, "
@@ -113,22 +111,6 @@ def add_usage(before: dict[str, Any] | None, usage: Any) -> dict[str, Any] | Non
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def encoded(event: ServerSentEvent) -> bytes:
-    """One event as SSE bytes (neither format's events carry ids)."""
-    lines = [f"event: {event.event}"] if event.event is not None else []
-    lines += [f"data: {line}" for line in event.data.split("\n")]
-    return ("\n".join(lines) + "\n\n").encode()
-
-
-def event_payload(event: ServerSentEvent) -> dict[str, Any] | None:
-    """An event's data as a JSON object (None when it is not one)."""
-    try:
-        value = orjson.loads(event.data)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def search_query(arguments: Any) -> str | None:

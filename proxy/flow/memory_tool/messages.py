@@ -25,11 +25,9 @@ from proxy.flow.memory_tool.dialect import (
     TOOL_NAME,
     Search,
     add_usage,
-    encoded,
-    event_payload,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
 
 Payload = dict[str, Any]
 TOOL: Payload = {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
@@ -127,7 +125,7 @@ class MessagesRound:
             if verdict == "hold":
                 self._held.append((event, payload))
             elif verdict == "relay":
-                out.append(encoded(event))
+                out.append(encode(event.data, event.event))
             elif verdict == "renumber" and payload is not None:
                 out.append(self._numbered(event, payload))
         return b"".join(out)
@@ -144,7 +142,7 @@ class MessagesRound:
         out = []
         for event, payload in self._held:
             if payload is None:
-                out.append(encoded(event))
+                out.append(encode(event.data, event.event))
             elif payload.get("type") == "message_delta":
                 out.append(self._message_delta(event, payload, client_uses))
             elif isinstance(index := payload.get("index"), int):
@@ -152,7 +150,7 @@ class MessagesRound:
                     self._numbers[index] = self._take_number()
                 out.append(self._numbered(event, payload))
             else:
-                out.append(encoded(event))
+                out.append(encode(event.data, event.event))
         return b"".join(out)
 
     def _read(self, payload: Payload) -> str:
@@ -189,14 +187,14 @@ class MessagesRound:
         index = payload["index"]
         number = self._numbers.get(index, index)
         if number == index:
-            return encoded(event)
+            return encode(event.data, event.event)
         return _event(event, {**payload, "index": number})
 
     def _message_delta(self, event: ServerSentEvent, payload: Payload, client_uses: bool) -> bytes:
         delta = _dict(payload.get("delta"))
         stripped = any(_ours(b) for b in self._blocks.values())
         if not stripped and self.usage_before is None:
-            return encoded(event)
+            return encode(event.data, event.event)
         out = {**payload}
         if stripped and delta.get("stop_reason") == "tool_use" and not client_uses:
             out["delta"] = {**delta, "stop_reason": "end_turn"}
@@ -207,7 +205,7 @@ class MessagesRound:
 
 
 def _event(event: ServerSentEvent, payload: Payload) -> bytes:
-    return encoded(ServerSentEvent(orjson.dumps(payload).decode(), event.event))
+    return encode(orjson.dumps(payload), event.event)
 
 
 def _extend(block: Payload, delta: Payload) -> None:

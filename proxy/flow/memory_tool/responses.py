@@ -28,11 +28,9 @@ from proxy.flow.memory_tool.dialect import (
     TOOL_NAME,
     Search,
     add_usage,
-    encoded,
-    event_payload,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder
+from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
 
 Payload = dict[str, Any]
 TOOL: Payload = {"type": "function", "name": TOOL_NAME, "description": DESCRIPTION,
@@ -177,7 +175,7 @@ class ResponsesRound:
     def _relayed(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
         """One event as the client gets it: memory_search's dropped, the rest numbered on."""
         if payload is None:
-            return encoded(event)
+            return encode(event.data, event.event)
         index = payload.get("output_index")
         if isinstance(index, int) and index in self._ours:
             return b""
@@ -192,8 +190,8 @@ class ResponsesRound:
                 out = {**out, "sequence_number": self._sequence}
             self._sequence += 1
         if out is payload:
-            return encoded(event)
-        return encoded(ServerSentEvent(orjson.dumps(out).decode(), event.event))
+            return encode(event.data, event.event)
+        return encode(orjson.dumps(out), event.event)
 
     def _final(self, response: Payload) -> Payload:
         """The ending response without memory_search's calls, with every round's usage (the
