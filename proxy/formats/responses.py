@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from memory import Placed, placing_order
 from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
-from proxy.formats.chat_body import parse_json_object
+from proxy.formats.chat_body import parse_model_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
@@ -52,12 +52,7 @@ class ResponsesFormat:
 
     def parse(self, raw: bytes) -> Parsed:
         """Check what memproxy relies on; the upstream judges every other field."""
-        body = parse_json_object(raw)
-        model = body.get("model")
-        if model is None:
-            raise InvalidRequest("you must provide a model parameter", param="model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("model must be a non-empty string", param="model")
+        body = parse_model_body(raw)
         items = body.get("input")
         if items is not None and not isinstance(items, (str, list)):
             raise InvalidRequest("input must be a string or an array of input items", param="input")
