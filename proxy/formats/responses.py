@@ -74,7 +74,7 @@ class ResponsesFormat:
         if placement != "last_user":
             instructions = body.get("instructions")
             return {**body, "instructions": f"{instructions}\n\n{block}" if instructions else block}
-        listed = _listed(body.get("input"))
+        listed = input_items(body.get("input"))
         last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
         listed.insert(last_user, {"role": "system", "content": block})
         return {**body, "input": listed}
@@ -89,7 +89,7 @@ class ResponsesFormat:
             if p.placement == "system":
                 body = self.inject(body, p.block, "system")
                 continue
-            listed = _listed(body.get("input"))
+            listed = input_items(body.get("input"))
             users = [i for i, item in enumerate(listed) if _role(item) == "user"]
             if p.user < len(users):
                 listed.insert(users[p.user], {"role": "system", "content": p.block})
@@ -294,7 +294,7 @@ def _content_text(content: Any) -> str:
     )
 
 
-def _listed(items: Any) -> list[Any]:
+def input_items(items: Any) -> list[Any]:
     """The input items as a list (a string input is one user item)."""
     return [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
 

@@ -32,6 +32,7 @@ from proxy.flow.memory_tool.dialect import (
     reencoded,
     search_query,
 )
+from proxy.formats.responses import input_items
 from proxy.http.sse import ServerSentEvent
 
 
@@ -51,10 +52,7 @@ class ResponsesDialect(Dialect):
 
     def items(self, body: Payload) -> list[Any]:
         """`input`, a string read as one user message."""
-        given = body.get("input")
-        if isinstance(given, str):
-            return [{"role": "user", "content": given}]
-        return list(given or [])
+        return input_items(body.get("input"))
 
     def searches(self, reply: Payload) -> list[Search]:
         """The response's memory_search function calls."""
