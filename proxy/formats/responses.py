@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from memory import Placed, placing_order
-from proxy.formats.base import Parsed, Reply, ReplyTee, TextParts, tool_call_line
+from proxy.formats.base import ApiFormat, Parsed, Reply, ReplyTee, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_model_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
 from proxy.http.sse import ServerSentEvent, SSEDecoder
-from proxy.upstream.client import Target, Upstream, UpstreamReply
+from proxy.upstream.client import Target, Upstream
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -43,12 +42,13 @@ RESPONSES_PARAMS = frozenset({
 })
 
 
-class ResponsesFormat:
+class ResponsesFormat(ApiFormat):
     """The Responses API's side of the flow."""
 
     route = "responses"
     continuable = True
     path = "/v1/responses"
+    params = RESPONSES_PARAMS
 
     def parse(self, raw: bytes) -> Parsed:
         """Check what memproxy relies on; the upstream judges every other field."""
@@ -137,25 +137,12 @@ class ResponsesFormat:
         """A `response.*` event reader."""
         return ResponsesTee()
 
-    def error_response(self, error: ProxyError) -> Response:
-        """OpenAI's error envelope."""
-        return error.to_response()
-
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """The Responses API's `error` event, numbered after the last event relayed."""
         numbers = _SEQUENCE.findall(last_sent)
         event = {"type": "error", "code": error.code, "message": error.message,
                  "param": error.param, "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
-
-    async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float,
-        trace: Mapping[str, str] | None = None,
-    ) -> UpstreamReply:
-        """litellm's Responses API (translated for providers that lack it)."""
-        from proxy.upstream.litellm_transport import open_responses
-
-        return await open_responses(target, body, RESPONSES_PARAMS, timeout=timeout, trace=trace)
 
 
 RESPONSES = ResponsesFormat()
