@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 
 from proxy.flow.memory_tool.dialect import TOOL_NAME
 from tests.conftest import RunningProxy
@@ -19,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"query": {"type": "string"}}}
 OURS = {"chat": {"type": "function", "function": {"name": TOOL_NAME, "parameters": SCHEMA}},
         "messages": {"name": TOOL_NAME, "input_schema": SCHEMA},
         "responses": {"type": "function", "name": TOOL_NAME, "parameters": SCHEMA}}
-CASES = [
+CASES: list[tuple[str, dict[str, Any], str]] = [
     ("chat", {"n": 2}, "tool mode needs n=1"),
     ("chat", {"tools": {"not": "a list"}}, "tools is not an array"),
     ("chat", {"tools": [OURS["chat"]]}, f"the request has its own {TOOL_NAME} tool"),
@@ -37,14 +36,6 @@ CASES = [
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 
 
-@pytest.fixture
-def proxy(start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream) -> RunningProxy:
-    started = start_proxy(memory=True, memory_tool_prefetch=0,
-                          anthropic_base_url=upstream.base_url.removesuffix("/v1"))
-    remember_note(started)
-    return started
-
-
 def body(route: str, extra: dict[str, Any]) -> dict[str, Any]:
     question = {"role": "user", "content": QUESTION}
     if route == "responses":
@@ -53,15 +44,17 @@ def body(route: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"model": "gpt-4o", "messages": [question], **limits, **extra}
 
 
-@pytest.mark.parametrize(("route", "extra", "reason"), CASES)
 def test_a_request_the_loop_cannot_serve_is_injected_and_says_why(
-    proxy: RunningProxy, upstream: ScriptedUpstream, route: str, extra: dict[str, Any], reason: str
+    start_proxy: Callable[..., RunningProxy], upstream: ScriptedUpstream
 ) -> None:
-    before = len(upstream.history)
-    response = httpx.post(f"{proxy.url}{PATHS[route]}", headers=TOOL_HEADERS, timeout=60,
-                          json=body(route, extra))
-    assert response.headers["x-memory-mode"] == f"inject ({reason})", response.text
-    (sent,) = [r for r in upstream.history[before:] if r.path == PATHS[route]]
-    assert NOTE in sent.body.decode()  # injected
-    tools = sent.json.get("tools")
-    assert tools == extra.get("tools")  # memory_search was not added
+    proxy = start_proxy(memory=True, memory_tool_prefetch=0,
+                        anthropic_base_url=upstream.base_url.removesuffix("/v1"))
+    remember_note(proxy)
+    for route, extra, reason in CASES:
+        before = len(upstream.history)
+        response = httpx.post(f"{proxy.url}{PATHS[route]}", headers=TOOL_HEADERS, timeout=60,
+                              json=body(route, extra))
+        assert response.headers["x-memory-mode"] == f"inject ({reason})", (route, response.text)
+        (sent,) = [r for r in upstream.history[before:] if r.path == PATHS[route]]
+        assert NOTE in sent.body.decode(), route  # injected
+        assert sent.json.get("tools") == extra.get("tools"), route  # memory_search not added
