@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -63,12 +63,8 @@ DIALECTS: dict[str, Dialect] = {
 
 # Sends one round upstream: the body's bytes and the body.
 Send = Callable[[bytes, dict[str, Any]], Awaitable[UpstreamReply]]
-
-
-class Conversation(Protocol):
-    """A format's reading of a body as chat messages (`ApiFormat.conversation`)."""
-
-    def __call__(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+# A format's reading of a body as chat messages (`ApiFormat.conversation`).
+Conversation = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 @dataclasses.dataclass
