@@ -10,6 +10,7 @@ for both.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,7 +120,8 @@ class Dialect(ABC):
         the client has no tools of its own."""
         if body.get("tools") or "tool_choice" in body:
             return self.offer(body)
-        return {**self.offer(body), "tool_choice": self.no_calls}
+        # Each body its own tool_choice object: the class's is shared by every request.
+        return {**self.offer(body), "tool_choice": copy.copy(self.no_calls)}
 
     @abstractmethod
     def searches(self, reply: Payload) -> list[Search]:
