@@ -55,6 +55,7 @@ class ApiFormat(Protocol):
     # A later request may name a reply by its id (previous_response_id): the reply is
     # stored before the client sees its end, so that request finds it.
     continuable: bool
+    params: frozenset[str]  # the body fields litellm receives (docs/security.md)
     def parse(self, raw: bytes) -> Parsed:
         """Decode and check a body; a malformed one is a 400 (an InvalidRequest)."""
         ...
@@ -106,8 +107,9 @@ class ApiFormat(Protocol):
         ...
 
     def error_response(self, error: ProxyError) -> Response:
-        """An error before the reply started, in this format's envelope."""
-        ...
+        """An error before the reply started, in this format's envelope (OpenAI's unless the
+        format has its own)."""
+        return error.to_response()
 
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """The one SSE event that ends a stream which already started; `last_sent` is the
@@ -118,9 +120,11 @@ class ApiFormat(Protocol):
         self, target: Target, body: dict[str, Any], *, timeout: float,
         trace: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
-        """Send through litellm (with `trace`, memproxy's Trace Context headers); the reply
-        in this format's wire shape."""
-        ...
+        """Send through litellm (with `trace`, memproxy's Trace Context headers), only the
+        format's own parameters; the reply in this format's wire shape."""
+        from proxy.upstream.litellm_transport import OPENERS  # litellm loads on first use
+
+        return await OPENERS[self.route](target, body, self.params, timeout=timeout, trace=trace)
 
 
 @dataclass

@@ -5,24 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starlette.responses import Response
-
 from memory import Placed, inject, place
-from proxy.formats.base import Parsed, Reply
+from proxy.formats.base import ApiFormat, Parsed, Reply
 from proxy.formats.chat_body import CHAT_PARAMS, parse_chat_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import CHAT_MARK, Seen, UsageTap, chat_usage
 from proxy.http.errors import ProxyError, sse_error_event
 from proxy.http.sse import ChatReplyTee, ReplyTee, reply_text
-from proxy.upstream.client import Target, Upstream, UpstreamReply
+from proxy.upstream.client import Target, Upstream
 
 
-class ChatFormat:
+class ChatFormat(ApiFormat):
     """Chat completions: memory goes into the system message or before the last user one."""
 
     route = "chat"
     continuable = False
     path = "/v1/chat/completions"
+    params = CHAT_PARAMS
 
     def parse(self, raw: bytes) -> Parsed:
         """The body, whose messages are already what memory reads."""
@@ -81,22 +80,9 @@ class ChatFormat:
         """A chat.completion.chunk reader."""
         return ChatReplyTee()
 
-    def error_response(self, error: ProxyError) -> Response:
-        """OpenAI's error envelope."""
-        return error.to_response()
-
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """`event: error` with OpenAI's envelope, which the SDKs raise as APIError."""
         return sse_error_event(error)
-
-    async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float,
-        trace: Mapping[str, str] | None = None,
-    ) -> UpstreamReply:
-        """litellm's chat completion, in OpenAI's chat wire format."""
-        from proxy.upstream.litellm_transport import open_chat
-
-        return await open_chat(target, body, CHAT_PARAMS, timeout=timeout, trace=trace)
 
 
 CHAT = ChatFormat()

@@ -41,14 +41,21 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """Decode and check a /v1/chat/completions body."""
+def parse_model_body(raw: bytes) -> dict[str, Any]:
+    """Decode a JSON object body that names its model, in OpenAI's words, or raise a 400
+    (chat completions and Responses)."""
     body = parse_json_object(raw)
     model = body.get("model")
     if model is None:
         raise InvalidRequest("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model must be a non-empty string", param="model")
+    return body
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """Decode and check a /v1/chat/completions body."""
+    body = parse_model_body(raw)
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("you must provide a messages parameter", param="messages")

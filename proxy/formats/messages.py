@@ -20,13 +20,14 @@ from starlette.responses import Response
 
 from memory import Placed, count_tokens
 from proxy.access.identity import authenticate, presented_key, proxy_key_sent
-from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
+from proxy.formats.base import ApiFormat, Parsed, Reply, TextParts, tool_call_line
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.messages_body import (
     MESSAGES_PARAMS,
     conversation,
     has_message_breakpoint,
     inject_messages,
+    json_text,
     parse_messages_body,
     place_messages,
 )
@@ -38,7 +39,7 @@ from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
 from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
 from proxy.state import AppState
-from proxy.upstream.client import Target, Upstream, UpstreamReply, anthropic_target
+from proxy.upstream.client import Target, Upstream, anthropic_target
 
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -47,11 +48,12 @@ ERROR_TYPES = {
 }
 
 
-class MessagesFormat:
+class MessagesFormat(ApiFormat):
     """Anthropic Messages' side of the flow."""
 
     route = "messages"
     path = "/v1/messages"
+    params = MESSAGES_PARAMS
     continuable = False
 
     def parse(self, raw: bytes) -> Parsed:
@@ -115,7 +117,7 @@ class MessagesFormat:
             if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
                 gathered.parts.append(block["text"])
             elif isinstance(block, dict) and block.get("type") == "tool_use":
-                gathered.calls.append(tool_call_line(block.get("name"), _json(block.get("input"))))
+                gathered.calls.append(tool_call_line(block.get("name"), json_text(block.get("input"))))
         return Reply(gathered.text(), complete=body.get("stop_reason") != "max_tokens")
 
     def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
@@ -147,15 +149,6 @@ class MessagesFormat:
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """Anthropic's `error` event, which its SDKs raise as an APIStatusError."""
         return encode(orjson.dumps(envelope(error.status, error.message)), "error")
-
-    async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float,
-        trace: Mapping[str, str] | None = None,
-    ) -> UpstreamReply:
-        """litellm's Messages interface, translating to the route's provider."""
-        from proxy.upstream.litellm_transport import open_messages
-
-        return await open_messages(target, body, MESSAGES_PARAMS, timeout=timeout, trace=trace)
 
 
 MESSAGES = MessagesFormat()
@@ -243,13 +236,6 @@ def _loads(data: bytes) -> dict[str, Any]:
 
 def _json_tokens(value: Any, model: str) -> int:
     return count_tokens(orjson.dumps(value).decode(), model) if value else 0
-
-
-def _json(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return ""
 
 
 def _dict(value: Any) -> dict[str, Any]:

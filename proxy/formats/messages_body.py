@@ -66,7 +66,7 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     for message in body["messages"]:
         blocks = _blocks(message.get("content"))
         if message["role"] == "assistant":
-            calls = [{"function": {"name": b.get("name"), "arguments": _json(b.get("input"))}}
+            calls = [{"function": {"name": b.get("name"), "arguments": json_text(b.get("input"))}}
                      for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
             out.append({"role": "assistant", "content": _text(blocks), "tool_calls": calls})
             continue
@@ -197,7 +197,8 @@ def _text(content: Any) -> str:
                      and isinstance(b.get("text"), str))
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """A value as JSON text ("" when it cannot be written: a tool use's input as memory keeps it)."""
     try:
         return orjson.dumps(value).decode()
     except TypeError:

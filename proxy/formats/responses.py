@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from memory import Placed, placing_order
-from proxy.formats.base import Parsed, Reply, TextParts, tool_call_line
-from proxy.formats.chat_body import parse_json_object
+from proxy.formats.base import ApiFormat, Parsed, Reply, TextParts, tool_call_line
+from proxy.formats.chat_body import parse_model_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
 from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
-from proxy.upstream.client import Target, Upstream, UpstreamReply
+from proxy.upstream.client import Target, Upstream
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -43,21 +42,17 @@ RESPONSES_PARAMS = frozenset({
 })
 
 
-class ResponsesFormat:
+class ResponsesFormat(ApiFormat):
     """The Responses API's side of the flow."""
 
     route = "responses"
     continuable = True
     path = "/v1/responses"
+    params = RESPONSES_PARAMS
 
     def parse(self, raw: bytes) -> Parsed:
         """Check what memproxy relies on; the upstream judges every other field."""
-        body = parse_json_object(raw)
-        model = body.get("model")
-        if model is None:
-            raise InvalidRequest("you must provide a model parameter", param="model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("model must be a non-empty string", param="model")
+        body = parse_model_body(raw)
         items = body.get("input")
         if items is not None and not isinstance(items, (str, list)):
             raise InvalidRequest("input must be a string or an array of input items", param="input")
@@ -79,7 +74,7 @@ class ResponsesFormat:
         if placement != "last_user":
             instructions = body.get("instructions")
             return {**body, "instructions": f"{instructions}\n\n{block}" if instructions else block}
-        listed = _listed(body.get("input"))
+        listed = input_items(body.get("input"))
         last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
         listed.insert(last_user, {"role": "system", "content": block})
         return {**body, "input": listed}
@@ -94,7 +89,7 @@ class ResponsesFormat:
             if p.placement == "system":
                 body = self.inject(body, p.block, "system")
                 continue
-            listed = _listed(body.get("input"))
+            listed = input_items(body.get("input"))
             users = [i for i, item in enumerate(listed) if _role(item) == "user"]
             if p.user < len(users):
                 listed.insert(users[p.user], {"role": "system", "content": p.block})
@@ -142,25 +137,12 @@ class ResponsesFormat:
         """A `response.*` event reader."""
         return ResponsesTee()
 
-    def error_response(self, error: ProxyError) -> Response:
-        """OpenAI's error envelope."""
-        return error.to_response()
-
     def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
         """The Responses API's `error` event, numbered after the last event relayed."""
         numbers = _SEQUENCE.findall(last_sent)
         event = {"type": "error", "code": error.code, "message": error.message,
                  "param": error.param, "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
         return encode(orjson.dumps(event), "error")
-
-    async def open_litellm(
-        self, target: Target, body: dict[str, Any], *, timeout: float,
-        trace: Mapping[str, str] | None = None,
-    ) -> UpstreamReply:
-        """litellm's Responses API (translated for providers that lack it)."""
-        from proxy.upstream.litellm_transport import open_responses
-
-        return await open_responses(target, body, RESPONSES_PARAMS, timeout=timeout, trace=trace)
 
 
 RESPONSES = ResponsesFormat()
@@ -296,7 +278,7 @@ def _content_text(content: Any) -> str:
     )
 
 
-def _listed(items: Any) -> list[Any]:
+def input_items(items: Any) -> list[Any]:
     """The input items as a list (a string input is one user item)."""
     return [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
 

@@ -135,6 +135,9 @@ async def open_messages(
     return LitellmReply(_bytes(result), "text/event-stream", target, close=_closer(result))
 
 
+# Each API format's opener, by its route (`ApiFormat.open_litellm`).
+OPENERS = {"chat": open_chat, "responses": open_responses, "messages": open_messages}
+
 async def _bytes(stream: Any) -> AsyncIterator[bytes]:
     async for chunk in stream:
         yield chunk if isinstance(chunk, bytes) else str(chunk).encode()

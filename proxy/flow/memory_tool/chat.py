@@ -11,7 +11,7 @@ client's calls numbered from 0, and usage summed over every round.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -19,49 +19,38 @@ from proxy.flow.memory_tool.dialect import (
     DESCRIPTION,
     PARAMETERS,
     TOOL_NAME,
+    Dialect,
+    Payload,
     Search,
+    StreamRound,
     add_usage,
+    as_dict,
+    encoded,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
-
-Payload = dict[str, Any]
-TOOL: Payload = {
-    "type": "function",
-    "function": {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS},
-}
+from proxy.http.sse import ServerSentEvent, encode
 
 
-class ChatDialect:
+class ChatDialect(Dialect):
     """Chat completions' side of the tool loop."""
 
-    def unsupported(self, body: Payload) -> str | None:
-        """n > 1, tools that are not a list or hold a memory_search, legacy functions,
-        `tool_choice: none`."""
+    tool: ClassVar[Payload] = {
+        "type": "function",
+        "function": {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS},
+    }
+    no_calls = "none"
+
+    def refusal(self, body: Payload) -> str | None:
+        """n > 1, legacy functions."""
         if body.get("n") not in (None, 1):
             return "tool mode needs n=1"
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            return "tools is not an array"
-        if any(_name(t) == TOOL_NAME for t in tools or ()):
-            return f"the request has its own {TOOL_NAME} tool"
         if body.get("functions") is not None:
             return "the request uses the legacy functions field"
-        if body.get("tool_choice") == "none":
-            return "tool_choice is none"
         return None
 
-    def items(self, body: Payload) -> list[Any]:
-        """`messages`."""
-        return list(body["messages"])
-
-    def with_items(self, body: Payload, items: list[Any]) -> Payload:
-        """`messages` replaced."""
-        return {**body, "messages": items}
-
-    def offer(self, body: Payload) -> Payload:
-        """memory_search after the client's tools."""
-        return {**body, "tools": [*(body.get("tools") or ()), TOOL]}
+    def tool_name(self, tool: Any) -> Any:
+        """The function's name."""
+        return _name(tool)
 
     def last_round(self, body: Payload) -> Payload:
         """The client's own tools only."""
@@ -69,7 +58,7 @@ class ChatDialect:
 
     def searches(self, reply: Payload) -> list[Search]:
         """Choice 0's memory_search calls."""
-        return [Search(_str(c.get("id")), search_query(_dict(c.get("function")).get("arguments")))
+        return [Search(_str(c.get("id")), search_query(as_dict(c.get("function")).get("arguments")))
                 for c in _calls(_message(reply)) if _name(c) == TOOL_NAME]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
@@ -80,14 +69,11 @@ class ChatDialect:
         return [said, *({"role": "tool", "tool_call_id": search.id, "content": text}
                         for search, text in answers)]
 
-    def final(self, reply: Payload, usage_before: Payload | None) -> Payload:
+    def without_ours(self, reply: Payload) -> Payload:
         """Choice 0 without memory_search's calls (finish_reason stop when none is left)."""
-        out = {**reply}
-        if isinstance(reply.get("usage"), dict) and usage_before is not None:
-            out["usage"] = add_usage(usage_before, reply["usage"])
         calls = _calls(_message(reply))
         if not calls:
-            return out
+            return reply
         theirs = [c for c in calls if _name(c) != TOOL_NAME]
         choices = list(reply["choices"])  # the calls came from choice 0's message
         message = {**choices[0]["message"]}
@@ -98,39 +84,27 @@ class ChatDialect:
             message.pop("tool_calls", None)
             if choice.get("finish_reason") == "tool_calls":
                 choice["finish_reason"] = "stop"
-        out["choices"] = [choice, *choices[1:]]
-        return out
+        return {**reply, "choices": [choice, *choices[1:]]}
 
-    def usage(self, reply: Payload) -> Any:
-        """The completion's usage."""
-        return reply.get("usage")
-
-    def stream_round(self, previous: Any, usage_before: Payload | None) -> ChatRound:
+    def stream_round(self, previous: StreamRound | None, usage_before: Payload | None) -> ChatRound:
         """Rounds of a chat stream are independent: each starts its own chunks."""
         return ChatRound(usage_before)
 
 
-class ChatRound:
+class ChatRound(StreamRound):
     """Reads one round's chat.completion.chunk events; relays some, holds the rest."""
 
     def __init__(self, usage_before: Payload | None) -> None:
-        self.usage_before = usage_before
+        super().__init__(usage_before)
         self.content = ""  # choice 0's text this round (already relayed)
         self.usage: Payload | None = None
-        self._decoder = SSEDecoder()
-        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
         self._calls: dict[int, Payload] = {}  # index -> the call gathered from its deltas
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Take upstream bytes; return the whole events that go to the client now."""
-        out = []
-        for event in self._decoder.feed(chunk):
-            payload = event_payload(event)
-            if self._holds(event, payload):
-                self._held.append((event, payload))
-            else:
-                out.append(encode(event.data, event.event))
-        return b"".join(out)
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        if self._holds(event, payload):
+            self._held.append((event, payload))
+            return b""
+        return encoded(event)
 
     def reply(self) -> Payload:
         """The round as a chat.completion: choice 0's text and tool calls, the usage."""
@@ -167,12 +141,12 @@ class ChatRound:
         choice = _choice0(payload)
         if choice is None:
             return isinstance(usage, dict)  # the usage chunk, after the finish
-        delta = _dict(choice.get("delta"))
+        delta = as_dict(choice.get("delta"))
         if isinstance(delta.get("content"), str):
             self.content += delta["content"]
         calls = _list(delta.get("tool_calls"))
         for call in calls:
-            self._gather(_dict(call))
+            self._gather(as_dict(call))
         return bool(calls) or bool(choice.get("finish_reason"))
 
     def _gather(self, delta: Payload) -> None:
@@ -182,7 +156,7 @@ class ChatRound:
         })
         if isinstance(delta.get("id"), str):
             call["id"] = delta["id"]
-        function = _dict(delta.get("function"))
+        function = as_dict(delta.get("function"))
         for key in ("name", "arguments"):
             if isinstance(function.get(key), str):
                 call["function"][key] += function[key]
@@ -199,7 +173,7 @@ def _rewritten(
     if choice is None or not stripped:
         return out
     choice = {**choice}
-    delta = {**_dict(choice.get("delta"))}
+    delta = {**as_dict(choice.get("delta"))}
     if "tool_calls" in delta:
         calls = [
             {**call, "index": renumber[index]}
@@ -226,12 +200,8 @@ def _choice0(payload: Payload) -> Payload | None:
 
 
 def _index(call: Any) -> int:
-    index = _dict(call).get("index", 0)
+    index = as_dict(call).get("index", 0)
     return index if isinstance(index, int) else 0
-
-
-def _dict(value: Any) -> Payload:
-    return value if isinstance(value, dict) else {}
 
 
 def _list(value: Any) -> list[Any]:

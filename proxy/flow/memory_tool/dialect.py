@@ -1,18 +1,26 @@
 """What an API format tells the memory tool loop (`proxy.flow.memory_tool.loop`): how the tool is
 offered, how its calls and their answers look, and how a stream's round is filtered.
 
-A streamed round is rebuilt into the shape of a whole reply (`StreamRound.reply`), so the
-loop reads calls, usage and the turn that goes on the same way for both.
+What the three formats do alike is written once here, on what each format declares (its
+tool, its conversation's field, the `tool_choice` that forbids calls); each format's module
+holds only what differs. A streamed round is rebuilt into the shape of a whole reply
+(`StreamRound.reply`), so the loop reads calls, usage and the turn that goes on the same way
+for both.
 """
 
 from __future__ import annotations
 
+import copy
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import orjson
 
+from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+
+Payload = dict[str, Any]
 TOOL_NAME = "memory_search"
 DESCRIPTION = (
     "Search long-term memory of earlier conversations with this user: facts, preferences, "
@@ -35,65 +43,109 @@ class Search:
     query: str | None
 
 
-class StreamRound(Protocol):
-    """One round's events on their way to the client."""
+class StreamRound(ABC):
+    """One round's events on their way to the client: some relayed at once, some held
+    (`_held`) until the round ends."""
+
+    def __init__(self, usage_before: Payload | None) -> None:
+        self.usage_before = usage_before  # of the rounds before this one
+        self._decoder = SSEDecoder()
+        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
 
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return the whole events that go to the client now."""
-        ...
+        return b"".join(self._take(event, event_payload(event)) for event in self._decoder.feed(chunk))
 
-    def reply(self) -> dict[str, Any]:
+    @abstractmethod
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """One event (`payload`: its data as a JSON object): what goes to the client now."""
+
+    @abstractmethod
+    def reply(self) -> Payload:
         """The round so far as a whole reply of the format."""
-        ...
 
+    @abstractmethod
     def end(self) -> bytes:
         """The events held back, as the client gets them when this round is the last."""
-        ...
 
 
-class Dialect(Protocol):
+class Dialect(ABC):
     """One API format's side of the tool loop."""
 
-    def unsupported(self, body: dict[str, Any]) -> str | None:
-        """Why the loop cannot serve this body (None: it can)."""
-        ...
+    tool: ClassVar[Payload]  # memory_search as the format defines a tool
+    field: ClassVar[str] = "messages"  # the body's conversation
+    no_calls: ClassVar[Any]  # the tool_choice that forbids every call
 
-    def items(self, body: dict[str, Any]) -> list[Any]:
-        """The body's conversation as the format lists it (chat: `messages`)."""
-        ...
+    def unsupported(self, body: Payload) -> str | None:
+        """Why the loop cannot serve this body (None: it can): what the format refuses, tools
+        that are not a list or hold a memory_search, a tool_choice that forbids calls."""
+        if (reason := self.refusal(body)) is not None:
+            return reason
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            return "tools is not an array"
+        if any(self.tool_name(t) == TOOL_NAME for t in tools or ()):
+            return f"the request has its own {TOOL_NAME} tool"
+        if self.forbids_calls(body.get("tool_choice")):
+            return "tool_choice is none"
+        return None
 
-    def with_items(self, body: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+    def refusal(self, body: Payload) -> str | None:
+        """What else of this format's body the loop cannot serve."""
+        return None
+
+    def tool_name(self, tool: Any) -> Any:
+        """The name a tool definition of the body gives."""
+        return tool.get("name") if isinstance(tool, dict) else None
+
+    def forbids_calls(self, choice: Any) -> bool:
+        """Whether the body's tool_choice forbids every call."""
+        return bool(choice == self.no_calls)
+
+    def items(self, body: Payload) -> list[Any]:
+        """The body's conversation as the format lists it."""
+        return list(body[self.field])
+
+    def with_items(self, body: Payload, items: list[Any]) -> Payload:
         """The body carrying `items` as its conversation."""
-        ...
+        return {**body, self.field: items}
 
-    def offer(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body with memory_search among its tools."""
-        ...
+    def offer(self, body: Payload) -> Payload:
+        """The body with memory_search after the client's tools."""
+        return {**body, "tools": [*(body.get("tools") or ()), self.tool]}
 
-    def last_round(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body of a round where memory_search is no longer offered."""
-        ...
+    def last_round(self, body: Payload) -> Payload:
+        """The body of a round where memory_search is no longer to be called: still defined,
+        as the conversation holds its calls, with the tool_choice that forbids calls when
+        the client has no tools of its own."""
+        if body.get("tools") or "tool_choice" in body:
+            return self.offer(body)
+        # Each body its own tool_choice object: the class's is shared by every request.
+        return {**self.offer(body), "tool_choice": copy.copy(self.no_calls)}
 
-    def searches(self, reply: dict[str, Any]) -> list[Search]:
+    @abstractmethod
+    def searches(self, reply: Payload) -> list[Search]:
         """A whole reply's memory_search calls, in order."""
-        ...
 
-    def followup(self, reply: dict[str, Any], answers: Sequence[tuple[Search, str]]) -> list[dict[str, Any]]:
+    @abstractmethod
+    def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The messages that go on from a reply that searched: its turn without the
         client's calls, then the answers."""
-        ...
 
-    def final(self, reply: dict[str, Any], usage_before: dict[str, Any] | None) -> dict[str, Any]:
-        """The last reply as the client gets it: no memory_search, usage of every round."""
-        ...
+    def final(self, reply: Payload, usage_before: Payload | None) -> Payload:
+        """The last reply as the client gets it: no memory_search, usage of every round (the
+        reply itself when there is nothing to change)."""
+        if isinstance(reply.get("usage"), dict) and usage_before is not None:
+            reply = {**reply, "usage": add_usage(usage_before, reply["usage"])}
+        return self.without_ours(reply)
 
-    def usage(self, reply: dict[str, Any]) -> Any:
-        """A whole reply's usage object."""
-        ...
+    @abstractmethod
+    def without_ours(self, reply: Payload) -> Payload:
+        """The reply without memory_search's calls (itself when it holds none)."""
 
-    def stream_round(self, previous: Any, usage_before: dict[str, Any] | None) -> StreamRound:
+    @abstractmethod
+    def stream_round(self, previous: StreamRound | None, usage_before: Payload | None) -> StreamRound:
         """A filter for the next round of a stream (`previous`: the round before, or None)."""
-        ...
 
 
 def add_usage(before: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
@@ -111,6 +163,30 @@ def add_usage(before: dict[str, Any] | None, usage: Any) -> dict[str, Any] | Non
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def encoded(event: ServerSentEvent) -> bytes:
+    """One event as SSE bytes, as it came (proxy.http.sse.encode)."""
+    return encode(event.data, event.event)
+
+
+def reencoded(event: ServerSentEvent, payload: Payload) -> bytes:
+    """An event with its data replaced by `payload`."""
+    return encode(orjson.dumps(payload), event.event)
+
+
+def json_object(data: str | bytes) -> Payload | None:
+    """A reply's or an event's data as a JSON object (None when it is not one)."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def as_dict(value: Any) -> Payload:
+    """`value` when it is an object, else an empty one: any field may hold any type."""
+    return value if isinstance(value, dict) else {}
 
 
 def search_query(arguments: Any) -> str | None:

@@ -25,14 +25,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from config import Flags
 from memory import MemoryEngine, RecallRequest, trace_span
 from proxy.flow.memory_tool.chat import ChatDialect
-from proxy.flow.memory_tool.dialect import TOOL_NAME, Dialect, Search, add_usage
+from proxy.flow.memory_tool.dialect import (
+    TOOL_NAME,
+    Dialect,
+    Search,
+    StreamRound,
+    add_usage,
+    json_object,
+)
 from proxy.flow.memory_tool.messages import MessagesDialect
 from proxy.flow.memory_tool.responses import ResponsesDialect
 from proxy.upstream.client import UpstreamHeaders, UpstreamReply
@@ -56,12 +63,8 @@ DIALECTS: dict[str, Dialect] = {
 
 # Sends one round upstream: the body's bytes and the body.
 Send = Callable[[bytes, dict[str, Any]], Awaitable[UpstreamReply]]
-
-
-class Conversation(Protocol):
-    """A format's reading of a body as chat messages (`ApiFormat.conversation`)."""
-
-    def __call__(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+# A format's reading of a body as chat messages (`ApiFormat.conversation`).
+Conversation = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 @dataclasses.dataclass
@@ -125,7 +128,7 @@ class MemoryTool:
                 content = await read_upstream_body(reply)
             finally:
                 await reply.aclose()
-            whole = _json(content)
+            whole = json_object(content)
             if reply.status_code >= 300 or whole is None:
                 return _WholeReply(reply, content)  # exchange reports what is wrong with it
             ours = self.dialect.searches(whole)
@@ -135,7 +138,7 @@ class MemoryTool:
                     return _WholeReply(reply, content)  # untouched: the upstream's bytes
                 return _WholeReply(reply, orjson.dumps(self.dialect.final(whole, usage)))
             messages += await self.answer(whole, ours, body, messages, step)
-            usage = add_usage(usage, self.dialect.usage(whole))
+            usage = add_usage(usage, whole.get("usage"))
         raise AssertionError("unreachable")  # the last round returns
 
     async def answer(
@@ -194,7 +197,7 @@ class _Rounds:
         tool, dialect = self._tool, self._dialect
         messages = dialect.items(self._body)
         usage: dict[str, Any] | None = None
-        events = None
+        events: StreamRound | None = None
         for round_ in range(tool.rounds + 1):
             if round_:
                 await self._current.aclose()
@@ -212,7 +215,7 @@ class _Rounds:
                     yield end
                 return
             messages += await tool.answer(whole, ours, self._body, messages, self._step)
-            usage = add_usage(usage, dialect.usage(whole))
+            usage = add_usage(usage, whole.get("usage"))
 
     async def aclose(self) -> None:
         await self._current.aclose()
@@ -232,10 +235,3 @@ class _WholeReply:
     async def aclose(self) -> None:
         return None
 
-
-def _json(content: bytes) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

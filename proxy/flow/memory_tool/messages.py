@@ -15,7 +15,7 @@ A later round's `message_start` is not sent: the client sees one message.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -23,50 +23,32 @@ from proxy.flow.memory_tool.dialect import (
     DESCRIPTION,
     PARAMETERS,
     TOOL_NAME,
+    Dialect,
+    Payload,
     Search,
+    StreamRound,
     add_usage,
+    as_dict,
+    encoded,
+    reencoded,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+from proxy.http.sse import ServerSentEvent, encode
 
-Payload = dict[str, Any]
-TOOL: Payload = {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
 # Stream deltas by type, and the block field each one extends.
 DELTA_FIELDS = {"text_delta": ("text", "text"), "input_json_delta": ("partial_json", "input"),
                 "thinking_delta": ("thinking", "thinking"), "signature_delta": ("signature", "signature")}
 
 
-class MessagesDialect:
+class MessagesDialect(Dialect):
     """Anthropic Messages' side of the tool loop."""
 
-    def unsupported(self, body: Payload) -> str | None:
-        """Tools that are not a list or hold a memory_search, `tool_choice: none`."""
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            return "tools is not an array"
-        if any(isinstance(t, dict) and t.get("name") == TOOL_NAME for t in tools or ()):
-            return f"the request has its own {TOOL_NAME} tool"
-        if _dict(body.get("tool_choice")).get("type") == "none":
-            return "tool_choice is none"
-        return None
+    tool: ClassVar[Payload] = {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
+    no_calls: ClassVar[Payload] = {"type": "none"}
 
-    def items(self, body: Payload) -> list[Any]:
-        """`messages`."""
-        return list(body["messages"])
-
-    def with_items(self, body: Payload, items: list[Any]) -> Payload:
-        """`messages` replaced."""
-        return {**body, "messages": items}
-
-    def offer(self, body: Payload) -> Payload:
-        """memory_search after the client's tools."""
-        return {**body, "tools": [*(body.get("tools") or ()), TOOL]}
-
-    def last_round(self, body: Payload) -> Payload:
-        """Still defined (the conversation holds its tool_use blocks), not to be called."""
-        if body.get("tools") or "tool_choice" in body:
-            return self.offer(body)
-        return {**self.offer(body), "tool_choice": {"type": "none"}}
+    def forbids_calls(self, choice: Any) -> bool:
+        """A tool_choice of type none."""
+        return as_dict(choice).get("type") == "none"
 
     def searches(self, reply: Payload) -> list[Search]:
         """The message's memory_search tool_use blocks."""
@@ -80,55 +62,43 @@ class MessagesDialect:
                    for search, text in answers]
         return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
 
-    def final(self, reply: Payload, usage_before: Payload | None) -> Payload:
+    def without_ours(self, reply: Payload) -> Payload:
         """The message without memory_search's blocks (end_turn when no tool use is left)."""
-        out = {**reply}
-        if isinstance(reply.get("usage"), dict) and usage_before is not None:
-            out["usage"] = add_usage(usage_before, reply["usage"])
         blocks = _blocks(reply)
-        if any(_ours(b) for b in blocks):
-            out["content"] = [b for b in blocks if not _ours(b)]
-            if reply.get("stop_reason") == "tool_use" and not _tool_uses(out["content"]):
-                out["stop_reason"] = "end_turn"
+        if not any(_ours(b) for b in blocks):
+            return reply
+        out = {**reply, "content": [b for b in blocks if not _ours(b)]}
+        if reply.get("stop_reason") == "tool_use" and not _tool_uses(out["content"]):
+            out["stop_reason"] = "end_turn"
         return out
 
-    def usage(self, reply: Payload) -> Any:
-        """The message's usage."""
-        return reply.get("usage")
-
-    def stream_round(self, previous: Any, usage_before: Payload | None) -> MessagesRound:
+    def stream_round(self, previous: StreamRound | None, usage_before: Payload | None) -> MessagesRound:
         """The next round, numbering its blocks after those the client already has."""
         return MessagesRound(previous if isinstance(previous, MessagesRound) else None, usage_before)
 
 
-class MessagesRound:
+class MessagesRound(StreamRound):
     """Reads one round's Messages events; relays some, holds the rest."""
 
     def __init__(self, previous: MessagesRound | None, usage_before: Payload | None) -> None:
+        super().__init__(usage_before)
         self.first = previous is None
         # The client's number for the next block: rounds go on from the blocks it has.
         self.next_index: int = previous.next_index if previous is not None else 0
-        self.usage_before = usage_before
-        self._decoder = SSEDecoder()
         self._blocks: dict[int, Payload] = {}  # upstream index -> the block rebuilt
         self._numbers: dict[int, int] = {}  # upstream index -> the client's index
-        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
         self._stop_reason: Any = None
         self._usage: Payload = {}
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Take upstream bytes; return the whole events that go to the client now."""
-        out = []
-        for event in self._decoder.feed(chunk):
-            payload = event_payload(event)
-            verdict = self._read(payload) if payload is not None else "relay"
-            if verdict == "hold":
-                self._held.append((event, payload))
-            elif verdict == "relay":
-                out.append(encode(event.data, event.event))
-            elif verdict == "renumber" and payload is not None:
-                out.append(self._numbered(event, payload))
-        return b"".join(out)
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        verdict = self._read(payload) if payload is not None else "relay"
+        if verdict == "hold":
+            self._held.append((event, payload))
+        elif verdict == "relay":
+            return encoded(event)
+        elif verdict == "renumber" and payload is not None:
+            return self._numbered(event, payload)
+        return b""
 
     def reply(self) -> Payload:
         """The round as a whole message: its blocks in order, stop reason and usage."""
@@ -157,20 +127,20 @@ class MessagesRound:
         """What happens to one event: relay, renumber (a block), hold or drop."""
         kind, index = payload.get("type"), payload.get("index")
         if kind == "message_start":
-            self._usage = {**_dict(_dict(payload.get("message")).get("usage"))}
+            self._usage = {**as_dict(as_dict(payload.get("message")).get("usage"))}
             return "relay" if self.first else "drop"
         if kind in ("message_delta", "message_stop"):
             if kind == "message_delta":
-                self._stop_reason = _dict(payload.get("delta")).get("stop_reason")
-                self._usage.update(_dict(payload.get("usage")))
+                self._stop_reason = as_dict(payload.get("delta")).get("stop_reason")
+                self._usage.update(as_dict(payload.get("usage")))
             return "hold"
         if not isinstance(index, int) or not str(kind).startswith("content_block"):
             return "relay"  # ping, error, anything new
         if kind == "content_block_start":
-            self._blocks[index] = {**_dict(payload.get("content_block"))}
+            self._blocks[index] = {**as_dict(payload.get("content_block"))}
         block = self._blocks.setdefault(index, {})
         if kind == "content_block_delta":
-            _extend(block, _dict(payload.get("delta")))
+            _extend(block, as_dict(payload.get("delta")))
         if _ours(block):
             return "drop"
         if block.get("type") == "tool_use":
@@ -187,11 +157,11 @@ class MessagesRound:
         index = payload["index"]
         number = self._numbers.get(index, index)
         if number == index:
-            return encode(event.data, event.event)
-        return _event(event, {**payload, "index": number})
+            return encoded(event)
+        return reencoded(event, {**payload, "index": number})
 
     def _message_delta(self, event: ServerSentEvent, payload: Payload, client_uses: bool) -> bytes:
-        delta = _dict(payload.get("delta"))
+        delta = as_dict(payload.get("delta"))
         stripped = any(_ours(b) for b in self._blocks.values())
         if not stripped and self.usage_before is None:
             return encode(event.data, event.event)
@@ -201,11 +171,7 @@ class MessagesRound:
         if self.usage_before is not None:
             # Every round's tokens, in the field the SDKs take the final usage from.
             out["usage"] = add_usage(self.usage_before, self._usage)
-        return _event(event, out)
-
-
-def _event(event: ServerSentEvent, payload: Payload) -> bytes:
-    return encode(orjson.dumps(payload), event.event)
+        return reencoded(event, out)
 
 
 def _extend(block: Payload, delta: Payload) -> None:
@@ -240,7 +206,3 @@ def _tool_uses(blocks: list[Payload]) -> bool:
 
 def _ours(block: Payload) -> bool:
     return block.get("type") == "tool_use" and block.get("name") == TOOL_NAME
-
-
-def _dict(value: Any) -> Payload:
-    return value if isinstance(value, dict) else {}

@@ -18,62 +18,41 @@ dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import orjson
+from typing import Any, ClassVar
 
 from proxy.flow.memory_tool.dialect import (
     DESCRIPTION,
     PARAMETERS,
     TOOL_NAME,
+    Dialect,
+    Payload,
     Search,
-    add_usage,
+    StreamRound,
+    encoded,
+    reencoded,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
-
-Payload = dict[str, Any]
-TOOL: Payload = {"type": "function", "name": TOOL_NAME, "description": DESCRIPTION,
-                 "parameters": PARAMETERS}
+from proxy.formats.responses import input_items
+from proxy.http.sse import ServerSentEvent, encode
 
 
-class ResponsesDialect:
+class ResponsesDialect(Dialect):
     """The Responses API's side of the tool loop."""
 
-    def unsupported(self, body: Payload) -> str | None:
-        """Tools that are not a list or hold a memory_search, `tool_choice: none` and
-        background responses."""
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            return "tools is not an array"
-        if any(isinstance(t, dict) and t.get("name") == TOOL_NAME for t in tools or ()):
-            return f"the request has its own {TOOL_NAME} tool"
-        if body.get("tool_choice") == "none":
-            return "tool_choice is none"
+    tool: ClassVar[Payload] = {"type": "function", "name": TOOL_NAME, "description": DESCRIPTION,
+                               "parameters": PARAMETERS}
+    field = "input"
+    no_calls = "none"
+
+    def refusal(self, body: Payload) -> str | None:
+        """Background responses."""
         if body.get("background") is True:
             return "background responses are not awaited"
         return None
 
     def items(self, body: Payload) -> list[Any]:
         """`input`, a string read as one user message."""
-        given = body.get("input")
-        if isinstance(given, str):
-            return [{"role": "user", "content": given}]
-        return list(given or [])
-
-    def with_items(self, body: Payload, items: list[Any]) -> Payload:
-        """`input` replaced."""
-        return {**body, "input": items}
-
-    def offer(self, body: Payload) -> Payload:
-        """memory_search after the client's tools."""
-        return {**body, "tools": [*(body.get("tools") or ()), TOOL]}
-
-    def last_round(self, body: Payload) -> Payload:
-        """Still defined (the input holds its calls), not to be called."""
-        if body.get("tools") or "tool_choice" in body:
-            return self.offer(body)
-        return {**self.offer(body), "tool_choice": "none"}
+        return input_items(body.get("input"))
 
     def searches(self, reply: Payload) -> list[Search]:
         """The response's memory_search function calls."""
@@ -86,57 +65,46 @@ class ResponsesDialect:
         return [*kept, *({"type": "function_call_output", "call_id": search.id, "output": text}
                          for search, text in answers)]
 
-    def final(self, reply: Payload, usage_before: Payload | None) -> Payload:
-        """The response without memory_search's calls, usage of every round."""
-        out = {**reply}
-        if isinstance(reply.get("usage"), dict) and usage_before is not None:
-            out["usage"] = add_usage(usage_before, reply["usage"])
-        if any(_ours(item) for item in _output(reply)):
-            out["output"] = [item for item in _output(reply) if not _ours(item)]
-        return out
+    def without_ours(self, reply: Payload) -> Payload:
+        """The response without memory_search's calls."""
+        if not any(_ours(item) for item in _output(reply)):
+            return reply
+        return {**reply, "output": [item for item in _output(reply) if not _ours(item)]}
 
-    def usage(self, reply: Payload) -> Any:
-        """The response's usage."""
-        return reply.get("usage")
-
-    def stream_round(self, previous: Any, usage_before: Payload | None) -> ResponsesRound:
+    def stream_round(self, previous: StreamRound | None, usage_before: Payload | None) -> ResponsesRound:
         """The next round: a response of its own, so nothing carries over but the usage."""
-        return ResponsesRound(usage_before)
+        return ResponsesRound(self, usage_before)
 
 
 # The events that end a response, carrying it whole.
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
-class ResponsesRound:
+class ResponsesRound(StreamRound):
     """Reads one round's Responses events: held until an output item shows what the round
     is, then relayed without memory_search's items."""
 
-    def __init__(self, usage_before: Payload | None) -> None:
-        self.usage_before = usage_before
-        self._decoder = SSEDecoder()
-        self._held: list[tuple[ServerSentEvent, Payload | None]] = []
+    def __init__(self, dialect: ResponsesDialect, usage_before: Payload | None) -> None:
+        super().__init__(usage_before)
+        self._dialect = dialect
         self._relaying = False
         self._response: Payload = {}  # the latest whole response an event carried
         self._items: dict[int, Payload] = {}  # output index -> the item as last sent
         self._ours: list[int] = []  # output indexes of memory_search calls, ascending
         self._sequence = 0  # the client's number for the next event
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Take upstream bytes; return the whole events that go to the client now."""
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
         out = []
-        for event in self._decoder.feed(chunk):
-            payload = event_payload(event)
-            if payload is not None:
-                self._read(payload)
-            if not self._relaying and payload is not None and self._answers(payload):
-                self._relaying = True
-                out += [self._relayed(e, p) for e, p in self._held]
-                self._held = []
-            if self._relaying:
-                out.append(self._relayed(event, payload))
-            else:
-                self._held.append((event, payload))
+        if payload is not None:
+            self._read(payload)
+        if not self._relaying and payload is not None and self._answers(payload):
+            self._relaying = True
+            out += [self._relayed(e, p) for e, p in self._held]
+            self._held = []
+        if self._relaying:
+            out.append(self._relayed(event, payload))
+        else:
+            self._held.append((event, payload))
         return b"".join(out)
 
     def reply(self) -> Payload:
@@ -146,9 +114,7 @@ class ResponsesRound:
         whole = {**self._response}
         if not isinstance(whole.get("output"), list) or len(whole["output"]) < len(output):
             whole["output"] = output
-        if self._relaying:
-            whole["output"] = [item for item in _output(whole) if not _ours(item)]
-        return whole
+        return self._dialect.without_ours(whole) if self._relaying else whole
 
     def end(self) -> bytes:
         """The events held back, as the client gets them when this round is the last."""
@@ -183,27 +149,15 @@ class ResponsesRound:
         if isinstance(index, int) and (before := sum(i < index for i in self._ours)):
             out = {**out, "output_index": index - before}
         if payload.get("type") in _ENDS and isinstance(payload.get("response"), dict):
-            if (final := self._final(payload["response"])) is not payload["response"]:
+            if (final := self._dialect.final(payload["response"], self.usage_before)) is not payload["response"]:
                 out = {**out, "response": final}
         if isinstance(payload.get("sequence_number"), int):
             if payload["sequence_number"] != self._sequence:
                 out = {**out, "sequence_number": self._sequence}
             self._sequence += 1
         if out is payload:
-            return encode(event.data, event.event)
-        return encode(orjson.dumps(out), event.event)
-
-    def _final(self, response: Payload) -> Payload:
-        """The ending response without memory_search's calls, with every round's usage (the
-        same object when there is nothing to change)."""
-        if self.usage_before is None and not any(map(_ours, _output(response))):
-            return response
-        out = {**response}
-        if any(map(_ours, _output(response))):
-            out["output"] = [item for item in _output(response) if not _ours(item)]
-        if self.usage_before is not None and isinstance(response.get("usage"), dict):
-            out["usage"] = add_usage(self.usage_before, response["usage"])
-        return out
+            return encoded(event)
+        return reencoded(event, out)
 
 
 def _output(reply: Payload) -> list[Payload]:
