@@ -1,8 +1,9 @@
 """The OpenAPI 3.0 document of the memory API, served at /v1/memory/openapi.json.
 
-The request bodies' schemas come from their declaration (proxy/management/bodies.py), which
-also validates them; the answers' schemas are written here. Tests check every route is
-described, every route that takes a body declares it, and every answer matches its schema.
+Its schemas are made from the declared shapes: the request bodies (proxy/management/bodies.py,
+which also validates them), the answers (answers.py) and the import records
+(openapi_records.py); the paths are written here. Tests check every route is described,
+every route that takes a body declares it, and every answer matches its schema.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
+from memory import CATEGORIES, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
-from proxy.management.bodies import openapi_schemas
-from proxy.management.openapi_admin import ADMIN_PATHS, ADMIN_SCHEMAS
-from proxy.management.openapi_records import RECORD_SCHEMAS
-from proxy.management.openapi_usage import USAGE_PATHS, USAGE_SCHEMAS
+from proxy.management.answers import ANSWERS
+from proxy.management.bodies import openapi_schema, openapi_schemas
+from proxy.management.openapi_admin import ADMIN_PATHS
+from proxy.management.openapi_records import RECORDS
+from proxy.management.openapi_usage import USAGE_PATHS
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -40,10 +42,6 @@ _ERROR_TEXT = {
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(kind: str, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "nullable": True, **extra}
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
@@ -75,19 +73,6 @@ def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {JSON: {"schema": schema}}}
 
 
-def _list(item: str) -> dict[str, Any]:
-    return {
-        "type": "object", "required": ["object", "data", "has_more", "next_cursor"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {"type": "array", "items": _ref(item)},
-            "has_more": {"type": "boolean"},
-            "next_cursor": _nullable("string"),
-        },
-    }
-
-
-
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_FACTS_PAGE}
 _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
@@ -95,171 +80,6 @@ _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
 # An empty cursor is the first page.
 _SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {
-            "type": "object", "required": ["message", "type", "param", "code"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                           "param": _nullable("string"), "code": _nullable("string")},
-        }},
-    },
-    "Fact": {
-        "type": "object",
-        "required": ["object", "id", "text", "category", "confidence", "importance", "pinned",
-                     "version", "active"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.fact"]},
-            "id": {"type": "integer"}, "user_id": {"type": "string"}, "text": {"type": "string"},
-            "category": {"type": "string", "enum": list(CATEGORIES)},
-            "confidence": {"type": "number"}, "importance": {"type": "integer"},
-            "mentions": {"type": "integer"},
-            "source": {"type": "string", "enum": list(FACT_SOURCES)},
-            "source_session": _nullable("string"), "client": _nullable("string"),
-            "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
-            "pinned": {"type": "boolean"}, "first_seen": {"type": "number"},
-            "last_seen": {"type": "number"}, "expires_at": _nullable("number"),
-            "version": {"type": "integer"}, "previous_id": _nullable("integer"),
-            "valid_from": {"type": "number"}, "valid_to": _nullable("number"),
-            "superseded_by": _nullable("integer"), "created_at": {"type": "number"},
-            "updated_at": {"type": "number"}, "active": {"type": "boolean"},
-        },
-    },
-    "FactList": _list("Fact"),
-    "Deleted": {
-        "type": "object", "required": ["object", "id", "deleted"],
-        "properties": {"object": {"type": "string"}, "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
-                       "deleted": {"type": "boolean"},
-                       "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
-                       "undo_token": {"type": "string"}, "expires_at": {"type": "number"}},
-    },
-    "Session": {
-        "type": "object",
-        "required": ["object", "session_id", "created_at", "last_active", "turns", "facts",
-                     "summaries", "title"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.session"]},
-            "session_id": {"type": "string"}, "created_at": {"type": "number"},
-            "last_active": {"type": "number"}, "turns": {"type": "integer"},
-            "facts": {"type": "integer"}, "summaries": {"type": "integer"},
-            "title": {"type": "string"},
-        },
-    },
-    "SessionList": _list("Session"),
-    "Turn": {
-        "type": "object", "required": ["object", "id", "session_id", "role", "content", "created_at"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.turn"]}, "id": {"type": "integer"},
-            "session_id": {"type": "string"}, "parent_id": _nullable("integer"),
-            "position": {"type": "integer"}, "role": {"type": "string"},
-            "name": _nullable("string"), "content": {"type": "string"},
-            "created_at": {"type": "number"}, "model": _nullable("string"),
-            "tokens": {"type": "integer"}, "incomplete": {"type": "boolean"},
-        },
-    },
-    "TurnList": _list("Turn"),
-    "SearchResult": {
-        "type": "object",
-        "required": ["object", "query", "budget", "scope", "block", "items", "tokens"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.search"]},
-            "query": {"type": "string"}, "user_id": {"type": "string"},
-            "session_id": _nullable("string"), "scope": {"type": "string"},
-            "budget": {"type": "integer"}, "model": {"type": "string"},
-            "block": {"type": "string", "description": "Exactly what would be injected."},
-            "items": {"type": "array", "items": {
-                "type": "object", "required": ["source", "id", "text", "score", "signals"],
-                "properties": {
-                    "source": {"type": "string"}, "id": {"type": "string"},
-                    "turn_id": {"type": "integer"}, "session_id": {"type": "string"},
-                    "speaker": {"type": "string"}, "created_at": {"type": "number"},
-                    "text": {"type": "string"}, "score": {"type": "number"},
-                    "signals": {"type": "object", "additionalProperties": {"type": "number"}},
-                },
-            }},
-            "tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
-            "candidates": {"type": "integer"}, "recall_ms": {"type": "number"},
-            "embed_ms": {"type": "number"}, "skipped": _nullable("string"),
-        },
-    },
-    **RECORD_SCHEMAS,
-    "Clear": {
-        "type": "object", "required": ["object", "undo_token", "expires_at", "removed"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.clear"]},
-            "undo_token": {"type": "string"}, "undo_seconds": {"type": "number"},
-            "created_at": {"type": "number"}, "expires_at": {"type": "number"},
-            "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
-        },
-    },
-    "ImportReport": {
-        "type": "object", "required": ["object", "added", "skipped"],
-        "properties": {
-            "object": {"type": "string"}, "records": {"type": "integer"},
-            "restored": {"type": "boolean"},
-            "added": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "updated": {"type": "object", "additionalProperties": {"type": "integer"},
-                        "description": "Stored fact versions that took a newer file's state."},
-            "skipped": {"type": "object", "additionalProperties": {"type": "integer"},
-                        "description": "Records already there, by kind."},
-            "ignored": {
-                "type": "object", "required": list(IGNORED), "additionalProperties": False,
-                "description": "Conversation messages left out on purpose: system, developer"
-                               " and legacy function messages, and messages with no text.",
-                "properties": {reason: {"type": "integer", "minimum": 0} for reason in IGNORED},
-            },
-        },
-    },
-    "Profile": {
-        "type": "object", "required": ["object", "consent", "profile"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.profile"]},
-            "user_id": {"type": "string"}, "consent": {"type": "boolean"},
-            "profile": {"type": "object", "nullable": True, "properties": {
-                "fields": {"type": "object"}, "text": {"type": "string"},
-                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
-            }},
-        },
-    },
-    "Stats": {
-        "type": "object", "required": ["object", "counts", "index", "jobs"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.stats"]},
-            "user_id": {"type": "string"},
-            "counts": {"type": "object"}, "index": {"type": "object"},
-            # null, and index sizes absent, for a key that is not the admin's where keys are set
-            "jobs": {"type": "object", "nullable": True,
-                     "required": ["depth", "dead", "dead_letters"], "properties": {
-                "depth": {"type": "integer"}, "dead": {"type": "integer"},
-                "dead_letters": {"type": "array", "items": {"type": "object"}},
-            }},
-            "pending_clears": {"type": "array", "items": {"type": "object"}},
-            "limits": {"type": "object"},
-        },
-    },
-    "Metrics": {
-        "type": "object",
-        "required": ["object", "since", "until", "summary", "data", "has_more", "next_cursor"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "since": {"type": "number"}, "until": {"type": "number"},
-            "summary": {
-                "type": "object", "description": "Of every row in [since, until), not this page.",
-                "required": ["requests", "recall_ms_p50", "recall_ms_p95", "recall_ms_max",
-                             "injected_tokens_mean", "injected_tokens_max", "truncated", "errors"],
-            },
-            "has_more": {"type": "boolean"}, "next_cursor": _nullable("string"),
-            "data": {"type": "array", "items": {"type": "object", "properties": {
-                "created_at": {"type": "number"}, "session_id": _nullable("string"),
-                "request_id": _nullable("string"), "model": _nullable("string"),
-                "items": {"type": "object", "additionalProperties": {"type": "integer"}},
-                "injected_tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
-                "recall_ms": _nullable("number"), "embed_ms": _nullable("number"),
-                "error": _nullable("string"),
-            }}},
-        },
-    },
-}
 
 _FACT_QUERY = [
     _query("category", {"type": "string", "enum": list(CATEGORIES)}, "Only this category."),
@@ -380,7 +200,10 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS, **USAGE_SCHEMAS, **openapi_schemas()},
+        "schemas": {**{name: openapi_schema(shape, frozenset(ANSWERS))
+                       for name, shape in ANSWERS.items()},
+                    **{name: openapi_schema(shape) for name, shape in RECORDS.items()},
+                    **openapi_schemas()},
     },
     # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
     "paths": {**PATHS, **ADMIN_PATHS, **USAGE_PATHS},

@@ -1,6 +1,7 @@
 """The admin API's part of the OpenAPI document (proxy/management/openapi.py): paths under
 /v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only). Its
-request bodies (NewApiKey, ApiKeyChanges) come from proxy/management/bodies.py."""
+request bodies (NewApiKey, ApiKeyChanges) come from proxy/management/bodies.py, its answers
+from answers.py."""
 
 from __future__ import annotations
 
@@ -38,43 +39,6 @@ def _op(summary: str, ok: str, *errors: str, status: str = "200",
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
     return operation
 
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "nullable": True}
-
-
-_KEY_PROPERTIES: dict[str, Any] = {
-    "object": {"type": "string", "enum": ["api_key"]},
-    "id": {"type": "string"},
-    "source": {"type": "string", "enum": ["database", "env"]},
-    "prefix": _nullable({"type": "string", "description": "The secret's start, for display."}),
-    "user": _nullable({"type": "string"}),
-    "org": _nullable({"type": "string"}),
-    "org_writer": {"type": "boolean"},
-    "expires_at": _nullable({"type": "number"}),
-    "rate_limit": _nullable({"type": "integer"}),
-    "token_quota": _nullable({"type": "integer"}),
-    "created_at": _nullable({"type": "number"}),
-    "last_used_at": _nullable({"type": "number"}),
-    "revoked_at": _nullable({"type": "number"}),
-    "status": {"type": "string", "enum": ["active", "revoked", "expired"]},
-}
-
-ADMIN_SCHEMAS: dict[str, Any] = {
-    "ApiKey": {"type": "object", "required": list(_KEY_PROPERTIES),
-               "additionalProperties": False, "properties": _KEY_PROPERTIES},
-    "ApiKeyCreated": {
-        "type": "object", "required": [*_KEY_PROPERTIES, "key"], "additionalProperties": False,
-        "properties": {**_KEY_PROPERTIES, "key": {
-            "type": "string", "pattern": "^mp-[0-9a-f]{8}_[A-Za-z0-9_-]{43}$",
-            "description": "The secret: shown here once, never again."}},
-    },
-    "ApiKeyList": {
-        "type": "object", "required": ["object", "data"], "additionalProperties": False,
-        "properties": {"object": {"type": "string", "enum": ["list"]},
-                       "data": {"type": "array", "items": _ref("ApiKey")}},
-    },
-}
 
 _KEY_ID = {"name": "key_id", "in": "path", "required": True,
            "schema": {"type": "string", "minLength": 1, "maxLength": 100}}

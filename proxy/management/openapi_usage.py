@@ -7,36 +7,8 @@ from typing import Any
 
 from proxy.access.identity import MAX_ID_LENGTH
 
-_COUNTS = {name: {"type": "integer", "minimum": 0} for name in (
-    "requests", "input_tokens", "output_tokens", "memory_tokens", "errors")}
 _DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "format": "date"}
 _ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-def _counted(*fields: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "object", "required": [*fields, *_COUNTS],
-            "properties": {**extra, **_COUNTS}}
-
-
-USAGE_SCHEMAS: dict[str, Any] = {
-    "UsageReport": {
-        "type": "object",
-        "required": ["object", "from", "to", "data", "has_more", "by_key", "by_user", "totals"],
-        "properties": {
-            "object": {"type": "string", "enum": ["usage.report"]},
-            "from": _DAY, "to": _DAY,
-            "key_id": {"type": "string", "nullable": True},
-            "user": {"type": "string", "nullable": True},
-            "data": {"type": "array", "items": _counted(
-                "day", "key_id", "user_id", day=_DAY, key_id={"type": "string"},
-                user_id={"type": "string"})},
-            "has_more": {"type": "boolean", "description": "More rows than `limit` matched."},
-            "by_key": {"type": "array", "items": _counted("key_id", key_id={"type": "string"})},
-            "by_user": {"type": "array", "items": _counted("user_id", user_id={"type": "string"})},
-            "totals": _counted(),
-        },
-    },
-}
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
