@@ -152,11 +152,10 @@ PATHS: dict[str, Any] = {
         _json(_ref("ImportReport")), "400", "413",
         body={"required": True, "content": {
             JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
-                _ref(name) for name in ("TurnRecord", "FactRecord", "SummaryRecord",
-                                        "ProfileRecord", "MetaRecord", "Conversation")]}}},
-            NDJSON: {"schema": {"type": "string"},
-                     "description": "One record (as in the JSON array) per line."},
-        }})},
+                _ref(name) for name in RECORDS]}}},
+            NDJSON: {"schema": {"type": "string"}},
+        }, "description": "A JSON array of records, or JSON Lines: one record (as in the"
+                          " array) per line."})},
     "/consent": {
         "get": _op("Consent and profile", _json(_ref("Profile"))),
         "put": _op("Give or revoke consent (revoking deletes the profile)",
