@@ -144,103 +144,57 @@ class ProfileAnswer(TypedDict):
     profile: dict[str, Any] | None
 
 
-ARGUMENTS: dict[str, type[Body]] = {
-    "search_memory": SearchArguments, "add_memory": NewMemory, "list_memories": ListRequest,
-    "delete_memory": DeleteRequest, "undo_delete": UndoRequest, "read_profile": NoArguments,
-}
-ANSWERS: dict[str, Any] = {
-    "search_memory": Recalled, "add_memory": Memory, "list_memories": Memories,
-    "delete_memory": Removed, "undo_delete": Restored, "read_profile": ProfileAnswer,
-}
+def _tool(
+    name: str, title: str, arguments: type[Body], answer: Any, description: str, *,
+    read_only: bool, destructive: bool = False, idempotent: bool = True, short: str = "",
+) -> tuple[types.Tool, type[Body]]:
+    """A tool as listed, its schemas made from its declarations, with its arguments' model."""
+    return types.Tool(
+        name=name, title=title, description=description,
+        input_schema=json_schema(arguments), output_schema=json_schema(answer),
+        annotations=types.ToolAnnotations(
+            title=short or title, read_only_hint=read_only, destructive_hint=destructive,
+            idempotent_hint=idempotent, open_world_hint=False,
+        ),
+    ), arguments
 
 
-def _tool(name: str, **declared: Any) -> types.Tool:
-    return types.Tool(name=name, input_schema=json_schema(ARGUMENTS[name]),
-                      output_schema=json_schema(ANSWERS[name]), **declared)
-
-
-TOOLS: dict[str, types.Tool] = {tool.name: tool for tool in (
-    _tool(
-        "search_memory",
-        title="Search memory",
-        description=(
-            "Recall what the user told any of their AI apps before: the same memory a chat "
-            "through memproxy is reminded of, ranked (meaning, words, recency) and cut to a "
-            "token budget. Call it before answering a question that may depend on the user's "
-            "history, preferences or projects. Returns the items (ids, kinds, dates, sessions) "
-            "and `block`, the fenced text a chat would be given."
-        ),
-        annotations=types.ToolAnnotations(
-            title="Search memory", read_only_hint=True, destructive_hint=False,
-            idempotent_hint=True, open_world_hint=False,
-        ),
-    ),
-    _tool(
-        "add_memory",
-        title="Add a memory",
-        description=(
-            "Save one fact or note about the user for every later conversation (a preference, "
-            "a decision, a project detail), written as a short third-person statement, e.g. "
-            "\"User prefers tabs over spaces\". Secrets are redacted before storing; saving "
-            "what is already known counts one more mention, and a new value of the same thing "
-            "(\"User lives in Lisbon\" after \"User lives in Berlin\") replaces the old one. "
-            "Use `pinned` for what must always be remembered and `ttl_days` for what expires."
-        ),
-        annotations=types.ToolAnnotations(
-            title="Add a memory", read_only_hint=False, destructive_hint=False,
-            idempotent_hint=False, open_world_hint=False,
-        ),
-    ),
-    _tool(
-        "list_memories",
-        title="List memories",
-        description=(
-            "List the facts (or session summaries) memproxy keeps about the user, newest "
-            "first, a page at a time; pass `next_cursor` back as `cursor` for the next page."
-        ),
-        annotations=types.ToolAnnotations(
-            title="List memories", read_only_hint=True, destructive_hint=False,
-            idempotent_hint=True, open_world_hint=False,
-        ),
-    ),
-    _tool(
-        "delete_memory",
-        title="Delete a memory",
-        description=(
-            "Delete one memory by the id search_memory or list_memories gave (f<n> a fact "
-            "with its history, s<n> a session summary). It is not recalled again; the "
-            "returned undo_token brings it back with undo_delete until expires_at."
-        ),
-        annotations=types.ToolAnnotations(
-            title="Delete a memory", read_only_hint=False, destructive_hint=True,
-            idempotent_hint=True, open_world_hint=False,
-        ),
-    ),
-    _tool(
-        "undo_delete",
-        title="Undo a deletion",
-        description=(
-            "Bring back a memory delete_memory removed, with the undo_token it returned, "
-            "before its expires_at. The memory comes back under a new id."
-        ),
-        annotations=types.ToolAnnotations(
-            title="Undo a deletion", read_only_hint=False, destructive_hint=False,
-            idempotent_hint=True, open_world_hint=False,
-        ),
-    ),
-    _tool(
-        "read_profile",
-        title="Read the user's profile",
-        description=(
-            "The user's profile (name, role, preferences...) when the user consented to one; "
-            "`consent` false means no profile is kept."
-        ),
-        annotations=types.ToolAnnotations(
-            title="Read the profile", read_only_hint=True, destructive_hint=False,
-            idempotent_hint=True, open_world_hint=False,
-        ),
-    ),
-)}
+_DECLARED = (
+    _tool("search_memory", "Search memory", SearchArguments, Recalled, (
+        "Recall what the user told any of their AI apps before: the same memory a chat "
+        "through memproxy is reminded of, ranked (meaning, words, recency) and cut to a "
+        "token budget. Call it before answering a question that may depend on the user's "
+        "history, preferences or projects. Returns the items (ids, kinds, dates, sessions) "
+        "and `block`, the fenced text a chat would be given."
+    ), read_only=True),
+    _tool("add_memory", "Add a memory", NewMemory, Memory, (
+        "Save one fact or note about the user for every later conversation (a preference, "
+        "a decision, a project detail), written as a short third-person statement, e.g. "
+        "\"User prefers tabs over spaces\". Secrets are redacted before storing; saving "
+        "what is already known counts one more mention, and a new value of the same thing "
+        "(\"User lives in Lisbon\" after \"User lives in Berlin\") replaces the old one. "
+        "Use `pinned` for what must always be remembered and `ttl_days` for what expires."
+    ), read_only=False, idempotent=False),
+    _tool("list_memories", "List memories", ListRequest, Memories, (
+        "List the facts (or session summaries) memproxy keeps about the user, newest "
+        "first, a page at a time; pass `next_cursor` back as `cursor` for the next page."
+    ), read_only=True),
+    _tool("delete_memory", "Delete a memory", DeleteRequest, Removed, (
+        "Delete one memory by the id search_memory or list_memories gave (f<n> a fact "
+        "with its history, s<n> a session summary). It is not recalled again; the "
+        "returned undo_token brings it back with undo_delete until expires_at."
+    ), read_only=False, destructive=True),
+    _tool("undo_delete", "Undo a deletion", UndoRequest, Restored, (
+        "Bring back a memory delete_memory removed, with the undo_token it returned, "
+        "before its expires_at. The memory comes back under a new id."
+    ), read_only=False),
+    _tool("read_profile", "Read the user's profile", NoArguments, ProfileAnswer, (
+        "The user's profile (name, role, preferences...) when the user consented to one; "
+        "`consent` false means no profile is kept."
+    ), read_only=True, short="Read the profile"),
+)
+TOOLS: dict[str, types.Tool] = {tool.name: tool for tool, _ in _DECLARED}
+ARGUMENTS: dict[str, type[Body]] = {tool.name: model for tool, model in _DECLARED}
 
 PROFILE_URI = "memproxy://profile"
 SUMMARY_TEMPLATE = "memproxy://sessions/{session_id}/summary"
