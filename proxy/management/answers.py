@@ -8,12 +8,13 @@ A key absent from `NotRequired` is always there; `X | None` may be null.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
 from pydantic import ConfigDict, Field, create_model, with_config
 from typing_extensions import TypedDict
 
-from memory import FACT_SOURCES, IGNORED
+from memory import FACT_SOURCES, IGNORED, SessionInfo
 from proxy.management.bodies import Category
 
 T = TypeVar("T")
@@ -74,15 +75,9 @@ class Deleted(TypedDict):
     expires_at: NotRequired[float]
 
 
-class Session(TypedDict):
+@dataclass(frozen=True)
+class Session(SessionInfo):  # as memory keeps it, with its kind
     object: Literal["memory.session"]
-    session_id: str
-    created_at: float
-    last_active: float
-    turns: int
-    facts: int
-    summaries: int
-    title: str
 
 
 class Turn(TypedDict):

@@ -18,9 +18,8 @@ from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.answers import ANSWERS
 from proxy.management.bodies import openapi_schema, openapi_schemas
-from proxy.management.openapi_admin import ADMIN_PATHS
+from proxy.management.openapi_admin import ADMIN_PATHS, USAGE_PATHS
 from proxy.management.openapi_records import RECORDS
-from proxy.management.openapi_usage import USAGE_PATHS
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"

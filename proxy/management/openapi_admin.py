@@ -1,11 +1,13 @@
 """The admin API's part of the OpenAPI document (proxy/management/openapi.py): paths under
-/v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only). Its
-request bodies (NewApiKey, ApiKeyChanges) come from proxy/management/bodies.py, its answers
-from answers.py."""
+/v1/admin (the keys, and GET /usage), each with its own `servers` entry, tagged `admin` (the
+admin key only). Its request bodies (NewApiKey, ApiKeyChanges) come from
+proxy/management/bodies.py, its answers from answers.py."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.access.identity import MAX_ID_LENGTH
 
 JSON = "application/json"
 ADMIN_SERVERS = [{"url": "/v1/admin"}]
@@ -14,6 +16,7 @@ _ERROR_TEXT = {
     "401": "No key, or a wrong one.",
     "403": "A valid key that is not the admin key, or no admin key is configured.",
     "404": "No key with this id.",
+    "405": "A method other than GET.",
     "409": "The key is revoked, or comes from MEMPROXY_API_KEYS (read-only here).",
     "413": "The body is larger than MEMPROXY_MAX_BODY_BYTES.",
     "500": "A bug in memproxy.",
@@ -27,7 +30,7 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _op(summary: str, ok: str, *errors: str, status: str = "200",
-        body: str | None = None) -> dict[str, Any]:
+        body: str | None = None, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     responses: dict[str, Any] = {status: {
         "description": "OK", "content": {JSON: {"schema": _ref(ok)}}}}
     for code in sorted({*errors, *_ALWAYS}):
@@ -37,7 +40,14 @@ def _op(summary: str, ok: str, *errors: str, status: str = "200",
                                  "security": [{"bearer": []}]}
     if body is not None:
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    if params is not None:
+        operation["parameters"] = params
     return operation
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
 
 
 _KEY_ID = {"name": "key_id", "in": "path", "required": True,
@@ -60,3 +70,20 @@ ADMIN_PATHS: dict[str, Any] = {
         "delete": _op("Revoke a key (409: already revoked)", "ApiKey", "404", "409"),
     },
 }
+
+_DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "format": "date"}
+
+# Apart from ADMIN_PATHS: tests/test_admin_keys.py matches those with admin_keys.py's routes.
+USAGE_PATHS: dict[str, Any] = {"/usage": {"servers": ADMIN_SERVERS, "get": _op(
+    "Usage per day (UTC), key and user, with sums per key, per user and in all",
+    "UsageReport", "400", "405", params=[
+        _query("from", _DAY, "First day, YYYY-MM-DD (default: the first of to's month)."),
+        _query("to", _DAY, "Last day, YYYY-MM-DD (default: today, UTC); at most 366 days"
+                           " after from."),
+        _query("key_id", {"type": "string", "minLength": 1, "maxLength": 200},
+               "Only this key (`none`: requests without a proxy key)."),
+        _query("user", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+               "Only this user."),
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000},
+               "Most rows in `data` (default 1000); the sums count every row."),
+    ])}}
