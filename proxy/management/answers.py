@@ -14,7 +14,7 @@ from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 from pydantic import ConfigDict, Field, create_model, with_config
 from typing_extensions import TypedDict
 
-from memory import FACT_SOURCES, IGNORED, SessionInfo
+from memory import FACT_SOURCES, IGNORED, ClearReceipt, SessionInfo
 from proxy.management.bodies import Category
 
 T = TypeVar("T")
@@ -125,13 +125,10 @@ class SearchResult(TypedDict):
     skipped: NotRequired[str | None]
 
 
-class Clear(TypedDict):
+@dataclass(frozen=True)
+class Clear(ClearReceipt):  # the receipt, with its kind and the window it was given
     object: Literal["memory.clear"]
-    undo_token: str
-    undo_seconds: NotRequired[float]
-    created_at: NotRequired[float]
-    expires_at: float
-    removed: Counted
+    undo_seconds: float
 
 
 # One count per reason a conversation message is left out (memory/admin/record_checks.py).
