@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from config.choices import MAX_BUDGET
-from memory import CATEGORIES, MAX_TEXT_CHARS
+from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_METRICS_ROWS, MAX_SESSIONS_PAGE, MAX_TEXT_CHARS
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest
 
@@ -162,11 +162,69 @@ class ApiKeyChanges(Changes):
     org_writer: bool = None  # type: ignore[assignment]
 
 
+def _flag(value: Any) -> Any:
+    """true, 1, false or 0, in any case; pydantic alone would also take yes, on, t..."""
+    flags = {"true": True, "1": True, "false": False, "0": False}
+    if not isinstance(value, str) or value.lower() not in flags:
+        raise PydanticCustomError("flag", "true or false")
+    return flags[value.lower()]
+
+
+def _blank_is_absent(value: Any) -> Any:
+    return (value.strip() or None) if isinstance(value, str) else value
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+QueryText = Annotated[str | None, BeforeValidator(_blank_is_absent)]
+Limit = Annotated[int, Field(ge=1, description="Page size.")]
+# An empty cursor is the first page. Said, not checked here: a cursor's owner reads it.
+DIGITS_CURSOR = Field(None, max_length=18, json_schema_extra={"pattern": "^([0-9]{1,18})?$"},
+                      description="next_cursor of the previous page.")
+
+
+class Query(Body):
+    """Query parameters: strings, read as declared; a parameter no route knows is ignored."""
+
+    model_config = ConfigDict(strict=False, extra="ignore", allow_inf_nan=False)
+
+
+class FactQuery(Query):
+    category: Category | None = Field(None, description="Only this category.")
+    pinned: Flag | None = Field(None, description="Only pinned (true) or unpinned (false) facts.")
+    q: QueryText = Field(None, max_length=1000, description="Full-text search in the fact text.")
+    include_inactive: Flag = Field(False, description="Also old versions and expired facts.")
+    limit: Limit = Field(50, le=MAX_FACTS_PAGE, description="Page size (default 50).")
+    cursor: QueryText = DIGITS_CURSOR
+
+
+class SessionQuery(Query):
+    limit: Limit = Field(50, le=MAX_SESSIONS_PAGE)
+    cursor: QueryText = Field(None, max_length=2100, json_schema_extra={"pattern": (
+        r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$")},
+        description="next_cursor of the previous page.")
+
+
+class TurnQuery(Query):
+    session_id: str = Field(json_schema_extra={"minLength": 1, "maxLength": MAX_ID_LENGTH})
+    limit: Limit = Field(100, le=MAX_SESSIONS_PAGE, description="Page size (default 100).")
+    cursor: QueryText = DIGITS_CURSOR
+
+
+class MetricsQuery(Query):
+    since: Seconds | None = Field(None, description="Unix seconds (default: a day before until).")
+    until: Seconds | None = Field(None, description="Unix seconds (default: now).")
+    limit: Limit = Field(1000, le=MAX_METRICS_ROWS, description="Page size (default 1000).")
+    cursor: QueryText = Field(None, max_length=64, json_schema_extra={"pattern": (
+        r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18})?$")},
+        description="next_cursor of the previous page.")
+
+
 BODIES: tuple[type[Body], ...] = (NewFact, FactChanges, SearchQuery, ClearRequest, UndoRequest,
                                   ConsentChange, ProfileBody, NewApiKey, ApiKeyChanges)
 
 
 B = TypeVar("B", bound=Body)
+Q = TypeVar("Q", bound="Query")
 
 
 def parse(model: type[B], value: Any, *, noun: str = "field") -> B:
@@ -192,7 +250,7 @@ def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidReques
         return InvalidRequest(f"unknown {noun} {name!r}", param=name)
     if kind == "missing":
         return InvalidRequest(f"{name} is required", param=name)
-    if kind == "id":
+    if kind in ("id", "flag"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
     return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
 
@@ -257,6 +315,17 @@ def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
 def openapi_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The OpenAPI 3.0 schema of a declared shape: its JSON Schema, in 3.0's dialect."""
     return _openapi(json_schema(shape, shared))  # type: ignore[no-any-return]
+
+
+def parameters(model: type[Body]) -> list[dict[str, Any]]:
+    """A query's fields as the document's parameters (a parameter is absent, never null)."""
+    schema = openapi_schema(model)
+    return [{
+        "name": name, "in": "query", "required": name in schema.get("required", ()),
+        "schema": {key: value for key, value in field.items()
+                   if key not in ("description", "nullable")},
+        **({"description": field["description"]} if "description" in field else {}),
+    } for name, field in schema["properties"].items()]
 
 
 def openapi_schemas() -> dict[str, Any]:

@@ -1,11 +1,9 @@
 """Reading management request bodies and query strings: typed, bounded, 400 naming the field.
 
-Bodies are declared once in proxy/management/bodies.py; the query parameters are read here."""
+Bodies and query strings are declared once in proxy/management/bodies.py."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -13,7 +11,7 @@ from starlette.requests import Request
 
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidRequest, NotFound
-from proxy.management.bodies import B, parse
+from proxy.management.bodies import B, Q, parse
 
 # How deep a management body may nest. Nothing the API takes needs more than a few levels;
 # the JSON reader accepts 1024 and the writer 254, so a deeper profile stored was a 500.
@@ -48,6 +46,12 @@ def nested_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return bool(level)
 
 
+def query(request: Request, model: type[Q]) -> Q:
+    """The query string as `model` declares it (proxy/management/bodies.py): 400 naming
+    the parameter."""
+    return parse(model, dict(request.query_params))
+
+
 def query_limit(request: Request, default: int, maximum: int) -> int:
     """The `limit` query parameter: 1 to `maximum`."""
     raw = request.query_params.get("limit")
@@ -56,49 +60,6 @@ def query_limit(request: Request, default: int, maximum: int) -> int:
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
         raise InvalidRequest(f"limit must be an integer from 1 to {maximum}", param="limit")
     return int(raw)
-
-
-def query_flag(request: Request, name: str) -> bool | None:
-    """A true/false query parameter, or None when absent."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
-    if value is None:
-        raise InvalidRequest(f"{name} must be true or false", param=name)
-    return value
-
-
-def query_time(request: Request, name: str, default: float) -> float:
-    """A unix-seconds query parameter."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise InvalidRequest(f"{name} must be a time in unix seconds", param=name)
-    return value
-
-
-def query_choice(request: Request, name: str, choices: Collection[str]) -> str | None:
-    """A query parameter holding one of `choices`, or None when absent."""
-    raw = request.query_params.get(name)
-    if raw is not None and raw not in choices:
-        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}", param=name)
-    return raw
-
-
-def query_text(request: Request, name: str, *, max_chars: int = 1000) -> str | None:
-    """A free-text query parameter (empty counts as absent)."""
-    raw = request.query_params.get(name)
-    if raw is None or not raw.strip():
-        return None
-    if len(raw) > max_chars:
-        raise InvalidRequest(f"{name} must be at most {max_chars} characters", param=name)
-    return raw.strip()
 
 
 def path_id(request: Request, name: str) -> int:

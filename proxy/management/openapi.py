@@ -13,11 +13,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.answers import ANSWERS
-from proxy.management.bodies import openapi_schema, openapi_schemas
+from proxy.management.bodies import (
+    FactQuery,
+    MetricsQuery,
+    SessionQuery,
+    TurnQuery,
+    openapi_schema,
+    openapi_schemas,
+    parameters,
+)
 from proxy.management.openapi_admin import ADMIN_PATHS, USAGE_PATHS
 from proxy.management.openapi_records import RECORDS
 
@@ -63,42 +70,19 @@ def _op(
     return operation
 
 
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema,
-            "description": description}
-
-
 def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {JSON: {"schema": schema}}}
 
 
-_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_FACTS_PAGE}
 _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
-# An empty cursor is the first page.
-_SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
-
-_FACT_QUERY = [
-    _query("category", {"type": "string", "enum": list(CATEGORIES)}, "Only this category."),
-    _query("pinned", {"type": "boolean"}, "Only pinned (true) or unpinned (false) facts."),
-    _query("q", {"type": "string", "maxLength": 1000}, "Full-text search in the fact text."),
-    _query("include_inactive", {"type": "boolean"}, "Also old versions and expired facts."),
-    _query("limit", _LIMIT, "Page size (default 50)."),
-    _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor of the previous page."),
-]
-_PAGE_QUERY = [
-    _query("limit", _LIMIT, "Page size."),
-    _query("cursor", {"type": "string", "pattern": _SESSION_CURSOR}, "next_cursor of the previous page."),
-]
-_TIME = {"type": "number", "minimum": 0}
-_METRICS_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18})?$"
 
 PATHS: dict[str, Any] = {
     "/facts": {
         "get": _op("List facts, newest first", _json(_ref("FactList")), "400",
-                   params=_FACT_QUERY),
+                   params=parameters(FactQuery)),
         "post": _op("Add a fact (manual facts start at confidence 0.6)", _json(_ref("Fact")),
                     "400", "409", "413", status="201", body=_body(_ref("NewFact"))),
     },
@@ -120,7 +104,7 @@ PATHS: dict[str, Any] = {
     "/facts/{fact_id}/history": {"parameters": [_FACT_ID], "get": _op(
         "Every version of a fact, oldest first", _json(_ref("FactList")), "404")},
     "/sessions": {"get": _op("Sessions, most recently active first",
-                             _json(_ref("SessionList")), "400", params=_PAGE_QUERY)},
+                             _json(_ref("SessionList")), "400", params=parameters(SessionQuery))},
     "/sessions/{session_id}": {
         "parameters": [_SESSION_ID],
         "get": _op("One session with its counts", _json(_ref("Session")), "400", "404"),
@@ -128,12 +112,7 @@ PATHS: dict[str, Any] = {
                       _json(_ref("Deleted")), "400", "404"),
     },
     "/turns": {"get": _op("A session's turns in stored order", _json(_ref("TurnList")),
-                          "400", "404", params=[
-        {"name": "session_id", "in": "query", "required": True,
-         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}},
-        _query("limit", _LIMIT, "Page size (default 100)."),
-        _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor."),
-    ])},
+                          "400", "404", params=parameters(TurnQuery))},
     "/search": {"post": _op("What would be injected for a query (no model is called)",
                             _json(_ref("SearchResult")), "400", "413",
                             body=_body(_ref("SearchQuery")))},
@@ -169,12 +148,7 @@ PATHS: dict[str, Any] = {
     "/stats": {"get": _op("Counts, index sizes, job queue and dead letters",
                           _json(_ref("Stats")))},
     "/metrics": {"get": _op("Per-request metrics over a time range", _json(_ref("Metrics")),
-                            "400", params=[
-        _query("since", _TIME, "Unix seconds (default: a day before until)."),
-        _query("until", _TIME, "Unix seconds (default: now)."),
-        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Page size (default 1000)."),
-        _query("cursor", {"type": "string", "pattern": _METRICS_CURSOR}, "next_cursor of the previous page."),
-    ])},
+                            "400", params=parameters(MetricsQuery))},
 }
 
 DOCUMENT: dict[str, Any] = {
