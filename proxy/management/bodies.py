@@ -11,7 +11,10 @@ dicts (proxy/management/answers.py), which only give schemas."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -37,6 +40,8 @@ NON_BLANK = r"[^\s\x1c-\x1f\x85]"
 MAX_TIME = 32503680000.0  # the year 3000
 MAX_RATE = 1_000_000  # requests per minute
 MAX_QUOTA = 2**62  # tokens per month
+MAX_USAGE_ROWS = 10_000  # rows in one usage report
+MAX_KEY_ID = 200
 COMPONENTS = "#/components/schemas/"
 
 
@@ -219,6 +224,41 @@ class MetricsQuery(Query):
         description="next_cursor of the previous page.")
 
 
+def _day(value: Any) -> Any:
+    # What fromisoformat takes besides YYYY-MM-DD (weeks, ...) is not a day here.
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value):
+        with contextlib.suppress(ValueError):
+            return datetime.date.fromisoformat(value)
+    raise PydanticCustomError("day", "a day as YYYY-MM-DD")
+
+
+def _printable(max_chars: int) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not value.isprintable():
+            raise PydanticCustomError("printable", f"1 to {max_chars} printable characters")
+        return value
+    return BeforeValidator(check)
+
+
+Day = Annotated[datetime.date | None, BeforeValidator(_day),
+                Field(json_schema_extra={"pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})]
+
+
+class UsageQuery(Query):
+    model_config = ConfigDict(extra="forbid")
+
+    start: Day = Field(None, alias="from", description=(
+        "First day, YYYY-MM-DD (default: the first of to's month)."))
+    to: Day = Field(None, description=(
+        "Last day, YYYY-MM-DD (default: today, UTC); at most 366 days after from."))
+    key_id: Annotated[str | None, _printable(MAX_KEY_ID), Field(min_length=1, max_length=MAX_KEY_ID)] = Field(
+        None, description="Only this key (`none`: requests without a proxy key).")
+    user: Annotated[str | None, _printable(MAX_ID_LENGTH), Field(min_length=1, max_length=MAX_ID_LENGTH)] = Field(
+        None, description="Only this user.")
+    limit: Limit = Field(1000, le=MAX_USAGE_ROWS, description=(
+        "Most rows in `data` (default 1000); the sums count every row."))
+
+
 BODIES: tuple[type[Body], ...] = (NewFact, FactChanges, SearchQuery, ClearRequest, UndoRequest,
                                   ConsentChange, ProfileBody, NewApiKey, ApiKeyChanges)
 
@@ -250,7 +290,7 @@ def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidReques
         return InvalidRequest(f"unknown {noun} {name!r}", param=name)
     if kind == "missing":
         return InvalidRequest(f"{name} is required", param=name)
-    if kind in ("id", "flag"):
+    if kind in ("id", "flag", "day", "printable"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
     return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
 

@@ -49,17 +49,7 @@ def nested_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
 def query(request: Request, model: type[Q]) -> Q:
     """The query string as `model` declares it (proxy/management/bodies.py): 400 naming
     the parameter."""
-    return parse(model, dict(request.query_params))
-
-
-def query_limit(request: Request, default: int, maximum: int) -> int:
-    """The `limit` query parameter: 1 to `maximum`."""
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
-        raise InvalidRequest(f"limit must be an integer from 1 to {maximum}", param="limit")
-    return int(raw)
+    return parse(model, dict(request.query_params), noun="query parameter")
 
 
 def path_id(request: Request, name: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.access.identity import MAX_ID_LENGTH
+from proxy.management.bodies import UsageQuery, parameters
 
 JSON = "application/json"
 ADMIN_SERVERS = [{"url": "/v1/admin"}]
@@ -45,11 +45,6 @@ def _op(summary: str, ok: str, *errors: str, status: str = "200",
     return operation
 
 
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema,
-            "description": description}
-
-
 _KEY_ID = {"name": "key_id", "in": "path", "required": True,
            "schema": {"type": "string", "minLength": 1, "maxLength": 100}}
 
@@ -71,19 +66,7 @@ ADMIN_PATHS: dict[str, Any] = {
     },
 }
 
-_DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "format": "date"}
-
 # Apart from ADMIN_PATHS: tests/test_admin_keys.py matches those with admin_keys.py's routes.
 USAGE_PATHS: dict[str, Any] = {"/usage": {"servers": ADMIN_SERVERS, "get": _op(
     "Usage per day (UTC), key and user, with sums per key, per user and in all",
-    "UsageReport", "400", "405", params=[
-        _query("from", _DAY, "First day, YYYY-MM-DD (default: the first of to's month)."),
-        _query("to", _DAY, "Last day, YYYY-MM-DD (default: today, UTC); at most 366 days"
-                           " after from."),
-        _query("key_id", {"type": "string", "minLength": 1, "maxLength": 200},
-               "Only this key (`none`: requests without a proxy key)."),
-        _query("user", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
-               "Only this user."),
-        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000},
-               "Most rows in `data` (default 1000); the sums count every row."),
-    ])}}
+    "UsageReport", "400", "405", params=parameters(UsageQuery))}}
