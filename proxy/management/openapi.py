@@ -25,10 +25,16 @@ from proxy.management.bodies import (
     openapi_schemas,
     parameters,
 )
-from proxy.management.openapi_admin import ADMIN_PATHS, USAGE_PATHS
+from proxy.management.openapi_admin import (
+    ADMIN_PATHS,
+    JSON,
+    USAGE_PATHS,
+    answer,
+    operation,
+    ref,
+)
 from proxy.management.openapi_records import RECORDS
 
-JSON = "application/json"
 NDJSON = "application/x-ndjson"
 # Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
 # for another user or a remote client without keys, memory turned off.
@@ -46,28 +52,13 @@ _ERROR_TEXT = {
 }
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": schema}}}
-
-
 def _op(
     summary: str, ok: dict[str, Any], *errors: str, status: str = "200",
     body: dict[str, Any] | None = None, params: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    responses = {status: ok}
-    for code in sorted({*errors, *COMMON_ERRORS}):
-        responses[code] = _json(_ref("Error"), _ERROR_TEXT[code])
-    operation: dict[str, Any] = {
-        "summary": summary, "responses": responses,
-        "parameters": [{"$ref": "#/components/parameters/UserId"}, *(params or [])],
-    }
-    if body is not None:
-        operation["requestBody"] = body
-    return operation
+    return operation(summary, ok, {*errors, *COMMON_ERRORS}, _ERROR_TEXT, status=status,
+                     body=body, parameters=[{"$ref": "#/components/parameters/UserId"},
+                                            *(params or [])])
 
 
 def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -81,73 +72,73 @@ _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
 
 PATHS: dict[str, Any] = {
     "/facts": {
-        "get": _op("List facts, newest first", _json(_ref("FactList")), "400",
+        "get": _op("List facts, newest first", answer(ref("FactList")), "400",
                    params=parameters(FactQuery)),
-        "post": _op("Add a fact (manual facts start at confidence 0.6)", _json(_ref("Fact")),
-                    "400", "409", "413", status="201", body=_body(_ref("NewFact"))),
+        "post": _op("Add a fact (manual facts start at confidence 0.6)", answer(ref("Fact")),
+                    "400", "409", "413", status="201", body=_body(ref("NewFact"))),
     },
     "/facts/{fact_id}": {
         "parameters": [_FACT_ID],
-        "get": _op("Get one fact (any version)", _json(_ref("Fact")), "404"),
+        "get": _op("Get one fact (any version)", answer(ref("Fact")), "404"),
         "patch": _op("Edit: a new version; the old one is kept as history (409: an old version)",
-                     _json(_ref("Fact")), "400", "404", "409", "413",
-                     body=_body(_ref("FactChanges"))),
+                     answer(ref("Fact")), "400", "404", "409", "413",
+                     body=_body(ref("FactChanges"))),
         "delete": _op(
             "Delete a fact and its history; the undo token restores it within the clear window",
-            _json(_ref("Deleted")), "404"),
+            answer(ref("Deleted")), "404"),
     },
     "/facts/{fact_id}/pin": {"parameters": [_FACT_ID], "post": _op(
-        "Pin (never expires, never evicted; 409 at the pin limit)", _json(_ref("Fact")), "404",
+        "Pin (never expires, never evicted; 409 at the pin limit)", answer(ref("Fact")), "404",
         "409")},
     "/facts/{fact_id}/unpin": {"parameters": [_FACT_ID], "post": _op(
-        "Unpin", _json(_ref("Fact")), "404", "409")},
+        "Unpin", answer(ref("Fact")), "404", "409")},
     "/facts/{fact_id}/history": {"parameters": [_FACT_ID], "get": _op(
-        "Every version of a fact, oldest first", _json(_ref("FactList")), "404")},
+        "Every version of a fact, oldest first", answer(ref("FactList")), "404")},
     "/sessions": {"get": _op("Sessions, most recently active first",
-                             _json(_ref("SessionList")), "400", params=parameters(SessionQuery))},
+                             answer(ref("SessionList")), "400", params=parameters(SessionQuery))},
     "/sessions/{session_id}": {
         "parameters": [_SESSION_ID],
-        "get": _op("One session with its counts", _json(_ref("Session")), "400", "404"),
+        "get": _op("One session with its counts", answer(ref("Session")), "400", "404"),
         "delete": _op("Delete a session: turns, chunks, vectors, summaries, facts only from it",
-                      _json(_ref("Deleted")), "400", "404"),
+                      answer(ref("Deleted")), "400", "404"),
     },
-    "/turns": {"get": _op("A session's turns in stored order", _json(_ref("TurnList")),
+    "/turns": {"get": _op("A session's turns in stored order", answer(ref("TurnList")),
                           "400", "404", params=parameters(TurnQuery))},
     "/search": {"post": _op("What would be injected for a query (no model is called)",
-                            _json(_ref("SearchResult")), "400", "413",
-                            body=_body(_ref("SearchQuery")))},
-    "/clear": {"post": _op("Clear all memory; returns an undo token", _json(_ref("Clear")),
-                           "400", "413", body=_body(_ref("ClearRequest"), required=False))},
+                            answer(ref("SearchResult")), "400", "413",
+                            body=_body(ref("SearchQuery")))},
+    "/clear": {"post": _op("Clear all memory; returns an undo token", answer(ref("Clear")),
+                           "400", "413", body=_body(ref("ClearRequest"), required=False))},
     "/clear/undo": {"post": _op(
-        "Undo a clear or a fact's deletion within its window (409 after it)", _json(_ref("ImportReport")), "400",
+        "Undo a clear or a fact's deletion within its window (409 after it)", answer(ref("ImportReport")), "400",
         "404", "409",
-        "413", body=_body(_ref("UndoRequest")))},
+        "413", body=_body(ref("UndoRequest")))},
     "/export": {"get": _op("Export as JSON Lines (streamed)", {
         "description": "meta, turns, facts, summaries, profile: one JSON object per line",
         "content": {NDJSON: {"schema": {"type": "string"}}}})},
     "/import": {"post": _op(
         "Import JSON Lines of records or OpenAI-format conversations (idempotent)",
-        _json(_ref("ImportReport")), "400", "413",
+        answer(ref("ImportReport")), "400", "413",
         body={"required": True, "content": {
             JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
-                _ref(name) for name in RECORDS]}}},
+                ref(name) for name in RECORDS]}}},
             NDJSON: {"schema": {"type": "string"}},
         }, "description": "A JSON array of records, or JSON Lines: one record (as in the"
                           " array) per line."})},
     "/consent": {
-        "get": _op("Consent and profile", _json(_ref("Profile"))),
+        "get": _op("Consent and profile", answer(ref("Profile"))),
         "put": _op("Give or revoke consent (revoking deletes the profile)",
-                   _json(_ref("Profile")), "400", "413", body=_body(_ref("ConsentChange"))),
+                   answer(ref("Profile")), "400", "413", body=_body(ref("ConsentChange"))),
     },
     "/profile": {
-        "get": _op("Consent and profile", _json(_ref("Profile"))),
-        "put": _op("Write the profile (needs consent)", _json(_ref("Profile")), "400", "409",
-                   "413", body=_body(_ref("ProfileBody"))),
-        "delete": _op("Delete the profile (consent stays)", _json(_ref("Profile"))),
+        "get": _op("Consent and profile", answer(ref("Profile"))),
+        "put": _op("Write the profile (needs consent)", answer(ref("Profile")), "400", "409",
+                   "413", body=_body(ref("ProfileBody"))),
+        "delete": _op("Delete the profile (consent stays)", answer(ref("Profile"))),
     },
     "/stats": {"get": _op("Counts, index sizes, job queue and dead letters",
-                          _json(_ref("Stats")))},
-    "/metrics": {"get": _op("Per-request metrics over a time range", _json(_ref("Metrics")),
+                          answer(ref("Stats")))},
+    "/metrics": {"get": _op("Per-request metrics over a time range", answer(ref("Metrics")),
                             "400", params=parameters(MetricsQuery))},
 }
 

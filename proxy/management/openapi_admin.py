@@ -25,24 +25,33 @@ _ERROR_TEXT = {
 _ALWAYS = ("401", "403", "500", "503")
 
 
-def _ref(name: str) -> dict[str, str]:
+def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+def answer(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def operation(
+    summary: str, ok: dict[str, Any], errors: set[str], texts: dict[str, str], *,
+    status: str = "200", body: dict[str, Any] | None = None, **more: Any,
+) -> dict[str, Any]:
+    """One operation: its answer, then each error it can give with what it means here."""
+    responses = {status: ok} | {code: answer(ref("Error"), texts[code]) for code in sorted(errors)}
+    done: dict[str, Any] = {"summary": summary, "responses": responses, **more}
+    if body is not None:
+        done["requestBody"] = body
+    return done
 
 
 def _op(summary: str, ok: str, *errors: str, status: str = "200",
         body: str | None = None, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    responses: dict[str, Any] = {status: {
-        "description": "OK", "content": {JSON: {"schema": _ref(ok)}}}}
-    for code in sorted({*errors, *_ALWAYS}):
-        responses[code] = {"description": _ERROR_TEXT[code],
-                           "content": {JSON: {"schema": _ref("Error")}}}
-    operation: dict[str, Any] = {"summary": summary, "tags": ["admin"], "responses": responses,
-                                 "security": [{"bearer": []}]}
-    if body is not None:
-        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
-    if params is not None:
-        operation["parameters"] = params
-    return operation
+    return operation(
+        summary, answer(ref(ok)), {*errors, *_ALWAYS}, _ERROR_TEXT, status=status,
+        body=None if body is None else {"required": True, "content": {JSON: {"schema": ref(body)}}},
+        tags=["admin"], security=[{"bearer": []}], **({} if params is None else {"parameters": params}),
+    )
 
 
 _KEY_ID = {"name": "key_id", "in": "path", "required": True,
