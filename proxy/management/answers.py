@@ -1,9 +1,10 @@
 """The answers of the memory and admin APIs, declared once: the OpenAPI document's answer
 schemas are made from these (proxy/management/bodies.py, `openapi_schema`).
 
-memproxy builds its answers from the memory engine's dataclasses; these typed dicts say
-their shape, and the tests check every answer against the document (tests/support/memory.py).
-A key absent from `NotRequired` is always there; `X | None` may be null.
+memproxy builds its answers from the memory engine's dataclasses. Where an answer is such a
+dataclass with its `object` kind, it is declared as that (Session, Clear); the others are
+typed dicts, where a key not marked `NotRequired` is always there and `X | None` may be
+null. The tests check every answer against the document (tests/support/memory.py).
 """
 
 from __future__ import annotations
