@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from memory.admin.rates import SharedBuckets
     from memory.admin.record_checks import IGNORED, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
-    from memory.admin.sessions import CursorError, turn_dict
+    from memory.admin.sessions import CursorError, SessionInfo, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
     from memory.admin.usage import Hold, UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, check_stores, collection_name
@@ -121,6 +121,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "FACT_SOURCES": ("memory.learning.fact_model", "SOURCES"),
     "MAX_FACTS_PAGE": ("memory.learning.fact_model", "MAX_PAGE"),
     "MAX_SESSIONS_PAGE": ("memory.admin.sessions", "MAX_PAGE"),
+    "SessionInfo": ("memory.admin.sessions", "SessionInfo"),
     "MAX_METRICS_ROWS": ("memory.admin.stats", "MAX_METRICS_ROWS"),
     "FactError": ("memory.learning.fact_model", "FactError"),
     "FactNotFound": ("memory.learning.fact_model", "FactNotFound"),
@@ -216,6 +217,7 @@ __all__ = [
     "RerankReport",
     "RerankScorer",
     "SQLiteDatabase",
+    "SessionInfo",
     "SharedBuckets",
     "SpoolRecall",
     "Spooled",

@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 from mcp import Client, StdioServerParameters
@@ -181,6 +182,23 @@ BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("delete_memory", {"id": "x12"}, "id must look like"),
     ("delete_memory", {"id": ["f1"]}, "id must be a string"),
 ]
+
+
+async def test_listed_schemas_are_plain_json_schema_that_refuse_the_bad_calls(
+    served: RunningProxy,
+) -> None:
+    async with mcp_session(served, key=ALICE) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    for tool in tools.values():
+        for schema in (tool.input_schema, tool.output_schema):
+            jsonschema.Draft202012Validator.check_schema(schema)
+            assert "$ref" not in json.dumps(schema), tool.name  # written in place
+    # A client's schema and the check a call meets are one declaration: the schema refuses
+    # every bad call but those only the tool can judge (the session, the cursor's digits).
+    passed = [(tool, args) for tool, args, _ in BAD_CALLS
+              if jsonschema.Draft202012Validator(tools[tool].input_schema).is_valid(args)]
+    assert passed == [("search_memory", {"query": "q", "scope": "session"}),
+                      ("list_memories", {"cursor": "abc"})]
 
 
 @pytest.mark.parametrize(("tool", "args", "message"), BAD_CALLS)

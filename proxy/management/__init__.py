@@ -9,10 +9,12 @@
     stats.py     counts, index sizes, jobs; request metrics
     openapi.py   the OpenAPI document of all of the above (and of the admin API)
     bodies.py    every request body, declared once: validation and the document's schemas
+    answers.py   every answer, declared once: the document's answer schemas
 
 The admin API under /v1/admin (the admin key only) sits beside it, mounted by proxy/app.py:
 
     admin_keys.py     proxy keys in the database (docs/keys.md)
+    admin_usage.py    usage per day, key and user (docs/usage.md)
     openapi_admin.py  its part of the OpenAPI document
 """
 

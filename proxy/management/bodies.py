@@ -1,15 +1,20 @@
-"""The request bodies of the memory and admin APIs, declared once (docs/dependencies.md).
+"""The shapes of the memory and admin APIs and of the MCP tools, declared once
+(docs/dependencies.md), and what is made from them.
 
-Each body is a pydantic model. The same declaration validates a request (`parse`, whose
-errors are 400s in OpenAI's envelope naming the field in `param`) and gives the OpenAPI
-document its request schemas (`openapi_schemas`). Strict: a JSON true is not a number, a
-number is not a string; a field absent takes its default, and a field sent as null is an
-error unless the declaration says `| None`. The only module that imports pydantic.
-"""
+Each request body (and each MCP tool's arguments, proxy/mcp/schemas.py) is a pydantic model.
+The same declaration validates a request (`parse`, whose errors are 400s in OpenAI's
+envelope naming the field in `param`) and gives the OpenAPI document its request schemas
+(`openapi_schema`) and a tool its `inputSchema` (`json_schema`). Strict: a JSON true is not
+a number, a number is not a string; a field absent takes its default, and a field sent as
+null is an error unless the declaration says `| None`. The answers are declared as typed
+dicts (proxy/management/answers.py), which only give schemas."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -19,13 +24,14 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from config.choices import MAX_BUDGET
-from memory import CATEGORIES, MAX_TEXT_CHARS
+from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_METRICS_ROWS, MAX_SESSIONS_PAGE, MAX_TEXT_CHARS
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest
 
@@ -34,17 +40,20 @@ NON_BLANK = r"[^\s\x1c-\x1f\x85]"
 MAX_TIME = 32503680000.0  # the year 3000
 MAX_RATE = 1_000_000  # requests per minute
 MAX_QUOTA = 2**62  # tokens per month
+MAX_USAGE_ROWS = 10_000  # rows in one usage report
+MAX_KEY_ID = 200
+COMPONENTS = "#/components/schemas/"
 
 
-def _text(max_chars: int) -> StringConstraints:
+def characters(max_chars: int) -> StringConstraints:
     """1 to `max_chars` characters, one of them not blank."""
     return StringConstraints(min_length=1, max_length=max_chars, pattern=NON_BLANK)
 
 
-_STRIPPED = AfterValidator(str.strip)  # checked as sent, kept stripped
-FactText = Annotated[str, _text(MAX_TEXT_CHARS), _STRIPPED]
-IdText = Annotated[str, _text(MAX_ID_LENGTH), _STRIPPED]
-Token = Annotated[str, _text(200), _STRIPPED]
+STRIPPED = AfterValidator(str.strip)  # checked as sent, kept stripped
+FactText = Annotated[str, characters(MAX_TEXT_CHARS), STRIPPED]
+IdText = Annotated[str, characters(MAX_ID_LENGTH), STRIPPED]
+Token = Annotated[str, characters(200), STRIPPED]
 
 
 def _id(value: Any) -> Any:
@@ -114,12 +123,12 @@ class SearchQuery(Body):
         {"properties": {"scope": {"enum": ["user", "organization"]}}},
         {"required": ["session_id"]}]})
 
-    query: Annotated[str, _text(8000), _STRIPPED]
+    query: Annotated[str, characters(8000), STRIPPED]
     budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)] = None  # type: ignore[assignment]
     scope: Literal["user", "session", "organization"] = Field(
         None, description="session needs session_id")  # type: ignore[arg-type]
     session_id: IdText = None  # type: ignore[assignment]
-    model: Annotated[str, _text(200), _STRIPPED] = Field(  # type: ignore[assignment]
+    model: Annotated[str, characters(200), STRIPPED] = Field(  # type: ignore[assignment]
         None, description="Whose tokenizer counts the budget (default gpt-4o).")
 
 
@@ -158,15 +167,109 @@ class ApiKeyChanges(Changes):
     org_writer: bool = None  # type: ignore[assignment]
 
 
+def _flag(value: Any) -> Any:
+    """true, 1, false or 0, in any case; pydantic alone would also take yes, on, t..."""
+    flags = {"true": True, "1": True, "false": False, "0": False}
+    if not isinstance(value, str) or value.lower() not in flags:
+        raise PydanticCustomError("flag", "true or false")
+    return flags[value.lower()]
+
+
+def _blank_is_absent(value: Any) -> Any:
+    return (value.strip() or None) if isinstance(value, str) else value
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+QueryText = Annotated[str | None, BeforeValidator(_blank_is_absent)]
+Limit = Annotated[int, Field(ge=1, description="Page size.")]
+# An empty cursor is the first page. Said, not checked here: a cursor's owner reads it.
+DIGITS_CURSOR = Field(None, max_length=18, json_schema_extra={"pattern": "^([0-9]{1,18})?$"},
+                      description="next_cursor of the previous page.")
+
+
+class Query(Body):
+    """Query parameters: strings, read as declared; a parameter no route knows is ignored."""
+
+    model_config = ConfigDict(strict=False, extra="ignore", allow_inf_nan=False)
+
+
+class FactQuery(Query):
+    category: Category | None = Field(None, description="Only this category.")
+    pinned: Flag | None = Field(None, description="Only pinned (true) or unpinned (false) facts.")
+    q: QueryText = Field(None, max_length=1000, description="Full-text search in the fact text.")
+    include_inactive: Flag = Field(False, description="Also old versions and expired facts.")
+    limit: Limit = Field(50, le=MAX_FACTS_PAGE, description="Page size (default 50).")
+    cursor: QueryText = DIGITS_CURSOR
+
+
+class SessionQuery(Query):
+    limit: Limit = Field(50, le=MAX_SESSIONS_PAGE)
+    cursor: QueryText = Field(None, max_length=2100, json_schema_extra={"pattern": (
+        r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$")},
+        description="next_cursor of the previous page.")
+
+
+class TurnQuery(Query):
+    session_id: str = Field(json_schema_extra={"minLength": 1, "maxLength": MAX_ID_LENGTH})
+    limit: Limit = Field(100, le=MAX_SESSIONS_PAGE, description="Page size (default 100).")
+    cursor: QueryText = DIGITS_CURSOR
+
+
+class MetricsQuery(Query):
+    since: Seconds | None = Field(None, description="Unix seconds (default: a day before until).")
+    until: Seconds | None = Field(None, description="Unix seconds (default: now).")
+    limit: Limit = Field(1000, le=MAX_METRICS_ROWS, description="Page size (default 1000).")
+    cursor: QueryText = Field(None, max_length=64, json_schema_extra={"pattern": (
+        r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18})?$")},
+        description="next_cursor of the previous page.")
+
+
+def _day(value: Any) -> Any:
+    # What fromisoformat takes besides YYYY-MM-DD (weeks, ...) is not a day here.
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value):
+        with contextlib.suppress(ValueError):
+            return datetime.date.fromisoformat(value)
+    raise PydanticCustomError("day", "a day as YYYY-MM-DD")
+
+
+def _printable(max_chars: int) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not value.isprintable():
+            raise PydanticCustomError("printable", f"1 to {max_chars} printable characters")
+        return value
+    return BeforeValidator(check)
+
+
+Day = Annotated[datetime.date | None, BeforeValidator(_day),
+                Field(json_schema_extra={"pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})]
+
+
+class UsageQuery(Query):
+    model_config = ConfigDict(extra="forbid")
+
+    start: Day = Field(None, alias="from", description=(
+        "First day, YYYY-MM-DD (default: the first of to's month)."))
+    to: Day = Field(None, description=(
+        "Last day, YYYY-MM-DD (default: today, UTC); at most 366 days after from."))
+    key_id: Annotated[str | None, _printable(MAX_KEY_ID), Field(min_length=1, max_length=MAX_KEY_ID)] = Field(
+        None, description="Only this key (`none`: requests without a proxy key).")
+    user: Annotated[str | None, _printable(MAX_ID_LENGTH), Field(min_length=1, max_length=MAX_ID_LENGTH)] = Field(
+        None, description="Only this user.")
+    limit: Limit = Field(1000, le=MAX_USAGE_ROWS, description=(
+        "Most rows in `data` (default 1000); the sums count every row."))
+
+
 BODIES: tuple[type[Body], ...] = (NewFact, FactChanges, SearchQuery, ClearRequest, UndoRequest,
                                   ConsentChange, ProfileBody, NewApiKey, ApiKeyChanges)
 
 
 B = TypeVar("B", bound=Body)
+Q = TypeVar("Q", bound="Query")
 
 
-def parse(model: type[B], value: Any) -> B:
-    """`value` (a decoded JSON body) as `model`; the first problem as a 400 naming the field."""
+def parse(model: type[B], value: Any, *, noun: str = "field") -> B:
+    """`value` (a decoded JSON body) as `model`; the first problem as a 400 naming the field
+    (an MCP tool's arguments: `noun` "argument")."""
     if not isinstance(value, dict):
         raise InvalidRequest("the body must be a JSON object")
     try:
@@ -175,19 +278,19 @@ def parse(model: type[B], value: Any) -> B:
         errors = exc.errors(include_url=False)
         # An unknown field first: the rest of such a body was not meant for this API.
         error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        raise _invalid(model, error) from None
+        raise _invalid(model, error, noun) from None
 
 
-def _invalid(model: type[Body], error: ErrorDetails) -> InvalidRequest:
+def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidRequest:
     name = str(error["loc"][0]) if error["loc"] else None
     kind = error["type"]
     if name is None:
         return InvalidRequest(error["msg"])
     if kind == "extra_forbidden":
-        return InvalidRequest(f"unknown field {name!r}", param=name)
+        return InvalidRequest(f"unknown {noun} {name!r}", param=name)
     if kind == "missing":
         return InvalidRequest(f"{name} is required", param=name)
-    if kind == "id":
+    if kind in ("id", "flag", "day", "printable"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
     return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
 
@@ -199,6 +302,8 @@ def _what(schema: dict[str, Any], kind: str) -> str:
     if schema.get("type") == "boolean":
         return "true or false"
     if schema.get("type") in ("integer", "number"):
+        if "exclusiveMinimum" in schema and kind.startswith(("greater_than", "less_than")):
+            return f"more than {schema['exclusiveMinimum']:g} and at most {schema['maximum']:g}"
         if kind.startswith(("greater_than", "less_than")):
             return f"between {schema['minimum']:g} and {schema['maximum']:g}"
         return "an integer" if schema["type"] == "integer" else "a number"
@@ -218,9 +323,49 @@ def _property(model: type[Body], name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def openapi_schema(model: type[Body]) -> dict[str, Any]:
-    """The OpenAPI 3.0 schema of a body: pydantic's JSON Schema, in 3.0's dialect."""
-    return _openapi(model.model_json_schema())  # type: ignore[no-any-return]
+def json_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The JSON Schema of a declared shape (a model or a typed dict), each nested shape
+    written in place but those `shared` (the OpenAPI document's components, by name): an
+    MCP client, and OpenAPI 3.0's `nullable`, want no `$ref`s."""
+    schema = TypeAdapter(shape).json_schema(ref_template=COMPONENTS + "{model}")
+    return _plain(schema, schema.pop("$defs", {}), shared)  # type: ignore[no-any-return]
+
+
+def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
+    """No `$ref` but to `shared`, no titles, and no null default (an absent field is not
+    a null one)."""
+    if isinstance(node, list):
+        return [_plain(item, defs, shared) for item in node]
+    if not isinstance(node, dict):
+        return node
+    name = node.get("$ref", "").removeprefix(COMPONENTS)
+    if name in shared:
+        return node
+    if name:
+        node = {**defs[name], **{key: value for key, value in node.items() if key != "$ref"}}
+    out = {key: _plain(value, defs, shared) for key, value in node.items()
+           if key != "title" and not (key == "default" and value is None)}
+    if "properties" in node:  # names, not keywords: a field may be called "title"
+        out["properties"] = {key: _plain(value, defs, shared)
+                             for key, value in node["properties"].items()}
+    return out
+
+
+@functools.cache
+def openapi_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The OpenAPI 3.0 schema of a declared shape: its JSON Schema, in 3.0's dialect."""
+    return _openapi(json_schema(shape, shared))  # type: ignore[no-any-return]
+
+
+def parameters(model: type[Body]) -> list[dict[str, Any]]:
+    """A query's fields as the document's parameters (a parameter is absent, never null)."""
+    schema = openapi_schema(model)
+    return [{
+        "name": name, "in": "query", "required": name in schema.get("required", ()),
+        "schema": {key: value for key, value in field.items()
+                   if key not in ("description", "nullable")},
+        **({"description": field["description"]} if "description" in field else {}),
+    } for name, field in schema["properties"].items()]
 
 
 def openapi_schemas() -> dict[str, Any]:
@@ -229,23 +374,24 @@ def openapi_schemas() -> dict[str, Any]:
 
 
 def _openapi(node: Any) -> Any:
-    """JSON Schema 2020-12 -> OpenAPI 3.0: `X | None` is `nullable`, `const` an enum, no
-    titles, and no null default (3.0 has no null type to default to)."""
+    """JSON Schema 2020-12 -> OpenAPI 3.0: `X | None` is `nullable` (3.0 has no null type)
+    and `const` an enum."""
     if isinstance(node, list):
         return [_openapi(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: _openapi(value) for key, value in node.items()
-           if key != "title" and not (key == "default" and value is None)}
-    if "properties" in node:  # names, not keywords: a field may be called "title"
+    out = {key: _openapi(value) for key, value in node.items()}
+    if "properties" in node:
         out["properties"] = {name: _openapi(value) for name, value in node["properties"].items()}
     options = out.pop("anyOf", None)
     if options is not None:
         kept = [option for option in options if option != {"type": "null"}]
-        if len(kept) == 1 and len(kept) < len(options):
-            out = {**kept[0], **out, "nullable": True}
+        if len(kept) < len(options):  # null is one of them: the first typed one takes it
+            kept[0] = {**kept[0], "nullable": True}
+        if len(kept) == 1:
+            out = {**kept[0], **out}
         else:
-            out["anyOf"] = options
+            out["anyOf"] = kept
     if "const" in out:
         out["enum"] = [out.pop("const")]
     return out

@@ -7,18 +7,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, MAX_FACTS_PAGE, Fact
+from memory import Fact
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
-from proxy.management.bodies import FactChanges, NewFact
-from proxy.management.inputs import (
-    json_body,
-    path_id,
-    query_choice,
-    query_flag,
-    query_limit,
-    query_text,
-)
+from proxy.management.bodies import FactChanges, FactQuery, NewFact
+from proxy.management.inputs import json_body, path_id, query
 
 
 def fact_json(fact: Fact) -> dict[str, Any]:
@@ -29,14 +22,11 @@ def fact_json(fact: Fact) -> dict[str, Any]:
 @endpoint
 async def list_facts(request: Request, who: Caller) -> Response:
     """GET /v1/memory/facts"""
+    asked = query(request, FactQuery)
     facts, cursor = await who.memory.facts.list(
         who.user_id,
-        category=query_choice(request, "category", CATEGORIES),
-        pinned=query_flag(request, "pinned"),
-        query=query_text(request, "q"),
-        include_inactive=bool(query_flag(request, "include_inactive")),
-        limit=query_limit(request, 50, MAX_FACTS_PAGE),
-        cursor=_cursor(query_text(request, "cursor", max_chars=18)),
+        category=asked.category, pinned=asked.pinned, query=asked.q,
+        include_inactive=asked.include_inactive, limit=asked.limit, cursor=_cursor(asked.cursor),
     )
     return respond(page([fact_json(f) for f in facts], cursor))
 

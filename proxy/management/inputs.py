@@ -1,13 +1,9 @@
 """Reading management request bodies and query strings: typed, bounded, 400 naming the field.
 
-Bodies are declared once in proxy/management/bodies.py. The field readers (`text`, `number`,
-`flag`, `choice`) read the MCP tools' arguments (proxy/mcp/tools.py), whose schemas are still
-written by hand in proxy/mcp/schemas.py (docs/dependencies.md)."""
+Bodies and query strings are declared once in proxy/management/bodies.py."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Mapping
 from typing import Any
 
 import orjson
@@ -15,9 +11,8 @@ from starlette.requests import Request
 
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidRequest, NotFound
-from proxy.management.bodies import B, parse
+from proxy.management.bodies import B, Q, parse
 
-_MISSING: Any = object()
 # How deep a management body may nest. Nothing the API takes needs more than a few levels;
 # the JSON reader accepts 1024 and the writer 254, so a deeper profile stored was a 500.
 MAX_DEPTH = 32
@@ -51,105 +46,10 @@ def nested_too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return bool(level)
 
 
-def text(body: Mapping[str, Any], name: str, *, required: bool = False, max_chars: int = 4000) -> str | None:
-    """A string field, stripped, 1 to `max_chars` characters."""
-    value = body.get(name, _MISSING)
-    if value is _MISSING:
-        if required:
-            raise InvalidRequest(f"{name} is required", param=name)
-        return None
-    if not isinstance(value, str) or not value.strip() or len(value) > max_chars:
-        raise InvalidRequest(f"{name} must be a string of 1 to {max_chars} characters", param=name)
-    return value.strip()
-
-
-def number(
-    body: Mapping[str, Any], name: str, *, low: float, high: float, integer: bool = False
-) -> Any:
-    """A number field within [low, high] (an integer when asked), or None when absent."""
-    value = body.get(name, _MISSING)
-    if value is _MISSING:
-        return None
-    kinds = int if integer else int | float
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-        kind = "an integer" if integer else "a number"
-        raise InvalidRequest(f"{name} must be {kind}", param=name)
-    if not low <= value <= high:
-        raise InvalidRequest(f"{name} must be between {low:g} and {high:g}", param=name)
-    return value
-
-
-def flag(body: Mapping[str, Any], name: str) -> bool | None:
-    """A boolean field, or None when absent."""
-    value = body.get(name, _MISSING)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be true or false", param=name)
-    return value
-
-
-def choice(body: Mapping[str, Any], name: str, choices: Collection[str]) -> str | None:
-    """A field holding one of `choices`, or None when absent."""
-    value = body.get(name, _MISSING)
-    if value is _MISSING:
-        return None
-    if value not in choices:
-        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}", param=name)
-    return str(value)
-
-
-def query_limit(request: Request, default: int, maximum: int) -> int:
-    """The `limit` query parameter: 1 to `maximum`."""
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
-        raise InvalidRequest(f"limit must be an integer from 1 to {maximum}", param="limit")
-    return int(raw)
-
-
-def query_flag(request: Request, name: str) -> bool | None:
-    """A true/false query parameter, or None when absent."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
-    if value is None:
-        raise InvalidRequest(f"{name} must be true or false", param=name)
-    return value
-
-
-def query_time(request: Request, name: str, default: float) -> float:
-    """A unix-seconds query parameter."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise InvalidRequest(f"{name} must be a time in unix seconds", param=name)
-    return value
-
-
-def query_choice(request: Request, name: str, choices: Collection[str]) -> str | None:
-    """A query parameter holding one of `choices`, or None when absent."""
-    raw = request.query_params.get(name)
-    if raw is not None and raw not in choices:
-        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}", param=name)
-    return raw
-
-
-def query_text(request: Request, name: str, *, max_chars: int = 1000) -> str | None:
-    """A free-text query parameter (empty counts as absent)."""
-    raw = request.query_params.get(name)
-    if raw is None or not raw.strip():
-        return None
-    if len(raw) > max_chars:
-        raise InvalidRequest(f"{name} must be at most {max_chars} characters", param=name)
-    return raw.strip()
+def query(request: Request, model: type[Q]) -> Q:
+    """The query string as `model` declares it (proxy/management/bodies.py): 400 naming
+    the parameter."""
+    return parse(model, dict(request.query_params), noun="query parameter")
 
 
 def path_id(request: Request, name: str) -> int:

@@ -1,8 +1,9 @@
 """The OpenAPI 3.0 document of the memory API, served at /v1/memory/openapi.json.
 
-The request bodies' schemas come from their declaration (proxy/management/bodies.py), which
-also validates them; the answers' schemas are written here. Tests check every route is
-described, every route that takes a body declares it, and every answer matches its schema.
+Its schemas are made from the declared shapes: the request bodies (proxy/management/bodies.py,
+which also validates them), the answers (answers.py) and the import records
+(openapi_records.py); the paths are written here. Tests check every route is described,
+every route that takes a body declares it, and every answer matches its schema.
 """
 
 from __future__ import annotations
@@ -12,15 +13,28 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, FACT_SOURCES, IGNORED, MAX_FACTS_PAGE
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
-from proxy.management.bodies import openapi_schemas
-from proxy.management.openapi_admin import ADMIN_PATHS, ADMIN_SCHEMAS
-from proxy.management.openapi_records import RECORD_SCHEMAS
-from proxy.management.openapi_usage import USAGE_PATHS, USAGE_SCHEMAS
+from proxy.management.answers import ANSWERS
+from proxy.management.bodies import (
+    FactQuery,
+    MetricsQuery,
+    SessionQuery,
+    TurnQuery,
+    openapi_schema,
+    openapi_schemas,
+    parameters,
+)
+from proxy.management.openapi_admin import (
+    ADMIN_PATHS,
+    JSON,
+    USAGE_PATHS,
+    answer,
+    operation,
+    ref,
+)
+from proxy.management.openapi_records import RECORDS
 
-JSON = "application/json"
 NDJSON = "application/x-ndjson"
 # Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
 # for another user or a remote client without keys, memory turned off.
@@ -38,325 +52,94 @@ _ERROR_TEXT = {
 }
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(kind: str, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "nullable": True, **extra}
-
-
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": schema}}}
-
-
 def _op(
     summary: str, ok: dict[str, Any], *errors: str, status: str = "200",
     body: dict[str, Any] | None = None, params: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    responses = {status: ok}
-    for code in sorted({*errors, *COMMON_ERRORS}):
-        responses[code] = _json(_ref("Error"), _ERROR_TEXT[code])
-    operation: dict[str, Any] = {
-        "summary": summary, "responses": responses,
-        "parameters": [{"$ref": "#/components/parameters/UserId"}, *(params or [])],
-    }
-    if body is not None:
-        operation["requestBody"] = body
-    return operation
-
-
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema,
-            "description": description}
+    return operation(summary, ok, {*errors, *COMMON_ERRORS}, _ERROR_TEXT, status=status,
+                     body=body, parameters=[{"$ref": "#/components/parameters/UserId"},
+                                            *(params or [])])
 
 
 def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {JSON: {"schema": schema}}}
 
 
-def _list(item: str) -> dict[str, Any]:
-    return {
-        "type": "object", "required": ["object", "data", "has_more", "next_cursor"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {"type": "array", "items": _ref(item)},
-            "has_more": {"type": "boolean"},
-            "next_cursor": _nullable("string"),
-        },
-    }
-
-
-
-_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_FACTS_PAGE}
 _FACT_ID = {"name": "fact_id", "in": "path", "required": True,
             "schema": {"type": "integer", "minimum": 0}}
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}}
-# An empty cursor is the first page.
-_SESSION_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:([0-9a-f]{2}){0,1024})?$"
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {
-            "type": "object", "required": ["message", "type", "param", "code"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                           "param": _nullable("string"), "code": _nullable("string")},
-        }},
-    },
-    "Fact": {
-        "type": "object",
-        "required": ["object", "id", "text", "category", "confidence", "importance", "pinned",
-                     "version", "active"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.fact"]},
-            "id": {"type": "integer"}, "user_id": {"type": "string"}, "text": {"type": "string"},
-            "category": {"type": "string", "enum": list(CATEGORIES)},
-            "confidence": {"type": "number"}, "importance": {"type": "integer"},
-            "mentions": {"type": "integer"},
-            "source": {"type": "string", "enum": list(FACT_SOURCES)},
-            "source_session": _nullable("string"), "client": _nullable("string"),
-            "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
-            "pinned": {"type": "boolean"}, "first_seen": {"type": "number"},
-            "last_seen": {"type": "number"}, "expires_at": _nullable("number"),
-            "version": {"type": "integer"}, "previous_id": _nullable("integer"),
-            "valid_from": {"type": "number"}, "valid_to": _nullable("number"),
-            "superseded_by": _nullable("integer"), "created_at": {"type": "number"},
-            "updated_at": {"type": "number"}, "active": {"type": "boolean"},
-        },
-    },
-    "FactList": _list("Fact"),
-    "Deleted": {
-        "type": "object", "required": ["object", "id", "deleted"],
-        "properties": {"object": {"type": "string"}, "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
-                       "deleted": {"type": "boolean"},
-                       "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
-                       "undo_token": {"type": "string"}, "expires_at": {"type": "number"}},
-    },
-    "Session": {
-        "type": "object",
-        "required": ["object", "session_id", "created_at", "last_active", "turns", "facts",
-                     "summaries", "title"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.session"]},
-            "session_id": {"type": "string"}, "created_at": {"type": "number"},
-            "last_active": {"type": "number"}, "turns": {"type": "integer"},
-            "facts": {"type": "integer"}, "summaries": {"type": "integer"},
-            "title": {"type": "string"},
-        },
-    },
-    "SessionList": _list("Session"),
-    "Turn": {
-        "type": "object", "required": ["object", "id", "session_id", "role", "content", "created_at"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.turn"]}, "id": {"type": "integer"},
-            "session_id": {"type": "string"}, "parent_id": _nullable("integer"),
-            "position": {"type": "integer"}, "role": {"type": "string"},
-            "name": _nullable("string"), "content": {"type": "string"},
-            "created_at": {"type": "number"}, "model": _nullable("string"),
-            "tokens": {"type": "integer"}, "incomplete": {"type": "boolean"},
-        },
-    },
-    "TurnList": _list("Turn"),
-    "SearchResult": {
-        "type": "object",
-        "required": ["object", "query", "budget", "scope", "block", "items", "tokens"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.search"]},
-            "query": {"type": "string"}, "user_id": {"type": "string"},
-            "session_id": _nullable("string"), "scope": {"type": "string"},
-            "budget": {"type": "integer"}, "model": {"type": "string"},
-            "block": {"type": "string", "description": "Exactly what would be injected."},
-            "items": {"type": "array", "items": {
-                "type": "object", "required": ["source", "id", "text", "score", "signals"],
-                "properties": {
-                    "source": {"type": "string"}, "id": {"type": "string"},
-                    "turn_id": {"type": "integer"}, "session_id": {"type": "string"},
-                    "speaker": {"type": "string"}, "created_at": {"type": "number"},
-                    "text": {"type": "string"}, "score": {"type": "number"},
-                    "signals": {"type": "object", "additionalProperties": {"type": "number"}},
-                },
-            }},
-            "tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
-            "candidates": {"type": "integer"}, "recall_ms": {"type": "number"},
-            "embed_ms": {"type": "number"}, "skipped": _nullable("string"),
-        },
-    },
-    **RECORD_SCHEMAS,
-    "Clear": {
-        "type": "object", "required": ["object", "undo_token", "expires_at", "removed"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.clear"]},
-            "undo_token": {"type": "string"}, "undo_seconds": {"type": "number"},
-            "created_at": {"type": "number"}, "expires_at": {"type": "number"},
-            "removed": {"type": "object", "additionalProperties": {"type": "integer"}},
-        },
-    },
-    "ImportReport": {
-        "type": "object", "required": ["object", "added", "skipped"],
-        "properties": {
-            "object": {"type": "string"}, "records": {"type": "integer"},
-            "restored": {"type": "boolean"},
-            "added": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "updated": {"type": "object", "additionalProperties": {"type": "integer"},
-                        "description": "Stored fact versions that took a newer file's state."},
-            "skipped": {"type": "object", "additionalProperties": {"type": "integer"},
-                        "description": "Records already there, by kind."},
-            "ignored": {
-                "type": "object", "required": list(IGNORED), "additionalProperties": False,
-                "description": "Conversation messages left out on purpose: system, developer"
-                               " and legacy function messages, and messages with no text.",
-                "properties": {reason: {"type": "integer", "minimum": 0} for reason in IGNORED},
-            },
-        },
-    },
-    "Profile": {
-        "type": "object", "required": ["object", "consent", "profile"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.profile"]},
-            "user_id": {"type": "string"}, "consent": {"type": "boolean"},
-            "profile": {"type": "object", "nullable": True, "properties": {
-                "fields": {"type": "object"}, "text": {"type": "string"},
-                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
-            }},
-        },
-    },
-    "Stats": {
-        "type": "object", "required": ["object", "counts", "index", "jobs"],
-        "properties": {
-            "object": {"type": "string", "enum": ["memory.stats"]},
-            "user_id": {"type": "string"},
-            "counts": {"type": "object"}, "index": {"type": "object"},
-            # null, and index sizes absent, for a key that is not the admin's where keys are set
-            "jobs": {"type": "object", "nullable": True,
-                     "required": ["depth", "dead", "dead_letters"], "properties": {
-                "depth": {"type": "integer"}, "dead": {"type": "integer"},
-                "dead_letters": {"type": "array", "items": {"type": "object"}},
-            }},
-            "pending_clears": {"type": "array", "items": {"type": "object"}},
-            "limits": {"type": "object"},
-        },
-    },
-    "Metrics": {
-        "type": "object",
-        "required": ["object", "since", "until", "summary", "data", "has_more", "next_cursor"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "since": {"type": "number"}, "until": {"type": "number"},
-            "summary": {
-                "type": "object", "description": "Of every row in [since, until), not this page.",
-                "required": ["requests", "recall_ms_p50", "recall_ms_p95", "recall_ms_max",
-                             "injected_tokens_mean", "injected_tokens_max", "truncated", "errors"],
-            },
-            "has_more": {"type": "boolean"}, "next_cursor": _nullable("string"),
-            "data": {"type": "array", "items": {"type": "object", "properties": {
-                "created_at": {"type": "number"}, "session_id": _nullable("string"),
-                "request_id": _nullable("string"), "model": _nullable("string"),
-                "items": {"type": "object", "additionalProperties": {"type": "integer"}},
-                "injected_tokens": {"type": "integer"}, "truncated": {"type": "boolean"},
-                "recall_ms": _nullable("number"), "embed_ms": _nullable("number"),
-                "error": _nullable("string"),
-            }}},
-        },
-    },
-}
-
-_FACT_QUERY = [
-    _query("category", {"type": "string", "enum": list(CATEGORIES)}, "Only this category."),
-    _query("pinned", {"type": "boolean"}, "Only pinned (true) or unpinned (false) facts."),
-    _query("q", {"type": "string", "maxLength": 1000}, "Full-text search in the fact text."),
-    _query("include_inactive", {"type": "boolean"}, "Also old versions and expired facts."),
-    _query("limit", _LIMIT, "Page size (default 50)."),
-    _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor of the previous page."),
-]
-_PAGE_QUERY = [
-    _query("limit", _LIMIT, "Page size."),
-    _query("cursor", {"type": "string", "pattern": _SESSION_CURSOR}, "next_cursor of the previous page."),
-]
-_TIME = {"type": "number", "minimum": 0}
-_METRICS_CURSOR = r"^([0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?:[0-9]{1,18})?$"
 
 PATHS: dict[str, Any] = {
     "/facts": {
-        "get": _op("List facts, newest first", _json(_ref("FactList")), "400",
-                   params=_FACT_QUERY),
-        "post": _op("Add a fact (manual facts start at confidence 0.6)", _json(_ref("Fact")),
-                    "400", "409", "413", status="201", body=_body(_ref("NewFact"))),
+        "get": _op("List facts, newest first", answer(ref("FactList")), "400",
+                   params=parameters(FactQuery)),
+        "post": _op("Add a fact (manual facts start at confidence 0.6)", answer(ref("Fact")),
+                    "400", "409", "413", status="201", body=_body(ref("NewFact"))),
     },
     "/facts/{fact_id}": {
         "parameters": [_FACT_ID],
-        "get": _op("Get one fact (any version)", _json(_ref("Fact")), "404"),
+        "get": _op("Get one fact (any version)", answer(ref("Fact")), "404"),
         "patch": _op("Edit: a new version; the old one is kept as history (409: an old version)",
-                     _json(_ref("Fact")), "400", "404", "409", "413",
-                     body=_body(_ref("FactChanges"))),
+                     answer(ref("Fact")), "400", "404", "409", "413",
+                     body=_body(ref("FactChanges"))),
         "delete": _op(
             "Delete a fact and its history; the undo token restores it within the clear window",
-            _json(_ref("Deleted")), "404"),
+            answer(ref("Deleted")), "404"),
     },
     "/facts/{fact_id}/pin": {"parameters": [_FACT_ID], "post": _op(
-        "Pin (never expires, never evicted; 409 at the pin limit)", _json(_ref("Fact")), "404",
+        "Pin (never expires, never evicted; 409 at the pin limit)", answer(ref("Fact")), "404",
         "409")},
     "/facts/{fact_id}/unpin": {"parameters": [_FACT_ID], "post": _op(
-        "Unpin", _json(_ref("Fact")), "404", "409")},
+        "Unpin", answer(ref("Fact")), "404", "409")},
     "/facts/{fact_id}/history": {"parameters": [_FACT_ID], "get": _op(
-        "Every version of a fact, oldest first", _json(_ref("FactList")), "404")},
+        "Every version of a fact, oldest first", answer(ref("FactList")), "404")},
     "/sessions": {"get": _op("Sessions, most recently active first",
-                             _json(_ref("SessionList")), "400", params=_PAGE_QUERY)},
+                             answer(ref("SessionList")), "400", params=parameters(SessionQuery))},
     "/sessions/{session_id}": {
         "parameters": [_SESSION_ID],
-        "get": _op("One session with its counts", _json(_ref("Session")), "400", "404"),
+        "get": _op("One session with its counts", answer(ref("Session")), "400", "404"),
         "delete": _op("Delete a session: turns, chunks, vectors, summaries, facts only from it",
-                      _json(_ref("Deleted")), "400", "404"),
+                      answer(ref("Deleted")), "400", "404"),
     },
-    "/turns": {"get": _op("A session's turns in stored order", _json(_ref("TurnList")),
-                          "400", "404", params=[
-        {"name": "session_id", "in": "query", "required": True,
-         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}},
-        _query("limit", _LIMIT, "Page size (default 100)."),
-        _query("cursor", {"type": "string", "pattern": "^([0-9]{1,18})?$"}, "next_cursor."),
-    ])},
+    "/turns": {"get": _op("A session's turns in stored order", answer(ref("TurnList")),
+                          "400", "404", params=parameters(TurnQuery))},
     "/search": {"post": _op("What would be injected for a query (no model is called)",
-                            _json(_ref("SearchResult")), "400", "413",
-                            body=_body(_ref("SearchQuery")))},
-    "/clear": {"post": _op("Clear all memory; returns an undo token", _json(_ref("Clear")),
-                           "400", "413", body=_body(_ref("ClearRequest"), required=False))},
+                            answer(ref("SearchResult")), "400", "413",
+                            body=_body(ref("SearchQuery")))},
+    "/clear": {"post": _op("Clear all memory; returns an undo token", answer(ref("Clear")),
+                           "400", "413", body=_body(ref("ClearRequest"), required=False))},
     "/clear/undo": {"post": _op(
-        "Undo a clear or a fact's deletion within its window (409 after it)", _json(_ref("ImportReport")), "400",
+        "Undo a clear or a fact's deletion within its window (409 after it)", answer(ref("ImportReport")), "400",
         "404", "409",
-        "413", body=_body(_ref("UndoRequest")))},
+        "413", body=_body(ref("UndoRequest")))},
     "/export": {"get": _op("Export as JSON Lines (streamed)", {
         "description": "meta, turns, facts, summaries, profile: one JSON object per line",
         "content": {NDJSON: {"schema": {"type": "string"}}}})},
     "/import": {"post": _op(
         "Import JSON Lines of records or OpenAI-format conversations (idempotent)",
-        _json(_ref("ImportReport")), "400", "413",
+        answer(ref("ImportReport")), "400", "413",
         body={"required": True, "content": {
             JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
-                _ref(name) for name in ("TurnRecord", "FactRecord", "SummaryRecord",
-                                        "ProfileRecord", "MetaRecord", "Conversation")]}}},
-            NDJSON: {"schema": {"type": "string"},
-                     "description": "One record (as in the JSON array) per line."},
-        }})},
+                ref(name) for name in RECORDS]}}},
+            NDJSON: {"schema": {"type": "string"}},
+        }, "description": "A JSON array of records, or JSON Lines: one record (as in the"
+                          " array) per line."})},
     "/consent": {
-        "get": _op("Consent and profile", _json(_ref("Profile"))),
+        "get": _op("Consent and profile", answer(ref("Profile"))),
         "put": _op("Give or revoke consent (revoking deletes the profile)",
-                   _json(_ref("Profile")), "400", "413", body=_body(_ref("ConsentChange"))),
+                   answer(ref("Profile")), "400", "413", body=_body(ref("ConsentChange"))),
     },
     "/profile": {
-        "get": _op("Consent and profile", _json(_ref("Profile"))),
-        "put": _op("Write the profile (needs consent)", _json(_ref("Profile")), "400", "409",
-                   "413", body=_body(_ref("ProfileBody"))),
-        "delete": _op("Delete the profile (consent stays)", _json(_ref("Profile"))),
+        "get": _op("Consent and profile", answer(ref("Profile"))),
+        "put": _op("Write the profile (needs consent)", answer(ref("Profile")), "400", "409",
+                   "413", body=_body(ref("ProfileBody"))),
+        "delete": _op("Delete the profile (consent stays)", answer(ref("Profile"))),
     },
     "/stats": {"get": _op("Counts, index sizes, job queue and dead letters",
-                          _json(_ref("Stats")))},
-    "/metrics": {"get": _op("Per-request metrics over a time range", _json(_ref("Metrics")),
-                            "400", params=[
-        _query("since", _TIME, "Unix seconds (default: a day before until)."),
-        _query("until", _TIME, "Unix seconds (default: now)."),
-        _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Page size (default 1000)."),
-        _query("cursor", {"type": "string", "pattern": _METRICS_CURSOR}, "next_cursor of the previous page."),
-    ])},
+                          answer(ref("Stats")))},
+    "/metrics": {"get": _op("Per-request metrics over a time range", answer(ref("Metrics")),
+                            "400", params=parameters(MetricsQuery))},
 }
 
 DOCUMENT: dict[str, Any] = {
@@ -380,7 +163,10 @@ DOCUMENT: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH,
                        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"},
         }},
-        "schemas": {**SCHEMAS, **ADMIN_SCHEMAS, **USAGE_SCHEMAS, **openapi_schemas()},
+        "schemas": {**{name: openapi_schema(shape, frozenset(ANSWERS))
+                       for name, shape in ANSWERS.items()},
+                    **{name: openapi_schema(shape) for name, shape in RECORDS.items()},
+                    **openapi_schemas()},
     },
     # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
     "paths": {**PATHS, **ADMIN_PATHS, **USAGE_PATHS},

@@ -1,10 +1,13 @@
 """The admin API's part of the OpenAPI document (proxy/management/openapi.py): paths under
-/v1/admin, each with its own `servers` entry, tagged `admin` (the admin key only). Its
-request bodies (NewApiKey, ApiKeyChanges) come from proxy/management/bodies.py."""
+/v1/admin (the keys, and GET /usage), each with its own `servers` entry, tagged `admin` (the
+admin key only). Its request bodies (NewApiKey, ApiKeyChanges) come from
+proxy/management/bodies.py, its answers from answers.py."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.management.bodies import UsageQuery, parameters
 
 JSON = "application/json"
 ADMIN_SERVERS = [{"url": "/v1/admin"}]
@@ -13,6 +16,7 @@ _ERROR_TEXT = {
     "401": "No key, or a wrong one.",
     "403": "A valid key that is not the admin key, or no admin key is configured.",
     "404": "No key with this id.",
+    "405": "A method other than GET.",
     "409": "The key is revoked, or comes from MEMPROXY_API_KEYS (read-only here).",
     "413": "The body is larger than MEMPROXY_MAX_BODY_BYTES.",
     "500": "A bug in memproxy.",
@@ -21,60 +25,34 @@ _ERROR_TEXT = {
 _ALWAYS = ("401", "403", "500", "503")
 
 
-def _ref(name: str) -> dict[str, str]:
+def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _op(summary: str, ok: str, *errors: str, status: str = "200",
-        body: str | None = None) -> dict[str, Any]:
-    responses: dict[str, Any] = {status: {
-        "description": "OK", "content": {JSON: {"schema": _ref(ok)}}}}
-    for code in sorted({*errors, *_ALWAYS}):
-        responses[code] = {"description": _ERROR_TEXT[code],
-                           "content": {JSON: {"schema": _ref("Error")}}}
-    operation: dict[str, Any] = {"summary": summary, "tags": ["admin"], "responses": responses,
-                                 "security": [{"bearer": []}]}
+def answer(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def operation(
+    summary: str, ok: dict[str, Any], errors: set[str], texts: dict[str, str], *,
+    status: str = "200", body: dict[str, Any] | None = None, **more: Any,
+) -> dict[str, Any]:
+    """One operation: its answer, then each error it can give with what it means here."""
+    responses = {status: ok} | {code: answer(ref("Error"), texts[code]) for code in sorted(errors)}
+    done: dict[str, Any] = {"summary": summary, "responses": responses, **more}
     if body is not None:
-        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
-    return operation
+        done["requestBody"] = body
+    return done
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "nullable": True}
+def _op(summary: str, ok: str, *errors: str, status: str = "200",
+        body: str | None = None, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return operation(
+        summary, answer(ref(ok)), {*errors, *_ALWAYS}, _ERROR_TEXT, status=status,
+        body=None if body is None else {"required": True, "content": {JSON: {"schema": ref(body)}}},
+        tags=["admin"], security=[{"bearer": []}], **({} if params is None else {"parameters": params}),
+    )
 
-
-_KEY_PROPERTIES: dict[str, Any] = {
-    "object": {"type": "string", "enum": ["api_key"]},
-    "id": {"type": "string"},
-    "source": {"type": "string", "enum": ["database", "env"]},
-    "prefix": _nullable({"type": "string", "description": "The secret's start, for display."}),
-    "user": _nullable({"type": "string"}),
-    "org": _nullable({"type": "string"}),
-    "org_writer": {"type": "boolean"},
-    "expires_at": _nullable({"type": "number"}),
-    "rate_limit": _nullable({"type": "integer"}),
-    "token_quota": _nullable({"type": "integer"}),
-    "created_at": _nullable({"type": "number"}),
-    "last_used_at": _nullable({"type": "number"}),
-    "revoked_at": _nullable({"type": "number"}),
-    "status": {"type": "string", "enum": ["active", "revoked", "expired"]},
-}
-
-ADMIN_SCHEMAS: dict[str, Any] = {
-    "ApiKey": {"type": "object", "required": list(_KEY_PROPERTIES),
-               "additionalProperties": False, "properties": _KEY_PROPERTIES},
-    "ApiKeyCreated": {
-        "type": "object", "required": [*_KEY_PROPERTIES, "key"], "additionalProperties": False,
-        "properties": {**_KEY_PROPERTIES, "key": {
-            "type": "string", "pattern": "^mp-[0-9a-f]{8}_[A-Za-z0-9_-]{43}$",
-            "description": "The secret: shown here once, never again."}},
-    },
-    "ApiKeyList": {
-        "type": "object", "required": ["object", "data"], "additionalProperties": False,
-        "properties": {"object": {"type": "string", "enum": ["list"]},
-                       "data": {"type": "array", "items": _ref("ApiKey")}},
-    },
-}
 
 _KEY_ID = {"name": "key_id", "in": "path", "required": True,
            "schema": {"type": "string", "minLength": 1, "maxLength": 100}}
@@ -96,3 +74,8 @@ ADMIN_PATHS: dict[str, Any] = {
         "delete": _op("Revoke a key (409: already revoked)", "ApiKey", "404", "409"),
     },
 }
+
+# Apart from ADMIN_PATHS: tests/test_admin_keys.py matches those with admin_keys.py's routes.
+USAGE_PATHS: dict[str, Any] = {"/usage": {"servers": ADMIN_SERVERS, "get": _op(
+    "Usage per day (UTC), key and user, with sums per key, per user and in all",
+    "UsageReport", "400", "405", params=parameters(UsageQuery))}}

@@ -1,141 +1,164 @@
-"""OpenAPI schemas of the records /v1/memory/import takes (memory/admin/record_checks.py checks them).
+"""The records /v1/memory/import takes, declared for the OpenAPI document
+(memory/admin/record_checks.py checks them, line by line, naming the line).
 
-Records may carry other fields, which are ignored, so schemas allow additional properties.
+Records may carry other fields, which are ignored, so the schemas allow additional properties.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired
 
-from memory import CATEGORIES, FACT_SOURCES, MAX_CLIENT_CHARS, MAX_TEXT_CHARS
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from memory import FACT_SOURCES, MAX_CLIENT_CHARS
 from proxy.access.identity import MAX_ID_LENGTH
+from proxy.management.bodies import NON_BLANK, Category, Confidence, FactText, IdText, Seconds
 
-# At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
-NON_BLANK = r"[^\s\x1c-\x1f\x85]"
-TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": NON_BLANK}
-ID_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": NON_BLANK}
-SECONDS = {"type": "number", "minimum": 0, "maximum": 32503680000}
-_INT = {"type": "integer", "minimum": -(2**63) + 1, "maximum": 2**63 - 1}
-_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True}
-
-TURN_ROLES = ["user", "assistant", "tool"]
-_PARTS = {"type": "array", "items": {"type": "object"}}
-_CALLS = {"type": "array", "items": {"type": "object", "properties": {
-    "function": {"type": "object", "nullable": True}}}}
+Int = Annotated[int, Field(ge=-(2**63) + 1, le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Ordinal = Annotated[int, Field(ge=1, le=2**63 - 1)]
+Name = Annotated[str, Field(max_length=MAX_ID_LENGTH)]
+Said = Annotated[str, Field(min_length=1, pattern=NON_BLANK)]
+Time = Seconds | None
+TurnRole = Literal["user", "assistant", "tool"]
+Parts = list[dict[str, Any]]
 
 
-def _message(
-    roles: list[str], *, required: str | None = None, content: dict[str, Any] | None = None,
-    tool_calls: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+class TurnRecord(TypedDict):
+    type: Literal["turn"]
+    id: NotRequired[Int | None]
+    session_id: IdText
+    parent_id: NotRequired[Int | None]
+    role: TurnRole
+    content: Said
+    name: NotRequired[Name | None]
+    created_at: NotRequired[Time]
+    model: NotRequired[Name | None]
+    tokens: NotRequired[Count | None]
+    request_id: NotRequired[Name | None]
+    incomplete: NotRequired[bool]
+
+
+class FactRecord(TypedDict):
+    type: Literal["fact"]
+    id: NotRequired[Int | None]
+    text: FactText
+    category: Category
+    confidence: NotRequired[Confidence]
+    importance: NotRequired[Annotated[int, Field(ge=1, le=10)] | None]
+    mentions: NotRequired[Ordinal | None]
+    source: NotRequired[Literal[FACT_SOURCES]]  # type: ignore[valid-type]
+    source_session: NotRequired[Name | None]
+    client: NotRequired[Annotated[str, Field(max_length=MAX_CLIENT_CHARS)] | None]
+    source_turn_ids: NotRequired[list[Int]]
+    pinned: NotRequired[bool]
+    version: NotRequired[Ordinal | None]
+    previous_id: NotRequired[Int | None]
+    superseded_by: NotRequired[Int | None]
+    first_seen: NotRequired[Time]
+    last_seen: NotRequired[Time]
+    expires_at: NotRequired[Time]
+    valid_from: NotRequired[Time]
+    valid_to: NotRequired[Time]
+    created_at: NotRequired[Time]
+    updated_at: NotRequired[Time]
+
+
+class SummaryData(TypedDict, total=False):
+    facts: list[str]
+    preferences: list[str]
+    decisions: list[str]
+    todos: list[str]
+    entities: list[str]
+
+
+class SummaryRecord(TypedDict):
+    type: Literal["summary"]
+    id: NotRequired[Int | None]
+    session_id: IdText
+    text: Said
+    data: NotRequired[SummaryData]
+    source_turn_ids: NotRequired[list[Int]]
+    last_turn_id: NotRequired[Int | None]
+    user_turns: NotRequired[Count | None]
+    tokens: NotRequired[Count | None]
+    superseded_by: NotRequired[Int | None]
+    created_at: NotRequired[Time]
+
+
+class ProfileData(TypedDict, total=False):
+    fields: dict[str, Any]
+    text: str
+
+
+class ProfileRecord(TypedDict):
+    type: Literal["profile"]
+    consent: NotRequired[bool]
+    profile: NotRequired[ProfileData | None]
+
+
+class MetaRecord(TypedDict):
+    type: Literal["meta"]
+    format: NotRequired[Literal["memproxy-export"]]
+    version: NotRequired[Annotated[int, Field(ge=1, le=1)]]
+
+
+class ToolCall(TypedDict, total=False):
+    function: dict[str, Any] | None
+
+
+class Message(TypedDict, total=False):
     """One shape of a conversation message (record_checks._conversation accepts these)."""
-    return {
-        "type": "object", "required": ["role"] + ([required] if required else []),
-        "properties": {
-            "role": {"type": "string", "enum": roles},
-            "content": content or {"oneOf": [{"type": "string", "nullable": True}, _PARTS]},
-            "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-            "timestamp": {**SECONDS, "nullable": True},
-            "created_at": {**SECONDS, "nullable": True},
-            "create_time": {**SECONDS, "nullable": True},
-            "tool_calls": tool_calls or {**_CALLS, "nullable": True},
-        },
-    }
+
+    name: Name | None
+    timestamp: Seconds | None
+    created_at: Seconds | None
+    create_time: Seconds | None
 
 
-RECORD_SCHEMAS: dict[str, Any] = {
-    "TurnRecord": {
-        "type": "object", "required": ["type", "session_id", "role", "content"],
-        "properties": {
-            "type": {"type": "string", "enum": ["turn"]}, "id": {**_INT, "nullable": True},
-            "session_id": ID_TEXT, "parent_id": {**_INT, "nullable": True},
-            "role": {"type": "string", "enum": ["user", "assistant", "tool"]},
-            "content": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
-            "name": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-            "created_at": {**SECONDS, "nullable": True},
-            "model": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-            "tokens": _COUNT,
-            "request_id": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-            "incomplete": {"type": "boolean"},
-        },
-    },
-    "FactRecord": {
-        "type": "object", "required": ["type", "text", "category"],
-        "properties": {
-            "type": {"type": "string", "enum": ["fact"]}, "id": {**_INT, "nullable": True},
-            "text": TEXT, "category": {"type": "string", "enum": list(CATEGORIES)},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-            "importance": {"type": "integer", "minimum": 1, "maximum": 10, "nullable": True},
-            "mentions": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
-            "source": {"type": "string", "enum": list(FACT_SOURCES)},
-            "source_session": {"type": "string", "maxLength": MAX_ID_LENGTH, "nullable": True},
-            "client": {"type": "string", "maxLength": MAX_CLIENT_CHARS, "nullable": True},
-            "source_turn_ids": {"type": "array", "items": _INT},
-            "pinned": {"type": "boolean"},
-            "version": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True},
-            "previous_id": {**_INT, "nullable": True},
-            "superseded_by": {**_INT, "nullable": True},
-            **{name: {**SECONDS, "nullable": True} for name in (
-                "first_seen", "last_seen", "expires_at", "valid_from", "valid_to",
-                "created_at", "updated_at")},
-        },
-    },
-    "SummaryRecord": {
-        "type": "object", "required": ["type", "session_id", "text"],
-        "properties": {
-            "type": {"type": "string", "enum": ["summary"]},
-            "id": {**_INT, "nullable": True}, "session_id": ID_TEXT,
-            "text": {"type": "string", "minLength": 1, "pattern": NON_BLANK},
-            "data": {"type": "object", "properties": {
-                key: {"type": "array", "items": {"type": "string"}}
-                for key in ("facts", "preferences", "decisions", "todos", "entities")}},
-            "source_turn_ids": {"type": "array", "items": _INT},
-            "last_turn_id": {**_INT, "nullable": True},
-            "user_turns": _COUNT,
-            "tokens": _COUNT,
-            "superseded_by": {**_INT, "nullable": True},
-            "created_at": {**SECONDS, "nullable": True},
-        },
-    },
-    "ProfileRecord": {
-        "type": "object", "required": ["type"],
-        "properties": {
-            "type": {"type": "string", "enum": ["profile"]}, "consent": {"type": "boolean"},
-            "profile": {"type": "object", "nullable": True,
-                        "properties": {"fields": {"type": "object"},
-                                       "text": {"type": "string"}}},
-        },
-    },
-    "MetaRecord": {
-        "type": "object", "required": ["type"],
-        "properties": {
-            "type": {"type": "string", "enum": ["meta"]},
-            "format": {"type": "string", "enum": ["memproxy-export"]},
-            "version": {"type": "integer", "minimum": 1, "maximum": 1},
-        },
-    },
-    "Conversation": {
-        "type": "object", "required": ["messages"],
-        "description": "OpenAI chat format. system, developer and function messages, and"
-                       " messages whose content has no text part, are left out and counted"
-                       " in the report's `ignored`; any other role, or a user, assistant or"
-                       " tool message with empty content and no tool_calls, is a 400 naming"
-                       " messages[i].role or messages[i].content. Records may carry other"
-                       " fields too (they are ignored).",
-        "properties": {
-            "type": {"type": "string", "enum": ["conversation"]},
-            "session_id": {**ID_TEXT, "nullable": True,
-                           "description": "Unset: the session a chat with this start gets."},
-            "created_at": {**SECONDS, "nullable": True},
-            "timestamp": {**SECONDS, "nullable": True},
-            "create_time": {**SECONDS, "nullable": True},
-            "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [
-                # left out and counted; a turn needs text: in its content, or its tool calls
-                _message(["system", "developer", "function"]),
-                _message(TURN_ROLES, required="content", content={"type": "string", "pattern": NON_BLANK}),
-                _message(TURN_ROLES, required="content", content={**_PARTS, "minItems": 1}),
-                _message(TURN_ROLES, required="tool_calls", tool_calls={**_CALLS, "minItems": 1}),
-            ]}},
-        },
-    },
-}
+class LeftOut(Message):
+    """Left out and counted in the report's `ignored`."""
+
+    role: Literal["system", "developer", "function"]
+    content: NotRequired[str | Parts | None]
+    tool_calls: NotRequired[list[ToolCall] | None]
+
+
+# A turn needs text: in its content, or its tool calls.
+class TextTurn(Message):
+    role: TurnRole
+    content: Annotated[str, Field(pattern=NON_BLANK)]
+    tool_calls: NotRequired[list[ToolCall] | None]
+
+
+class PartsTurn(Message):
+    role: TurnRole
+    content: Annotated[Parts, Field(min_length=1)]
+    tool_calls: NotRequired[list[ToolCall] | None]
+
+
+class CallingTurn(Message):
+    role: TurnRole
+    content: NotRequired[str | Parts | None]
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)]
+
+
+class Conversation(TypedDict):
+    """OpenAI chat format. system, developer and function messages, and messages whose
+    content has no text part, are left out and counted in the report's `ignored`; any other
+    role, or a user, assistant or tool message with empty content and no tool_calls, is a 400
+    naming messages[i].role or messages[i].content. Records may carry other fields too (they
+    are ignored)."""
+
+    type: NotRequired[Literal["conversation"]]
+    session_id: NotRequired[Annotated[IdText | None, Field(
+        description="Unset: the session a chat with this start gets.")]]
+    created_at: NotRequired[Time]
+    timestamp: NotRequired[Time]
+    create_time: NotRequired[Time]
+    messages: Annotated[list[LeftOut | TextTurn | PartsTurn | CallingTurn], Field(min_length=1)]
+
+
+RECORDS: dict[str, Any] = {record.__name__: record for record in (
+    TurnRecord, FactRecord, SummaryRecord, ProfileRecord, MetaRecord, Conversation)}

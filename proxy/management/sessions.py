@@ -5,11 +5,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import MAX_SESSIONS_PAGE, turn_dict
+from memory import turn_dict
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest, NotFound
 from proxy.management.access import Caller, endpoint, page, respond
-from proxy.management.inputs import query_limit, query_text
+from proxy.management.bodies import SessionQuery, TurnQuery
+from proxy.management.inputs import query
 
 
 def _session_id(raw: str, param: str) -> str:
@@ -22,9 +23,9 @@ def _session_id(raw: str, param: str) -> str:
 @endpoint
 async def list_sessions(request: Request, who: Caller) -> Response:
     """GET /v1/memory/sessions: most recently active first."""
+    asked = query(request, SessionQuery)
     sessions, cursor = await who.memory.manage.sessions.list(
-        who.user_id, limit=query_limit(request, 50, MAX_SESSIONS_PAGE),
-        cursor=query_text(request, "cursor", max_chars=2100),
+        who.user_id, limit=asked.limit, cursor=asked.cursor,
     )
     return respond(page([{"object": "memory.session", **s.as_dict()} for s in sessions], cursor))
 
@@ -55,15 +56,13 @@ async def delete_session(request: Request, who: Caller) -> Response:
 @endpoint
 async def list_turns(request: Request, who: Caller) -> Response:
     """GET /v1/memory/turns?session_id=...: a session's turns in the order they were stored."""
-    raw = request.query_params.get("session_id")
-    if raw is None:
-        raise InvalidRequest("session_id is required", param="session_id")
-    session_id = _session_id(raw, "session_id")
-    after = query_text(request, "cursor", max_chars=18)
+    asked = query(request, TurnQuery)
+    session_id = _session_id(asked.session_id, "session_id")
+    after = asked.cursor
     if after is not None and not (after.isascii() and after.isdigit()):
         raise InvalidRequest("invalid cursor", param="cursor")
     turns, next_after = await who.memory.manage.sessions.turns(
-        who.user_id, session_id, limit=query_limit(request, 100, MAX_SESSIONS_PAGE),
+        who.user_id, session_id, limit=asked.limit,
         after=int(after or 0),
     )
     if not turns and after is None and await who.memory.manage.sessions.get(who.user_id, session_id) is None:

@@ -7,9 +7,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import CATEGORIES, MAX_METRICS_ROWS
+from memory import CATEGORIES
 from proxy.management.access import Caller, endpoint, page, respond
-from proxy.management.inputs import query_limit, query_text, query_time
+from proxy.management.bodies import MetricsQuery
+from proxy.management.inputs import query
 
 DAY = 86400.0
 
@@ -43,13 +44,13 @@ async def metrics(request: Request, who: Caller) -> Response:
     """GET /v1/memory/metrics?since=&until=&limit=&cursor=: a cursor page of the user's
     request metrics, oldest first, with a summary of the whole range."""
     now = time.time()
-    until = query_time(request, "until", now + 1)
-    since = query_time(request, "since", until - DAY)
+    asked = query(request, MetricsQuery)
+    until = now + 1 if asked.until is None else asked.until
+    since = until - DAY if asked.since is None else asked.since
     # since after until is an empty range, not an error.
     stats = who.memory.manage.stats
     rows, cursor = await stats.metrics(
-        who.user_id, since, until, query_limit(request, 1000, MAX_METRICS_ROWS),
-        query_text(request, "cursor", max_chars=64),
+        who.user_id, since, until, asked.limit, asked.cursor,
     )
     summary = await stats.metrics_summary(who.user_id, since, until)
     return respond({**page(rows, cursor), "since": since, "until": until, "summary": summary})

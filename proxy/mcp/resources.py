@@ -15,7 +15,7 @@ from mcp_types import INVALID_PARAMS
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import ProxyError
 from proxy.mcp.caller import caller_of
-from proxy.mcp.schemas import PROFILE_URI, RESOURCES, TEMPLATES
+from proxy.mcp.schemas import PROFILE_URI, RESOURCES, TEMPLATES, NoArguments
 from proxy.mcp.tools import read_profile, session_summary
 
 RESOURCE_NOT_FOUND = -32002  # MCP 2025-06-18 "Resources", error handling
@@ -45,7 +45,7 @@ async def read_resource(
     who = caller_of(ctx)
     try:
         if uri == PROFILE_URI:
-            body = orjson.dumps(await read_profile(who, {})).decode()
+            body = orjson.dumps(await read_profile(who, NoArguments())).decode()
             return _contents(uri, body, "application/json")
         if uri.startswith(SESSION_PREFIX) and uri.endswith(SUMMARY_SUFFIX):
             session_id = unquote(uri[len(SESSION_PREFIX):-len(SUMMARY_SUFFIX)])

@@ -14,10 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from config.choices import MAX_BUDGET, SCOPES
 from memory import (
-    CATEGORIES,
-    MAX_TEXT_CHARS,
     ClearExpired,
     ClearNotFound,
     ClearReceipt,
@@ -26,39 +23,40 @@ from memory import (
     organization_memory,
 )
 from proxy.access.decision import decide
-from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
-from proxy.management.inputs import choice, flag, number, text
+from proxy.management.bodies import Body, UndoRequest, parse
 from proxy.management.search import searched
 from proxy.mcp.caller import McpCaller
-from proxy.mcp.schemas import KINDS, MAX_LIST_PAGE, MAX_QUERY_CHARS, MAX_TTL_DAYS, TOOLS
+from proxy.mcp.schemas import (
+    ARGUMENTS,
+    DeleteRequest,
+    ListRequest,
+    NewMemory,
+    NoArguments,
+    SearchArguments,
+)
 
 DAY = 86400.0
 SEARCH_MODEL = "gpt-4o"  # how the memory API's search counts tokens
 
 
-Tool = Callable[[McpCaller, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+Tool = Callable[[McpCaller, Any], Awaitable[dict[str, Any]]]  # Any: the tool's own arguments
 
 
-def arguments(name: str, given: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """The arguments, holding only the tool's own names (400-style error otherwise)."""
-    given = given or {}
-    allowed = TOOLS[name].input_schema.get("properties", {})
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise InvalidRequest(f"unknown argument {unknown[0]!r}", param=unknown[0])
-    return given
+def arguments(name: str, given: Mapping[str, Any] | None) -> Body:
+    """The arguments as the tool declares them (proxy/mcp/schemas.py); 400-style error
+    naming the first bad one, an unknown name first."""
+    return parse(ARGUMENTS[name], dict(given or {}), noun="argument")
 
 
-async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def search_memory(who: McpCaller, args: SearchArguments) -> dict[str, Any]:
     """What a chat would be reminded of for `query` (as POST /v1/memory/search)."""
-    query = text(args, "query", required=True, max_chars=MAX_QUERY_CHARS) or ""
-    budget = number(args, "budget", low=0, high=MAX_BUDGET, integer=True)
-    scope = choice(args, "scope", SCOPES) or who.settings.memory_scope
-    session_id = text(args, "session_id", max_chars=MAX_ID_LENGTH) or who.session_id
+    query = args.query
+    scope = args.scope or who.settings.memory_scope
+    session_id = args.session_id or who.session_id
     if scope == "session" and session_id is None:
         raise InvalidRequest("scope session needs a session_id", param="session_id")
-    budget = who.settings.memory_budget if budget is None else budget
+    budget = who.settings.memory_budget if args.budget is None else args.budget
     decide(who.principal, who.settings, user_id=who.user_id, org_id=who.org_id, action="read")
     recalled = await searched(who.memory, RecallRequest(
         who.user_id, session_id or "", [{"role": "user", "content": query}], SEARCH_MODEL,
@@ -76,35 +74,27 @@ async def search_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
     }
 
 
-async def add_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def add_memory(who: McpCaller, args: NewMemory) -> dict[str, Any]:
     """One fact, kept as learned facts are (redacted, merged into a duplicate, superseding
     the same subject's old value, its category's lifetime or `ttl_days`, pinned on
     request), with its provenance: source 'mcp' and the client's name."""
-    fact_text = text(args, "text", required=True, max_chars=MAX_TEXT_CHARS) or ""
-    category = choice(args, "category", CATEGORIES) or "context"
-    importance = number(args, "importance", low=1, high=10, integer=True)
-    ttl = number(args, "ttl_days", low=0, high=MAX_TTL_DAYS)
-    if ttl is not None and ttl <= 0:
-        raise InvalidRequest("ttl_days must be more than 0", param="ttl_days")
-    owner, shared = _target(who, args, "write")
+    ttl = args.ttl_days
+    owner, shared = _target(who, args.shared, "write")
     fact = await who.memory.remember_fact(
-        owner, fact_text, category, importance=5 if importance is None else importance,
-        pinned=bool(flag(args, "pinned")), ttl_seconds=None if ttl is None else ttl * DAY,
+        owner, args.text, args.category, importance=args.importance,
+        pinned=args.pinned, ttl_seconds=None if ttl is None else ttl * DAY,
         source="mcp", source_session=who.session_id, client=who.client,
     )
     return fact_json(fact, shared)
 
 
-async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def list_memories(who: McpCaller, args: ListRequest) -> dict[str, Any]:
     """A page of facts or summaries, newest first."""
-    kind = choice(args, "kind", KINDS) or "fact"
-    category = choice(args, "category", CATEGORIES)
-    limit = number(args, "limit", low=1, high=MAX_LIST_PAGE, integer=True) or 20
-    cursor = text(args, "cursor", max_chars=20)
+    category, limit, cursor = args.category, args.limit, args.cursor
     if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
         raise InvalidRequest("invalid cursor", param="cursor")
-    owner, shared = _target(who, args, "read")
-    if kind == "fact":
+    owner, shared = _target(who, args.shared, "read")
+    if args.kind == "fact":
         facts, after = await who.memory.facts.list(
             owner, category=category, limit=limit, cursor=cursor
         )
@@ -127,10 +117,10 @@ async def list_memories(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
     }
 
 
-async def delete_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def delete_memory(who: McpCaller, args: DeleteRequest) -> dict[str, Any]:
     """One fact (its whole history) or summary by id; the org's fact for an org writer.
     Kept for the memory API's undo window: `undo_delete` with the token brings it back."""
-    raw = text(args, "id", required=True, max_chars=19) or ""
+    raw = args.id
     kind, digits = ("summary", raw[1:]) if raw.startswith("s") else ("fact", raw.removeprefix("f"))
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise InvalidRequest("id must look like f12 (a fact) or s3 (a summary)", param="id")
@@ -150,10 +140,10 @@ async def delete_memory(who: McpCaller, args: Mapping[str, Any]) -> dict[str, An
     raise NotFound(f"no memory {raw}", param="id")
 
 
-async def undo_delete(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def undo_delete(who: McpCaller, args: UndoRequest) -> dict[str, Any]:
     """Bring back what delete_memory removed, inside the undo window: the caller's own
     memory, or its organisation's for an org writer."""
-    token = text(args, "undo_token", required=True, max_chars=200) or ""
+    token = args.undo_token
     clears = who.memory.manage.clears
     owner = await clears.owner(token)
     shared = who.org_id is not None and owner == organization_memory(who.org_id)
@@ -179,7 +169,7 @@ def _deleted(raw: str, receipt: ClearReceipt | None, *, shared: bool) -> dict[st
     }
 
 
-async def read_profile(who: McpCaller, args: Mapping[str, Any]) -> dict[str, Any]:
+async def read_profile(who: McpCaller, args: NoArguments) -> dict[str, Any]:
     """Consent and the profile (as GET /v1/memory/profile)."""
     decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
     profiles = who.memory.profiles
@@ -208,10 +198,10 @@ def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> d
     }
 
 
-def _target(who: McpCaller, args: Mapping[str, Any], action: str) -> tuple[str, bool]:
+def _target(who: McpCaller, shared: bool, action: str) -> tuple[str, bool]:
     """The memory a call reads or changes: the caller's, or (`shared`) its organisation's,
     once `decide` allows it."""
-    if flag(args, "shared"):
+    if shared:
         if who.org_id is None:
             raise InvalidRequest(
                 "shared memory needs an organisation: an org key or X-Memory-Org-Id",
