@@ -89,6 +89,7 @@ class MemoryEngine:
             settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
             settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
             settings.weight_context, settings.weight_conversation, settings.weight_user,
+            settings.weight_standing,
         )
         self._maintenance: asyncio.Task[None] | None = None
         self.facts = FactStore(

@@ -189,6 +189,11 @@ class MemorySettings(ServingSettings):
         "run of its sentences that holds the most of the question's words; a neighbour that "
         "matched nothing itself gets half, from its start. 0: items are shown whole.", min=0,
     )
+    recall_standing_similarity: float = setting(
+        0.2, "Least raw cosine similarity to the question at which one of the user's standing "
+        "statements (an instruction or preference stated once: \"Always ...\", \"Never ...\", "
+        "\"I prefer ...\") is recalled and lifted by weight_standing.", min=0.0, max=1.0,
+    )
     query_split_names: bool = setting(
         True, "Embed the recall query without the names of the people the user's turns were "
         "said under, adding each name it says back at query_name_weight (turns are embedded "
@@ -243,5 +248,12 @@ class MemorySettings(ServingSettings):
         "Added to the score of the user's own turns (role user, no name) after fusion: with a "
         "model they state the user's facts and plans, which the model's replies only "
         "elaborate on; a later block's relevance cut leaves it out. 0 turns this off.",
+        min=0.0,
+    )
+    weight_standing: float = setting(
+        1.0,
+        "Added to the score of the user's standing statements that are about the question "
+        "(recall_standing_similarity): said once, they hold for every later question on their "
+        "subject; a later block's relevance cut leaves it out. 0 turns their search off.",
         min=0.0,
     )

@@ -68,7 +68,7 @@ class SharedVectors:
             self._seen.popitem(last=False)
 
     async def query(
-        self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str]
+        self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str | bool]
     ) -> list[tuple[str, float]]:
         """Up to `k` (id, cosine similarity) pairs matching `where`, best first."""
         return await asyncio.to_thread(self.index.query, vector, k=k, where=where)

@@ -12,6 +12,7 @@ from config import Settings
 from memory.index.chunking import chunk_text
 from memory.index.heap_fill import release_free_heap
 from memory.index.shared_vectors import SharedVectors
+from memory.index.standing import STANDING, is_standing
 from memory.log.turn_log import TurnLog
 from memory.storage.turns import Turn
 from memory.tokens import count_tokens
@@ -67,12 +68,14 @@ class TurnIndexer:
                 turn.id, [(c.ordinal, c.kind, c.text, c.tokens) for c in chunks]
             )
             speaker = turn.name or turn.role
+            own = turn.role == "user" and not turn.name  # the user's own turn (standing.py)
             for chunk, chunk_id in zip(chunks, chunk_ids, strict=True):
                 ids.append(f"c{chunk_id}")
                 texts.append(f"{speaker}: {chunk.text}")
                 metas.append({
                     "user_id": turn.user_id, "session_id": turn.session_id,
                     "turn_id": turn.id, "source": "turn", "created_at": turn.created_at,
+                    **({STANDING: True} if own and is_standing(chunk.text) else {}),
                 })
         if ids:
             async with self._indexing:

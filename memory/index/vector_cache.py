@@ -33,6 +33,8 @@ Value = str | int | float | bool
 # One row of a loaded copy: id, vector, metadata.
 Row = tuple[str, Sequence[float] | Vectors, Mapping[str, Value]]
 MISSING = -1  # code of a metadata key a row does not have
+# A search whose filter keeps fewer than 1/SELECTIVE of the rows multiplies only those.
+SELECTIVE = 8
 GENERATIONS_KEPT = 4096  # users whose last read generation is remembered while not loaded
 
 
@@ -75,7 +77,6 @@ class UserVectors:
         n = len(self.ids)
         if n == 0 or k < 1:
             return []
-        similarity = self.matrix[:n] @ np.asarray(vector, dtype=np.float32)
         mask: npt.NDArray[np.bool_] | None = None
         for key, value in where.items():
             code = self.codes.get(key, {}).get(value)
@@ -84,6 +85,13 @@ class UserVectors:
             match = self.columns[key][:n] == code
             mask = match if mask is None else mask & match
         candidates = np.flatnonzero(mask) if mask is not None else np.arange(n)
+        query = np.asarray(vector, dtype=np.float32)
+        # A filter that keeps few rows (a user's standing statements) scores only those.
+        if len(candidates) * SELECTIVE < n:
+            similarity = np.zeros(n, dtype=np.float32)
+            similarity[candidates] = self.matrix[candidates] @ query
+        else:
+            similarity = self.matrix[:n] @ query
         if len(candidates) > k:
             top = np.argpartition(-similarity[candidates], k - 1)[:k]
             candidates = candidates[top]

@@ -121,7 +121,7 @@ class VectorIndex:
         return owners
 
     def query(
-        self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str]
+        self, vector: npt.NDArray[np.float32], *, k: int, where: Mapping[str, str | bool]
     ) -> list[tuple[str, float]]:
         """Return up to `k` (id, cosine similarity) pairs matching `where`, best first."""
         if k < 1:
@@ -129,7 +129,8 @@ class VectorIndex:
         with self._lock:
             if self._cache.enabled and "user_id" in where:
                 rest = {key: value for key, value in where.items() if key != "user_id"}
-                return self._healing(lambda: self._cache.search(where["user_id"], vector, k, rest))
+                user_id = str(where["user_id"])
+                return self._healing(lambda: self._cache.search(user_id, vector, k, rest))
             result = self._healing(lambda: self._collection.query(
                 query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
                 n_results=k,
@@ -379,7 +380,7 @@ def _damaged(db_file: Path) -> bool:
         return True  # "file is not a database", "malformed"
 
 
-def where_clause(filters: Mapping[str, str] | None) -> dict[str, Any] | None:
+def where_clause(filters: Mapping[str, str | bool] | None) -> dict[str, Any] | None:
     """Translate equality filters into chroma's `where` syntax (several keys -> `$and`)."""
     if not filters:
         return None

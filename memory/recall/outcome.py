@@ -10,7 +10,7 @@ from typing import Any
 
 from memory.recall.block import BlockPack, pack_block
 from memory.recall.learned_recall import Learned, LearnedItem
-from memory.recall.ranking import Candidate, Weights
+from memory.recall.ranking import Candidate, Weights, lifted
 from memory.recall.render import LATER_PREAMBLE, PREAMBLE, Entry
 from memory.recall.rerank import RerankReport
 from memory.scopes import organization_memory
@@ -121,7 +121,7 @@ def score_ceiling(weights: Weights) -> float:
 
 def new_relevant(
     learned: Learned, ranked: list[Candidate], packed: BlockPack, shown: frozenset[str],
-    cut: float, similarity: float = 0.0, user_weight: float = 0.0,
+    cut: float, similarity: float = 0.0, weights: Weights | None = None,
 ) -> tuple[Learned, list[Candidate]]:
     """What a later block of a stable injection may carry: the items `packed` chose that the
     earlier blocks do not show (`unshown`), when the best of them by meaning has a raw cosine
@@ -133,9 +133,9 @@ def new_relevant(
     high. The raw cosine is on one scale for every query (the same model embeds both), so
     it is the gate: a question about something memory does not hold finds nothing new that
     close, and adds no block, where a fixed share would have been filled anyway. The cut
-    then keeps, of a gated-in delta, the items the signals agree on. A turn's lift for being
-    the user's own (`user_weight`, ranking.lift_user) does not count towards the cut: it would let
-    any new turn of the user's in.
+    then keeps, of a gated-in delta, the items the signals agree on. A turn's lifts for being
+    the user's own or a standing statement (`weights`, ranking.lifted) do not count towards
+    the cut: they would let any new turn of the user's in.
     """
     new, turns = unshown(learned, ranked, packed, shown)
     if similarity > 0:
@@ -149,7 +149,7 @@ def new_relevant(
         return [i for i in items if i.score >= cut]
 
     return Learned(kept(new.facts), kept(new.summaries), new.profile, kept(new.shared)), [
-        c for c in turns if c.score - user_weight * c.signals.get("user", 0.0) >= cut
+        c for c in turns if c.score - (lifted(c, weights) if weights else 0.0) >= cut
     ]
 
 

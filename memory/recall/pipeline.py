@@ -23,6 +23,7 @@ import numpy as np
 from config import Settings
 from memory import tracing
 from memory.index.shared_vectors import SharedVectors
+from memory.index.standing import STANDING
 from memory.log.messages import TURN_ROLES, last_user_text, turn_text
 from memory.log.turn_log import TurnLog
 from memory.outages import is_outage
@@ -49,6 +50,7 @@ from memory.recall.ranking import (
     add_context,
     add_conversation,
     fuse,
+    lift_standing,
     lift_user,
 )
 from memory.recall.rerank import Reranker, RerankReport
@@ -59,6 +61,9 @@ from memory.storage.database import Database
 from memory.storage.fts import search_terms
 from memory.storage.turns import ChunkRow, NewTurn
 
+# Standing statements searched a request (memory.index.standing): a user states a handful,
+# and the lift would let more crowd out the turns that match.
+STANDING_CANDIDATES = 4
 # (user, session) -> the session's turns still waiting in the local spool, oldest first.
 SpooledTurns = Callable[[str, str], Awaitable[list[NewTurn]]]
 
@@ -186,7 +191,7 @@ class RecallPipeline:
         k, words = self.settings.recall_candidates, self.settings.query_embed_words
         org = shared_memory(request)
 
-        async def by_meaning() -> tuple[list[tuple[str, float]], Learned, float]:
+        async def by_meaning() -> tuple[list[tuple[str, float]], set[str], Learned, float]:
             # The query is embedded once, for turns and learned items alike.
             embedding = time.perf_counter()
             vector: np.ndarray | None = None
@@ -201,8 +206,9 @@ class RecallPipeline:
             embed_ms = _ms(embedding) if vector is not None else 0.0
             # Facts, summaries and the profile that match: no span of their own (they are
             # searched beside the turns; how many were found is on the rank span).
-            dense, learned, shared = await asyncio.gather(
+            dense, standing, learned, shared = await asyncio.gather(
                 self._dense(request.user_id, session, vector, k),
+                self._standing(request.user_id, session, vector),
                 self.learned_recall.gather(
                     request.user_id, request.session_id, query, vector,
                     session_only=session is not None, present=present,
@@ -210,7 +216,10 @@ class RecallPipeline:
                 self.learned_recall.shared(org, query, vector, present=present)
                 if org is not None else _no_items(),
             )
-            return dense, replace(learned, shared=shared), embed_ms
+            # A standing statement about the query is a candidate, found or not among the best.
+            found = {key for key, _ in dense}
+            dense += [(key, sim) for key, sim in standing if key not in found]
+            return dense, {key for key, _ in standing}, replace(learned, shared=shared), embed_ms
 
         async def by_words() -> tuple[list[tuple[int, float]], list[ChunkRow]]:
             if not self.weights.bm25:
@@ -225,13 +234,15 @@ class RecallPipeline:
 
         # A signal weighted 0 is not searched at all (that is how ablations run); the
         # lexical search, and reading what it found, runs while the query is embedded.
-        (dense, learned, embed_ms), (lexical, rows) = await asyncio.gather(
+        (dense, standing, learned, embed_ms), (lexical, rows) = await asyncio.gather(
             by_meaning(), by_words()
         )
         # Ranking and packing: one span (a span costs more CPU than packing takes); what
         # was packed is on the recall span.
         with tracing.span("memproxy.recall.rank") as ranking:
             ranked = await self._rank(request, query, present, spooled, dense, lexical, rows)
+            if standing:
+                ranked = lift_standing(ranked, standing, self.weights.standing)
             report: RerankReport | None = None
             if request.rerank:
                 reranked = await self.reranker.rerank(query, request.user_id, ranked, learned)
@@ -291,8 +302,7 @@ class RecallPipeline:
             add = request.budget if request.add_budget is None else request.add_budget
             cut = request.relevance * score_ceiling(self.weights)
             learned, ranked = new_relevant(
-                learned, ranked, packed, request.shown, cut, request.similarity,
-                self.weights.user,
+                learned, ranked, packed, request.shown, cut, request.similarity, self.weights,
             )
             packed = pack_ranked(learned, ranked, min(add, request.budget), request.model, share,
                                  later=True)
@@ -318,6 +328,20 @@ class RecallPipeline:
             if span is not None:
                 span.set_attribute("memproxy.recall.candidates", len(found))
             return found
+
+    async def _standing(
+        self, user_id: str, session_id: str | None, vector: np.ndarray | None
+    ) -> list[tuple[str, float]]:
+        """The user's standing statements (memory.index.standing) about the query: those
+        with a raw cosine similarity of at least recall_standing_similarity, best first."""
+        if vector is None or not self.weights.standing:
+            return []
+        where: dict[str, str | bool] = {"user_id": user_id, "source": "turn", STANDING: True}
+        if session_id is not None:
+            where["session_id"] = session_id
+        found = await self.shared_vectors.query(vector, k=STANDING_CANDIDATES, where=where)
+        floor = self.settings.recall_standing_similarity
+        return [(key, similarity) for key, similarity in found if similarity >= floor]
 
     async def _chunks(self, ids: list[int]) -> list[ChunkRow]:
         """The chunks `ids` name, read from the database (a database step of recall)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # How many of the best items lend context to their neighbours (see `add_context`).
@@ -28,6 +28,7 @@ class Weights:
     context: float = 0.4
     conversation: float = 0.4
     user: float = 0.6
+    standing: float = 1.0
 
 
 @dataclass
@@ -152,6 +153,29 @@ def lift_user(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
         c.signals["user"] = 1.0 if c.role == c.speaker == USER else 0.0
         c.score = round(c.score + weight * c.signals["user"], 6)
     return _best_first(ranked)
+
+
+def lift_standing(ranked: Sequence[Candidate], keys: Collection[str], weight: float
+                  ) -> list[Candidate]:
+    """Lift the standing statements `keys` (memory.index.standing: the user's lasting
+    instructions and preferences that are about the query) by `weight`, and re-rank.
+
+    A one-line "Always use APA style when I ask about references" shares few words with a
+    question on references and ranks below every turn that discusses them; said once, it
+    holds for every such question. Like `lift_user`, it comes last and a later block's
+    relevance cut leaves it out (`lifted`).
+    """
+    for c in ranked:
+        c.signals["standing"] = 1.0 if c.key in keys else 0.0
+        c.score = round(c.score + weight * c.signals["standing"], 6)
+    return _best_first(ranked)
+
+
+def lifted(c: Candidate, weights: Weights) -> float:
+    """What `lift_user` and `lift_standing` added to a candidate's score: a lift ranks, it does
+    not say that a turn matches (outcome.new_relevant)."""
+    return weights.user * c.signals.get("user", 0.0) + weights.standing * c.signals.get(
+        "standing", 0.0)
 
 
 def _scaled(values: Mapping[str, float]) -> dict[str, float]:
