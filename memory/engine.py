@@ -85,12 +85,7 @@ class MemoryEngine:
         # Every search and write of users' vectors goes through this (index/shared_vectors.py).
         self.shared_vectors = SharedVectors(db, vectors)
         self.embedder = embedder
-        self.weights = Weights(
-            settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
-            settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
-            settings.weight_context, settings.weight_conversation, settings.weight_user,
-            settings.weight_standing,
-        )
+        self.weights = Weights.of(settings)
         self._maintenance: asyncio.Task[None] | None = None
         self.facts = FactStore(
             db, lifetimes_days=settings.fact_lifetimes_days(),

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from config import Settings
 
 # How many of the best items lend context to their neighbours (see `add_context`).
 CONTEXT_SEEDS = 30
@@ -29,6 +33,16 @@ class Weights:
     conversation: float = 0.4
     user: float = 0.6
     standing: float = 1.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> Weights:
+        """The weights the settings give (`MEMPROXY_WEIGHT_*`)."""
+        return cls(
+            settings.weight_dense, settings.weight_bm25, settings.weight_identifier,
+            settings.weight_recency, settings.weight_session, settings.recency_half_life_days,
+            settings.weight_context, settings.weight_conversation, settings.weight_user,
+            settings.weight_standing,
+        )
 
 
 @dataclass
