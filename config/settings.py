@@ -195,6 +195,12 @@ def _read_toml(path: Path, errors: list[str], source: str) -> dict[str, Any]:
     return {**data, **section}
 
 
+# Settings that hold an http(s) URL, and what a bad value's error calls it.
+_HTTP_URLS = {"chroma_url": "a Chroma server's http(s) URL", **dict.fromkeys(
+    ("upstream_base_url", "extract_base_url", "anthropic_base_url", "rerank_base_url",
+     "learning_api_key_url"), "an http(s) URL")}
+
+
 def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     meta = f.metadata
@@ -232,19 +238,10 @@ def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
         # The one networked database memproxy speaks; unset is the embedded SQLite file.
         raise ValueError(f"must be a PostgreSQL URL, postgresql://user:password@host:5432/db,"
                          f" got {without_password(str(result))!r}")
-    if (
-        f.name == "chroma_url"
-        and result is not None
-        and not str(result).startswith(("http://", "https://"))
+    if f.name in _HTTP_URLS and result is not None and not str(result).startswith(
+        ("http://", "https://")
     ):
-        raise ValueError(f"must be a Chroma server's http(s) URL, got {value!r}")
-    if (
-        f.name in ("upstream_base_url", "extract_base_url", "anthropic_base_url",
-                   "rerank_base_url", "learning_api_key_url")
-        and result is not None
-        and not str(result).startswith(("http://", "https://"))
-    ):
-        raise ValueError(f"must be an http(s) URL, got {value!r}")
+        raise ValueError(f"must be {_HTTP_URLS[f.name]}, got {value!r}")
     return result
 
 

@@ -389,12 +389,11 @@ class MemoryEngine:
         spooling = self.spooling
         if isinstance(after, Spooled) or (spooling is not None and spooling.active):
             assert spooling is not None  # only a spool makes a Spooled
-            if isinstance(after, Spooled):  # the whole path: the request's turns, then this
-                await spooling.put(user_id, session_id, [*after.turns, turn], after=after.after,
-                                   reply=True, model=model, route=route)
-            else:
-                await spooling.put(user_id, session_id, [turn], after=after, reply=True,
-                                   model=model, route=route)
+            # A spooled request's whole path: its turns, then this reply.
+            path, start = ((after.turns, after.after) if isinstance(after, Spooled)
+                           else ((), after))
+            await spooling.put(user_id, session_id, [*path, turn], after=start, reply=True,
+                               model=model, route=route)
             return
         try:
             await self._append_path(user_id, session_id, [turn], after, True, model, route)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from proxy.cli.client import MemoryClient
 from proxy.cli.main import main
 from tests.conftest import ROOT, RunningProxy
 from tests.support.chat import chat
@@ -105,6 +107,19 @@ def test_memories_commands(capsys: pytest.CaptureFixture[str], memproxy: Running
     assert status == 1 and "nothing to change" in err
     status, _, err = run(capsys, memproxy, "memories", "add", "x", "--confidence", "7")
     assert status == 1 and "confidence" in err
+
+
+def test_a_listing_is_followed_across_its_pages(
+    capsys: pytest.CaptureFixture[str], memproxy: RunningProxy
+) -> None:
+    for i in range(5):
+        assert run(capsys, memproxy, "memories", "add", f"Fact number {i}", "--category",
+                   "context")[0] == 0
+    client = MemoryClient(argparse.Namespace(url=memproxy.url, key=None, user=None, org=None))
+    with client.http:
+        every = client.pages("/facts", {"limit": 2})  # three pages: 2, 2 and 1
+        assert sorted(f["text"] for f in every) == [f"Fact number {i}" for i in range(5)]
+        assert client.pages("/facts", {"limit": 2}, 3) == every[:3]
 
 
 def test_sessions_and_stats(capsys: pytest.CaptureFixture[str], memproxy: RunningProxy) -> None:

@@ -70,6 +70,22 @@ def test_bad_values_fail_naming_the_setting(env: dict[str, str], named: str) -> 
         load_settings(env=env)
 
 
+@pytest.mark.parametrize(
+    ("name", "called"),
+    [
+        ("chroma_url", "a Chroma server's http(s) URL"),
+        *((name, "an http(s) URL") for name in (
+            "upstream_base_url", "extract_base_url", "anthropic_base_url", "rerank_base_url",
+            "learning_api_key_url")),
+    ],
+)
+def test_a_url_setting_takes_only_http_urls(name: str, called: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env={env_name(name): "ftp://x"})
+    assert f"{env_name(name)}: must be {called}, got 'ftp://x'" in str(caught.value)
+    assert getattr(load_settings(env={env_name(name): "https://x"}), name) == "https://x"
+
+
 def test_every_bad_setting_is_named_at_once(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('colour = "blue"\n[[routes]]\nmatch = "x"\n')

@@ -24,7 +24,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from memory.admin.forget import forget_user
@@ -58,10 +58,7 @@ class ClearReceipt:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {
-            "undo_token": self.undo_token, "created_at": self.created_at,
-            "expires_at": self.expires_at, "removed": self.removed,
-        }
+        return asdict(self)
 
 
 class Clears:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memory.admin.record_checks import IGNORED
@@ -57,8 +57,7 @@ class ImportReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {"added": dict(self.added), "updated": dict(self.updated),
-                "skipped": dict(self.skipped), "ignored": dict(self.ignored)}
+        return asdict(self)
 
 
 @dataclass

@@ -57,6 +57,19 @@ class MemoryClient:
         _check(response)
         return response.json()
 
+    def pages(
+        self, path: str, params: dict[str, Any], limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A listing's items, following its cursor until there are `limit` (None: all)."""
+        items: list[dict[str, Any]] = []
+        while limit is None or len(items) < limit:
+            page = self.call("GET", path, params=params)
+            items += page["data"]
+            if not page["has_more"]:
+                break
+            params["cursor"] = page["next_cursor"]
+        return items[:limit]
+
     def stream(self, path: str) -> Iterator[bytes]:
         """The lines of a streamed answer, without their newline."""
         try:

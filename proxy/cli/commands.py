@@ -28,14 +28,7 @@ def memories_list(client: MemoryClient, args: argparse.Namespace) -> None:
         params["pinned"] = "true"
     if args.all:
         params["include_inactive"] = "true"
-    facts: list[dict[str, Any]] = []
-    while len(facts) < args.limit:
-        page = client.call("GET", "/facts", params=params)
-        facts += page["data"]
-        if not page["has_more"]:
-            break
-        params["cursor"] = page["next_cursor"]
-    facts = facts[: args.limit]
+    facts = client.pages("/facts", params, args.limit)
     rows = [[f["id"], f["category"], f"{f['confidence']:.2f}", "*" if f["pinned"] else "",
              f["text"] if f["active"] else f"(v{f['version']}, inactive) {f['text']}"]
             for f in facts]
@@ -175,14 +168,7 @@ def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
 def sessions_list(client: MemoryClient, args: argparse.Namespace) -> None:
     """Sessions, most recently active first."""
     params: dict[str, Any] = {"limit": min(PAGE, max(1, args.limit))}
-    sessions: list[dict[str, Any]] = []
-    while len(sessions) < args.limit:
-        page = client.call("GET", "/sessions", params=params)
-        sessions += page["data"]
-        if not page["has_more"]:
-            break
-        params["cursor"] = page["next_cursor"]
-    sessions = sessions[: args.limit]
+    sessions = client.pages("/sessions", params, args.limit)
     rows = [[s["session_id"], when(s["last_active"]), s["turns"], s["facts"], s["title"]]
             for s in sessions]
     emit(args, sessions, table(["SESSION", "LAST ACTIVE", "TURNS", "FACTS", "FIRST MESSAGE"], rows)
@@ -192,14 +178,7 @@ def sessions_list(client: MemoryClient, args: argparse.Namespace) -> None:
 def sessions_show(client: MemoryClient, args: argparse.Namespace) -> None:
     """A session's counts and every turn."""
     session = client.call("GET", f"/sessions/{quote(args.session_id, safe='')}")
-    params: dict[str, Any] = {"session_id": args.session_id, "limit": 500}
-    turns: list[dict[str, Any]] = []
-    while True:
-        page = client.call("GET", "/turns", params=params)
-        turns += page["data"]
-        if not page["has_more"]:
-            break
-        params["cursor"] = page["next_cursor"]
+    turns = client.pages("/turns", {"session_id": args.session_id, "limit": 500})
     lines = [f"Session {session['session_id']}: {count(session['turns'], 'turn')}, "
              f"{count(session['facts'], 'fact')}, last active {when(session['last_active'])}",
              ""]

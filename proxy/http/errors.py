@@ -169,18 +169,17 @@ class UpstreamStatus(UpstreamError):
             parsed = orjson.loads(self.body)
         except orjson.JSONDecodeError:
             parsed = None
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
             if not self.hint or not isinstance(parsed["error"].get("message"), str):
                 return Response(self.body, self.status, self.headers, media_type="application/json")
             parsed["error"]["message"] += f" ({self.hint})"
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
             return error_response(self.status, parsed, headers)
         text = self.body.decode("utf-8", "replace").strip()[:2000] or self.message
         if self.hint:
             text += f" ({self.hint})"
         envelope = {"error": {"message": text, "type": _type_for(self.status),
                               "param": None, "code": "upstream_status"}}
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
         return error_response(self.status, envelope, headers)
 
 
