@@ -56,7 +56,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # The markers that keep a test out of the fast lane, `pytest -m "not slow"` (CONTRIBUTING.md).
-SLOW_MARKERS = ("browser", "node", "postgres", "replicas", "soak", "fuzz")
+SLOW_MARKERS = ("browser", "node", "postgres", "replicas", "soak", "fuzz", "process")
 
 
 def runs_on_postgres(item: pytest.Item) -> bool:

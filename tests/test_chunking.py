@@ -157,6 +157,7 @@ _pieces = st.one_of(
 documents = st.lists(_pieces, max_size=40).map("".join)
 
 
+@pytest.mark.fuzz
 @settings(max_examples=300, deadline=None)
 @given(text=documents, max_tokens=st.integers(min_value=4, max_value=64))
 def test_invariants_with_tiktoken(text: str, max_tokens: int) -> None:

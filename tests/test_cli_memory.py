@@ -253,6 +253,7 @@ def _cli(proxy: RunningProxy, *argv: str) -> list[str]:
     return [sys.executable, "-m", "proxy", *argv, "--url", proxy.url]
 
 
+@pytest.mark.process
 def test_a_closed_output_pipe_ends_quietly(memproxy: RunningProxy) -> None:
     # The reader is gone before memproxy writes a byte.
     process = subprocess.Popen(_cli(memproxy, "stats"), stdout=subprocess.PIPE,
@@ -277,6 +278,7 @@ def test_a_closed_output_pipe_ends_quietly(memproxy: RunningProxy) -> None:
     wait_for_jobs(memproxy)
 
 
+@pytest.mark.process
 def test_console_script_with_keys_env_and_a_progress_bar(start_proxy: Starter, tmp_path: Path) -> None:
     proxy = start_proxy(memory=True, api_keys="key-cli-000001:carol", **QUIET)
     records = [{"type": "turn", "session_id": f"s{i // 100}", "role": "user",

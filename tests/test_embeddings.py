@@ -82,10 +82,10 @@ def test_batching_preserves_order(embedder: LocalEmbedder) -> None:
     assert np.abs(embedder.embed_sync(reversed_texts) - one_by_one[::-1]).max() < 1e-5
 
 
-def test_batches_side_by_side_match_one_session() -> None:
-    one_by_one = np.stack(
-        [LocalEmbedder(SHARED_MODEL, threads=2).embed_sync([text])[0] for text in TEXTS]
-    )
+def test_batches_side_by_side_match_one_session(embedder: LocalEmbedder) -> None:
+    # One text is one batch, run on the two-thread session: the module's embedder does that
+    # as a fresh one would, without loading the model again for each text.
+    one_by_one = np.stack([embedder.embed_sync([text])[0] for text in TEXTS])
     spread = LocalEmbedder(SHARED_MODEL, batch_size=2, threads=2)
     assert np.abs(spread.embed_sync(TEXTS) - one_by_one).max() < 1e-5
     assert spread._single is not None  # the batches ran on the one-thread session
@@ -114,7 +114,9 @@ def test_a_batch_of_long_texts_is_bounded_in_tokens() -> None:
 
 def test_long_batches_give_the_same_vectors(embedder: LocalEmbedder) -> None:
     """Bounded batches, and the runs that hand their memory back, change no vector."""
-    long_texts = [f"note {i}: " + "the billing service runs Postgres 16 " * 40 for i in range(12)]
+    # One text more than a bounded batch holds: two batches, run side by side.
+    long_texts = [f"note {i}: " + "the billing service runs Postgres 16 " * 40
+                  for i in range(MAX_BATCH_TOKENS // MAX_TOKENS + 1)]
     together = embedder.embed_sync(long_texts)
     alone = np.stack([embedder.embed_sync([text])[0] for text in long_texts])
     assert np.abs(together - alone).max() < 1e-5

@@ -104,6 +104,7 @@ def fence_free(text: str) -> bool:
     return not re.search(r"<\s*/?\s*memory\b", lookalike_view(text))
 
 
+@pytest.mark.fuzz
 @settings(max_examples=500, deadline=None)
 @given(tag=lookalike_tag(), before=st.text(alphabet="abc <->/\n", max_size=12),
        after=st.text(alphabet="abc/\n", max_size=12))
@@ -140,6 +141,7 @@ def test_every_character_that_reads_as_a_bracket_is_looked_for() -> None:
             assert char in TAG_OPENERS, hex(code)
 
 
+@pytest.mark.fuzz
 @settings(max_examples=300, deadline=None)
 @given(speaker=HOSTILE_TEXT, texts=st.lists(HOSTILE_TEXT, min_size=1, max_size=4),
        fact=HOSTILE_TEXT)

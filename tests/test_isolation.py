@@ -391,6 +391,7 @@ def shared(start_proxy: Callable[..., RunningProxy]) -> tuple[RunningProxy, dict
     return start_proxy(memory=True, **QUIET), {}
 
 
+@pytest.mark.fuzz
 @settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(a=IDS, b=IDS)

@@ -64,6 +64,7 @@ def settled_rss(process: Process, turns: int) -> float:
     return rss_mb(process)
 
 
+@pytest.mark.process
 def test_a_2_mb_message_leaves_the_server_near_its_idle_size(
     server: Process, upstream: ScriptedUpstream
 ) -> None:

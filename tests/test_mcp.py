@@ -385,6 +385,7 @@ def test_the_readme_example_runs(start_proxy: Callable[..., RunningProxy]) -> No
     assert "User lives in Lisbon." in ran.stdout and "<memory>" in ran.stdout
 
 
+@pytest.mark.process
 def test_memproxy_mcp_that_cannot_start_says_why_in_one_line(served: RunningProxy) -> None:
     """Issue 39 item 8: no key, a wrong key, a --url with /v1, no server: one line with the
     status (or the connection's error) and the fix, not nested ExceptionGroup tracebacks."""
@@ -413,6 +414,7 @@ def test_memproxy_mcp_that_cannot_start_says_why_in_one_line(served: RunningProx
             assert err.rstrip().endswith("memproxy's own address, without /v1 or /mcp"), err
 
 
+@pytest.mark.process
 def test_memproxy_mcp_reads_the_key_under_the_name_the_other_commands_use(
     served: RunningProxy,
 ) -> None:

@@ -151,6 +151,7 @@ def serve_env(tmp_path: Path, upstream: ScriptedUpstream) -> dict[str, str]:
     return {**memproxy_env(upstream.base_url), "MEMPROXY_DATA_DIR": str(tmp_path / "data")}
 
 
+@pytest.mark.process
 def test_serve_warns_of_a_misspelt_variable_and_says_what_it_uses(
     tmp_path: Path, serve_env: dict[str, str]
 ) -> None:
@@ -165,6 +166,7 @@ def test_serve_warns_of_a_misspelt_variable_and_says_what_it_uses(
     assert str(tmp_path / "data" / "vectors") in ready
 
 
+@pytest.mark.process
 def test_a_port_flag_wins_over_a_bad_port_variable(
     tmp_path: Path, serve_env: dict[str, str]
 ) -> None:
@@ -176,6 +178,7 @@ def test_a_port_flag_wins_over_a_bad_port_variable(
     assert "memproxy ready" in output
 
 
+@pytest.mark.process
 def test_a_missing_config_file_names_the_flag(tmp_path: Path, serve_env: dict[str, str]) -> None:
     code, output = _serve(tmp_path, serve_env, "--config", str(tmp_path / "missing.toml"))
     assert code == 2, output

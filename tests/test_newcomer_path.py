@@ -28,8 +28,8 @@ import pytest
 from tests.conftest import MODEL_DIR, ROOT, RunningProxy
 from tests.support.servers import free_port
 
-# Out of the fast lane (CONTRIBUTING.md): the demo upstream and memproxy as processes.
-pytestmark = pytest.mark.slow
+# Out of the fast lane (CONTRIBUTING.md, `process`): the demo upstream and memproxy as processes.
+pytestmark = pytest.mark.process
 
 SECTION = re.compile(r"<!-- docs:try-without-a-model -->(.*?)<!-- /docs:try-without-a-model -->", re.S)
 BLOCK = re.compile(r"<!-- newcomer:(\w+) -->\n```(\w+)\n(.*?)```(?:\n+(?:[^`<]*\n)*?```text\n(.*?)```)?", re.S)

@@ -41,6 +41,7 @@ def test_python_dash_m_proxy_is_the_same_cli() -> None:
     assert result.returncode == 0 and "--port" in result.stdout
 
 
+@pytest.mark.process
 def test_bad_settings_stop_start_up_naming_the_setting() -> None:
     result = subprocess.run([sys.executable, "-m", "proxy", "serve"], capture_output=True,
                             text=True, timeout=60, cwd=ROOT,

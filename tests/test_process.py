@@ -34,8 +34,8 @@ from tests.support.scripted_upstream import (
 )
 from tests.support.storage import Storage
 
-# Out of the fast lane (CONTRIBUTING.md): real memproxy processes killed and restarted.
-pytestmark = pytest.mark.slow
+# Out of the fast lane (CONTRIBUTING.md, `process`): memproxy processes killed and restarted.
+pytestmark = pytest.mark.process
 
 
 @dataclass

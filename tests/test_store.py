@@ -331,6 +331,7 @@ async def test_hostile_query_text_never_raises(store: Storage, query: str) -> No
     assert await store.lexical.search("alice", query, k=5, session_id='s1"') == []
 
 
+@pytest.mark.fuzz
 def test_any_text_makes_a_valid_match_expression() -> None:
     with closing(sqlite3.connect(":memory:")) as conn:
         migrations.apply(conn)

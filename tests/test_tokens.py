@@ -87,6 +87,7 @@ def test_ensure_offline_keeps_an_explicit_setting(monkeypatch: pytest.MonkeyPatc
     assert os.environ["TIKTOKEN_CACHE_DIR"] == "/somewhere/else"
 
 
+@pytest.mark.process
 def test_counting_works_offline_without_importing_litellm() -> None:
     # A fresh interpreter: tiktoken reads TIKTOKEN_CACHE_DIR when it first loads an encoding,
     # and an unreachable proxy turns any download attempt into a failure.

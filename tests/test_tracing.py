@@ -300,6 +300,7 @@ def test_text_log_lines_for_a_terminal(
     assert f"trace_id={CLIENT_TRACE}" in lines[0] and f"span_id={server.span_id}" in lines[0]
 
 
+@pytest.mark.process
 def test_tracing_off_exports_nothing_and_forwards_the_clients_trace_untouched(tmp_path: Path) -> None:
     script = """
 import sys

@@ -84,6 +84,7 @@ def own(endpoint: str, **more: str) -> dict[str, str]:
             "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_EXPORTER_OTLP_TIMEOUT": "5", **more}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_memproxys_own_provider_exports_with_the_protocol_the_variables_choose(
     tmp_path: Path, protocol: str,
@@ -102,6 +103,7 @@ def test_memproxys_own_provider_exports_with_the_protocol_the_variables_choose(
     assert receiver.requests[-1].headers["x-collector-key"] == "k1"  # the exporter's own variable
 
 
+@pytest.mark.process
 def test_the_sdks_sampler_variables_decide(tmp_path: Path) -> None:
     with OtlpReceiver() as receiver:
         printed, _ = run("own", tmp_path, own(receiver.endpoint, OTEL_TRACES_SAMPLER="always_off"),
@@ -111,6 +113,7 @@ def test_the_sdks_sampler_variables_decide(tmp_path: Path) -> None:
     assert {tuple(sent.split("-")[1::2]) for sent in printed["upstream"]} == {(CLIENT_TRACE, "00")}
 
 
+@pytest.mark.process
 def test_under_a_global_provider_memproxy_configures_nothing_and_its_processor_sees_the_spans(
     tmp_path: Path,
 ) -> None:
@@ -124,6 +127,7 @@ def test_under_a_global_provider_memproxy_configures_nothing_and_its_processor_s
     assert printed["upstream"] == [f"00-{CLIENT_TRACE}-{call['span_id']}-01"]
 
 
+@pytest.mark.process
 def test_under_an_asgi_instrumentations_server_span_memproxys_span_is_its_child(tmp_path: Path) -> None:
     printed, _ = run("asgi", tmp_path, {})
     servers = [span for span in printed["spans"] if span["kind"] == "SERVER"]
@@ -135,6 +139,7 @@ def test_under_an_asgi_instrumentations_server_span_memproxys_span_is_its_child(
     assert call["parent_id"] == ours["span_id"]
 
 
+@pytest.mark.process
 def test_a_collector_that_is_down_holds_no_request_nor_the_shutdown_and_logs_json(
     tmp_path: Path,
 ) -> None:

@@ -315,6 +315,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Iterator[
             running.stop()
 
 
+@pytest.mark.fuzz
 @admin_schema.parametrize()
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))

@@ -234,6 +234,7 @@ admin_schema = schemathesis.openapi.from_dict(DOCUMENT).include(
     path=[path for path, item in DOCUMENT["paths"].items() if "servers" in item])
 
 
+@pytest.mark.fuzz
 @admin_schema.parametrize()
 @hypothesis_settings(max_examples=25, deadline=None, derandomize=True, database=None,
                      suppress_health_check=list(HealthCheck))

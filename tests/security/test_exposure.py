@@ -49,14 +49,17 @@ def serve_exit(tmp_path: Path, upstream: ScriptedUpstream, **settings: str) -> t
     return done.returncode, done.stdout + done.stderr
 
 
+# Each shape starts a server process: the fast lane runs the first, the full suite them all.
 @pytest.mark.parametrize("shape", [
     {"host": "0.0.0.0", "upstream_api_key": "sk-operator"},
-    {"host": "::", "upstream_api_key": "sk-operator"},
-    {"host": "10.1.2.3", "upstream_api_key": "sk-operator"},
-    {"host": "memproxy.internal", "upstream_api_key": "sk-operator"},
-    {"host": "0.0.0.0", "anthropic_api_key": "sk-ant-operator"},
-    {"host": "0.0.0.0", "upstream_api_key": "sk-operator", "admin_key": "admin-key-000001"},
-    {"host": "0.0.0.0", "upstream_api_key": "sk-operator", "open_relay": "off"},
+    *(pytest.param(shape, marks=pytest.mark.process) for shape in [
+        {"host": "::", "upstream_api_key": "sk-operator"},
+        {"host": "10.1.2.3", "upstream_api_key": "sk-operator"},
+        {"host": "memproxy.internal", "upstream_api_key": "sk-operator"},
+        {"host": "0.0.0.0", "anthropic_api_key": "sk-ant-operator"},
+        {"host": "0.0.0.0", "upstream_api_key": "sk-operator", "admin_key": "admin-key-000001"},
+        {"host": "0.0.0.0", "upstream_api_key": "sk-operator", "open_relay": "off"},
+    ]),
 ])
 def test_serve_refuses_to_start_an_open_relay(
     tmp_path: Path, upstream: ScriptedUpstream, shape: dict[str, str],

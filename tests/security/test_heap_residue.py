@@ -58,6 +58,7 @@ def process(
             running.popen.wait(10)
 
 
+@pytest.mark.process
 def test_a_write_off_request_leaves_no_heap_residue_in_the_vector_index(
     process: Process, database_url: str | None
 ) -> None:
