@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from memory.recall.rerank import Scorer as RerankScorer
     from memory.recall.spooled import SpoolRecall
     from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
-    from memory.redact import Redactor
+    from memory.redact import Redactor, redact_profile
     from memory.scopes import organization_memory
     from memory.storage.api_keys import StoredKey
     from memory.storage.bulk_copy import Batch as CopiedBatch
@@ -111,6 +111,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "is_outage": ("memory.outages", "is_outage"),
     "encoding_for_model": ("memory.tokens", "encoding_for_model"),
     "Redactor": ("memory.redact", "Redactor"),
+    "redact_profile": ("memory.redact", "redact_profile"),
     # spans of the proxy's steps, through the OpenTelemetry API (memory/tracing.py)
     "trace_span": ("memory.tracing", "span"),
     # the management API's records, limits and errors
@@ -249,6 +250,7 @@ __all__ = [
     "organization_memory",
     "place",
     "placing_order",
+    "redact_profile",
     "summarize",
     "trace_span",
     "turn_dict",

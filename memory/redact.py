@@ -91,6 +91,12 @@ def redact_record(record: Mapping[str, Any], redact: Callable[[str], str]) -> di
     return copy
 
 
+def redact_profile(body: Mapping[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
+    """A profile's JSON view (`Profile.as_dict`) with its text and fields redacted."""
+    return {**body, "text": redact(str(body["text"])),
+            "fields": redact_fields(body["fields"], redact)}
+
+
 def redact_fields(fields: Mapping[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
     """Profile fields with every string inside redacted (keys too). A value is read with its
     key, as the profile renders it: `{"password": "..."}` is redacted as `password: ...` is."""

@@ -23,7 +23,7 @@ from typing import Any
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
-from memory.redact import keep, redact_fields, redact_record
+from memory.redact import keep, redact_profile, redact_record
 from memory.storage import turns
 from memory.storage.database import Database
 from memory.storage.facts import Fact
@@ -99,8 +99,7 @@ class RecordSource:
         body = record["profile"]
         if body is None:
             return record
-        return {**record, "profile": {**body, "text": self.redact(str(body["text"])),
-                                      "fields": redact_fields(body["fields"], self.redact)}}
+        return {**record, "profile": redact_profile(body, self.redact)}
 
     async def turns(self, user_id: str) -> AsyncIterator[dict[str, Any]]:
         """The user's turns in id order (a parent always before its children)."""

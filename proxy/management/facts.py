@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -14,9 +15,10 @@ from proxy.management.bodies import FactChanges, FactQuery, NewFact
 from proxy.management.inputs import json_body, path_id, query
 
 
-def fact_json(fact: Fact) -> dict[str, Any]:
-    """A fact as the API shows it."""
-    return {"object": "memory.fact", **fact.as_dict()}
+def fact_json(fact: Fact, redact: Callable[[str], str]) -> dict[str, Any]:
+    """A fact as the API shows it, its text redacted again: a fact stored before a secret's
+    shape was known, or while redaction was off, leaves redacted (docs/security.md)."""
+    return {"object": "memory.fact", **fact.as_dict(), "text": redact(fact.text)}
 
 
 @endpoint
@@ -28,7 +30,7 @@ async def list_facts(request: Request, who: Caller) -> Response:
         category=asked.category, pinned=asked.pinned, query=asked.q,
         include_inactive=asked.include_inactive, limit=asked.limit, cursor=_cursor(asked.cursor),
     )
-    return respond(page([fact_json(f) for f in facts], cursor))
+    return respond(page([fact_json(f, who.memory.redact) for f in facts], cursor))
 
 
 @endpoint
@@ -40,7 +42,7 @@ async def add_fact(request: Request, who: Caller) -> Response:
         importance=body.importance, pinned=body.pinned, expires_at=body.expires_at,
         source="manual",
     )
-    return respond(fact_json(fact), 201)
+    return respond(fact_json(fact, who.memory.redact), 201)
 
 
 @endpoint
@@ -50,7 +52,7 @@ async def get_fact(request: Request, who: Caller) -> Response:
     fact = await who.memory.facts.get(who.user_id, fact_id)
     if fact is None:
         raise NotFound(f"no fact {fact_id}", param="fact_id")
-    return respond(fact_json(fact))
+    return respond(fact_json(fact, who.memory.redact))
 
 
 @endpoint
@@ -60,7 +62,7 @@ async def edit_fact(request: Request, who: Caller) -> Response:
     body = await json_body(request, who.settings.max_body_bytes, FactChanges)
     await _current(who, fact_id)
     fact = await who.memory.facts.edit(who.user_id, fact_id, **body.given())
-    return respond(fact_json(fact))
+    return respond(fact_json(fact, who.memory.redact))
 
 
 @endpoint
@@ -81,14 +83,16 @@ async def delete_fact(request: Request, who: Caller) -> Response:
 async def pin_fact(request: Request, who: Caller) -> Response:
     """POST /v1/memory/facts/{fact_id}/pin: 409 at the pin limit."""
     fact_id = await _current(who, path_id(request, "fact_id"))
-    return respond(fact_json(await who.memory.facts.set_pinned(who.user_id, fact_id, True)))
+    fact = await who.memory.facts.set_pinned(who.user_id, fact_id, True)
+    return respond(fact_json(fact, who.memory.redact))
 
 
 @endpoint
 async def unpin_fact(request: Request, who: Caller) -> Response:
     """POST /v1/memory/facts/{fact_id}/unpin"""
     fact_id = await _current(who, path_id(request, "fact_id"))
-    return respond(fact_json(await who.memory.facts.set_pinned(who.user_id, fact_id, False)))
+    fact = await who.memory.facts.set_pinned(who.user_id, fact_id, False)
+    return respond(fact_json(fact, who.memory.redact))
 
 
 @endpoint
@@ -98,7 +102,7 @@ async def fact_history(request: Request, who: Caller) -> Response:
     versions = await who.memory.facts.history(who.user_id, fact_id)
     if not versions:
         raise NotFound(f"no fact {fact_id}", param="fact_id")
-    return respond(page([fact_json(f) for f in versions], None))
+    return respond(page([fact_json(f, who.memory.redact) for f in versions], None))
 
 
 async def _current(who: Caller, fact_id: int) -> int:

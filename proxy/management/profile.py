@@ -7,6 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from memory import redact_profile
 from proxy.management.access import Caller, endpoint, respond
 from proxy.management.bodies import ConsentChange, ProfileBody
 from proxy.management.inputs import json_body
@@ -15,7 +16,8 @@ from proxy.management.inputs import json_body
 async def _state(who: Caller) -> dict[str, Any]:
     profiles = who.memory.profiles
     profile = await profiles.get(who.user_id)
-    body = None if profile is None else {k: v for k, v in profile.as_dict().items() if k != "user_id"}
+    body = None if profile is None else redact_profile(
+        {k: v for k, v in profile.as_dict().items() if k != "user_id"}, who.memory.redact)
     return {
         "object": "memory.profile", "user_id": who.user_id,
         "consent": await profiles.consent(who.user_id), "profile": body,

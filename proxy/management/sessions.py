@@ -67,5 +67,7 @@ async def list_turns(request: Request, who: Caller) -> Response:
     )
     if not turns and after is None and await who.memory.manage.sessions.get(who.user_id, session_id) is None:
         raise NotFound(f"no session {session_id!r}", param="session_id")
-    data = [{"object": "memory.turn", **turn_dict(t)} for t in turns]
+    # Redacted again on the way out, as an export is (docs/security.md).
+    data = [{"object": "memory.turn", **turn_dict(t), "content": who.memory.redact(t.content)}
+            for t in turns]
     return respond(page(data, None if next_after is None else str(next_after)))

@@ -21,6 +21,7 @@ from memory import (
     Fact,
     RecallRequest,
     organization_memory,
+    redact_profile,
 )
 from proxy.access.decision import decide
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
@@ -174,9 +175,8 @@ async def read_profile(who: McpCaller, args: NoArguments) -> dict[str, Any]:
     decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
     profiles = who.memory.profiles
     profile = await profiles.get(who.user_id)
-    body = None if profile is None else {
-        k: v for k, v in profile.as_dict().items() if k != "user_id"
-    }
+    body = None if profile is None else redact_profile(
+        {k: v for k, v in profile.as_dict().items() if k != "user_id"}, who.memory.redact)
     return {"consent": await profiles.consent(who.user_id), "profile": body}
 
 
@@ -184,7 +184,7 @@ async def session_summary(who: McpCaller, session_id: str) -> str | None:
     """The current summary of one of the caller's sessions."""
     decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
     summary = await who.memory.summaries.latest(who.user_id, session_id)
-    return None if summary is None else summary.text
+    return None if summary is None else who.memory.redact(summary.text)
 
 
 def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> dict[str, Any]:

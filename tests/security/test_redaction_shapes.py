@@ -364,13 +364,18 @@ async def test_issue37_shapes_are_stored_exported_and_listed_redacted(
 async def test_text_stored_unredacted_leaves_redacted_through_export_and_mcp(
     start_proxy: Starter, backend: str
 ) -> None:
-    """A turn and a fact stored while redaction was off (or before a shape was known) are
-    redacted on the way out: the export and MCP's listings run the redactor again."""
+    """A turn, a fact and a profile stored while redaction was off (or before a shape was
+    known) are redacted on the way out: the export, the memory API's reads and MCP's
+    listings and profile resource run the redactor again."""
     mp_key = issue37_shapes(seed=13)[0].secret
     before = start_proxy(memory=True, redact="off")
     assert chat(before, f"the key is {mp_key}", session="old", headers=ALICE).status == 200
     async with mcp_session(before, headers=MCP_KEY) as client:
         structured(await client.call_tool("add_memory", {"text": f"User's key is {mp_key}"}))
+    with memory_api(before, **ALICE) as api:
+        assert api.put("/consent", json={"consent": True}).status_code == 200
+        assert api.put("/profile", json={"fields": {"deploy key": mp_key},
+                                         "text": f"Deploys with {mp_key}"}).status_code == 200
     wait_for_jobs(before)
     before.stop()
     proxy = start_proxy(memory=True)  # the same data directory and database
@@ -379,8 +384,16 @@ async def test_text_stored_unredacted_leaves_redacted_through_export_and_mcp(
     async with mcp_session(proxy, headers=MCP_KEY) as client:
         listed = structured(await client.call_tool("list_memories", {}))
         searched = structured(await client.call_tool("search_memory", {"query": "key", "scope": "user"}))
+        profile = (await client.read_resource("memproxy://profile")).contents
+    with memory_api(proxy, **ALICE) as api:
+        facts = api.get("/facts").json()
+        fact = api.get(f"/facts/{facts['data'][0]['id']}").json()
+        turns = api.get("/turns", params={"session_id": "old"}).json()
+        profile_read = api.get("/profile").json()
     assert [r for r in records if r["type"] == "turn"] and [r for r in records if r["type"] == "fact"]
-    shown = json.dumps([records, listed, searched["items"]])
+    assert facts["data"] and turns["data"] and profile_read["profile"]
+    shown = json.dumps([records, listed, searched["items"], facts, fact, turns, profile_read,
+                        [c.model_dump() for c in profile]])
     assert mp_key not in shown and placeholder("memproxy_key") in shown
 
 
