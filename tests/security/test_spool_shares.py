@@ -11,42 +11,24 @@ test's own, stopped and started; the real app on a uvicorn socket; the official 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
 
+from tests import test_spool
 from tests.conftest import RunningProxy
 from tests.support.chat import chat
 from tests.support.jobs import wait_for_jobs
 from tests.support.servers import PostgresServer
 from tests.support.sql import query
+from tests.test_spool import FAST, drained
 
-FAST = {"job_backoff_seconds": 0.05, "job_outage_backoff_max_seconds": 0.3}
+# The spool's own fixtures: a PostgreSQL of this test's own, and proxies stopped before it.
+postgres = test_spool.postgres
+start_proxy = test_spool.start_proxy
+
 SECRET = "mp-0badc0de_" + "Q7x" * 15  # a memproxy key: the spool holds it redacted
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture
-def start_proxy(
-    postgres: PostgresServer, start_proxy: Callable[..., RunningProxy]
-) -> Iterator[Callable[..., RunningProxy]]:
-    """Proxies stopped before this test's PostgreSQL is (see tests/test_spool.py)."""
-    started: list[RunningProxy] = []
-
-    def start(**changes: Any) -> RunningProxy:
-        started.append(start_proxy(**changes))
-        return started[-1]
-
-    yield start
-    for proxy in started:
-        proxy.stop()
 
 
 def history(n: int, tag: str) -> list[dict[str, str]]:
@@ -57,13 +39,6 @@ def history(n: int, tag: str) -> list[dict[str, str]]:
 
 def depth(proxy: RunningProxy) -> int:
     return int(proxy.state.memory.spool_status()[0])
-
-
-def drained(proxy: RunningProxy, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while depth(proxy):
-        assert time.monotonic() < deadline, "the spool was not replayed"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("stream", [False, True])
