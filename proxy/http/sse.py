@@ -127,8 +127,13 @@ def encode(data: bytes | str, event: str | None = None) -> bytes:
 
 def event_payload(event: ServerSentEvent) -> dict[str, Any] | None:
     """An event's data as a JSON object (None when it is not one)."""
+    return json_object(event.data)
+
+
+def json_object(data: str | bytes) -> dict[str, Any] | None:
+    """An event's or a whole reply's data as a JSON object (None when it is not one)."""
     try:
-        value = orjson.loads(event.data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None

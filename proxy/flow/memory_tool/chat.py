@@ -122,7 +122,7 @@ class ChatRound(StreamRound):
         out = []
         for event, payload in self._held:
             if payload is None or (not stripped and usage_before is None):
-                out.append(encode(event.data, event.event))
+                out.append(encoded(event))
             elif (rewritten := _rewritten(payload, renumber, stripped, usage_before)) is not None:
                 out.append(encode(orjson.dumps(rewritten)))
         return b"".join(out)

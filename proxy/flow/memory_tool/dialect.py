@@ -175,15 +175,6 @@ def reencoded(event: ServerSentEvent, payload: Payload) -> bytes:
     return encode(orjson.dumps(payload), event.event)
 
 
-def json_object(data: str | bytes) -> Payload | None:
-    """A reply's or an event's data as a JSON object (None when it is not one)."""
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def as_dict(value: Any) -> Payload:
     """`value` when it is an object, else an empty one: any field may hold any type."""
     return value if isinstance(value, dict) else {}

@@ -38,10 +38,10 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
-    json_object,
 )
 from proxy.flow.memory_tool.messages import MessagesDialect
 from proxy.flow.memory_tool.responses import ResponsesDialect
+from proxy.http.sse import json_object
 from proxy.upstream.client import UpstreamHeaders, UpstreamReply
 from proxy.upstream.client import read_body as read_upstream_body
 

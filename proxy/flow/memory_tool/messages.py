@@ -33,7 +33,7 @@ from proxy.flow.memory_tool.dialect import (
     reencoded,
     search_query,
 )
-from proxy.http.sse import ServerSentEvent, encode
+from proxy.http.sse import ServerSentEvent
 
 # Stream deltas by type, and the block field each one extends.
 DELTA_FIELDS = {"text_delta": ("text", "text"), "input_json_delta": ("partial_json", "input"),
@@ -112,7 +112,7 @@ class MessagesRound(StreamRound):
         out = []
         for event, payload in self._held:
             if payload is None:
-                out.append(encode(event.data, event.event))
+                out.append(encoded(event))
             elif payload.get("type") == "message_delta":
                 out.append(self._message_delta(event, payload, client_uses))
             elif isinstance(index := payload.get("index"), int):
@@ -120,7 +120,7 @@ class MessagesRound(StreamRound):
                     self._numbers[index] = self._take_number()
                 out.append(self._numbered(event, payload))
             else:
-                out.append(encode(event.data, event.event))
+                out.append(encoded(event))
         return b"".join(out)
 
     def _read(self, payload: Payload) -> str:
@@ -164,7 +164,7 @@ class MessagesRound(StreamRound):
         delta = as_dict(payload.get("delta"))
         stripped = any(_ours(b) for b in self._blocks.values())
         if not stripped and self.usage_before is None:
-            return encode(event.data, event.event)
+            return encoded(event)
         out = {**payload}
         if stripped and delta.get("stop_reason") == "tool_use" and not client_uses:
             out["delta"] = {**delta, "stop_reason": "end_turn"}

@@ -33,7 +33,7 @@ from proxy.flow.memory_tool.dialect import (
     search_query,
 )
 from proxy.formats.responses import input_items
-from proxy.http.sse import ServerSentEvent, encode
+from proxy.http.sse import ServerSentEvent
 
 
 class ResponsesDialect(Dialect):
@@ -141,7 +141,7 @@ class ResponsesRound(StreamRound):
     def _relayed(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
         """One event as the client gets it: memory_search's dropped, the rest numbered on."""
         if payload is None:
-            return encode(event.data, event.event)
+            return encoded(event)
         index = payload.get("output_index")
         if isinstance(index, int) and index in self._ours:
             return b""
