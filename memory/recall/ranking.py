@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -163,10 +163,7 @@ def lift_user(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
     "Recall"). It comes last, so a session's score and a neighbour's share are of what
     matched, and a later block's relevance cut can leave it out (outcome.new_relevant).
     """
-    for c in ranked:
-        c.signals["user"] = 1.0 if c.role == c.speaker == USER else 0.0
-        c.score = round(c.score + weight * c.signals["user"], 6)
-    return _best_first(ranked)
+    return _lift(ranked, "user", weight, lambda c: c.role == c.speaker == USER)
 
 
 def lift_standing(ranked: Sequence[Candidate], keys: Collection[str], weight: float
@@ -179,10 +176,7 @@ def lift_standing(ranked: Sequence[Candidate], keys: Collection[str], weight: fl
     holds for every such question. Like `lift_user`, it comes last and a later block's
     relevance cut leaves it out (`lifted`).
     """
-    for c in ranked:
-        c.signals["standing"] = 1.0 if c.key in keys else 0.0
-        c.score = round(c.score + weight * c.signals["standing"], 6)
-    return _best_first(ranked)
+    return _lift(ranked, "standing", weight, lambda c: c.key in keys)
 
 
 def lifted(c: Candidate, weights: Weights) -> float:
@@ -190,6 +184,16 @@ def lifted(c: Candidate, weights: Weights) -> float:
     not say that a turn matches (outcome.new_relevant)."""
     return weights.user * c.signals.get("user", 0.0) + weights.standing * c.signals.get(
         "standing", 0.0)
+
+
+def _lift(ranked: Sequence[Candidate], signal: str, weight: float,
+          chosen: Callable[[Candidate], bool]) -> list[Candidate]:
+    """Set `signal` to 1 on the `chosen` candidates (0 on the others), add `weight` to their
+    score, and re-rank."""
+    for c in ranked:
+        c.signals[signal] = 1.0 if chosen(c) else 0.0
+        c.score = round(c.score + weight * c.signals[signal], 6)
+    return _best_first(ranked)
 
 
 def _scaled(values: Mapping[str, float]) -> dict[str, float]:
