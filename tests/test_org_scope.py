@@ -50,7 +50,9 @@ def acme(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
         assert writer.post("/facts", json={"text": SHARED, "category": "context"}).status_code == 201
     with api(proxy, "key-alice-0001") as alice:
         assert alice.post("/facts", json={"text": PRIVATE, "category": "context"}).status_code == 201
-    wait_for_jobs(proxy)
+    # Settled, retries after an outage included: a write during a test would change the
+    # memory versions its recall cache is stamped with.
+    wait_for_jobs(proxy, later=True)
     return proxy
 
 
@@ -209,6 +211,7 @@ def test_a_change_to_shared_memory_reaches_every_member_at_once(
     history = [{"role": "user", "content": QUESTION}]
     first = chat(acme, history, session="b1", api_key="key-bob-00001")
     assert "Bluebird" in str(upstream.history[-1].json["messages"])
+    wait_for_jobs(acme, later=True)  # bob's turns stored and indexed: his session's own writes
     before = cache_counts(acme)
     chat(acme, history, session="b1", api_key="key-bob-00001")  # a retry: the kept recall
     assert cache_counts(acme) == (before[0] + 1, before[1])
