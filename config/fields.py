@@ -16,8 +16,8 @@ def default_data_dir() -> Path:
 
 
 def setting(default: Any, help: str, **extra: Any) -> Any:
-    """A setting with a fixed default."""
-    return field(default=default, metadata={"help": help, **extra})
+    """A setting with a fixed default; a secret one is left out of the settings' repr."""
+    return field(default=default, repr=not extra.get("secret"), metadata={"help": help, **extra})
 
 
 def setting_factory(factory: Any, help: str, **extra: Any) -> Any:

@@ -140,3 +140,21 @@ def test_a_misspelt_toml_setting_is_named_with_the_nearest_known_one(tmp_path: P
     said = str(raised.value)
     assert "upstream_baseurl: unknown setting (did you mean upstream_base_url?)" in said
     assert "xyzzy: unknown setting\n" in said + "\n" and "xyzzy: unknown setting (" not in said
+
+
+def test_no_secret_is_shown_in_the_settings_repr() -> None:
+    """A traceback, a debugger or a log line that prints the settings shows no key and no
+    database password."""
+    secrets = {
+        "MEMPROXY_ADMIN_KEY": "admin-secret-0001", "MEMPROXY_METRICS_KEY": "metrics-secret-01",
+        "MEMPROXY_UPSTREAM_API_KEY": "sk-upstream-secret", "MEMPROXY_EXTRACT_API_KEY": "sk-extract-sec",
+        "MEMPROXY_LEARNING_API_KEY": "sk-learning-secret", "MEMPROXY_RERANK_API_KEY": "sk-rerank-secret",
+        "MEMPROXY_ANTHROPIC_API_KEY": "sk-ant-secret-0001",
+        "MEMPROXY_DATABASE_URL": "postgresql://memproxy:db-pass-0001@127.0.0.1:5432/memproxy",
+    }
+    settings = load_settings(env=secrets)
+    assert settings.admin_key == "admin-secret-0001"  # kept, only not shown
+    shown = repr(settings)
+    assert "admin_key" not in shown and "upstream_base_url" in shown
+    for value in secrets.values():
+        assert value not in shown and "db-pass-0001" not in shown

@@ -23,6 +23,7 @@ class MemorySettings(ServingSettings):
         "PostgreSQL that holds turns, facts, summaries, profiles, jobs and full-text search "
         "for any number of replicas, such as postgresql://memproxy:secret@db:5432/memproxy. "
         "Unset: the embedded SQLite file under data_dir.",
+        secret=True,  # its password
     )
     chroma_url: str | None = setting(
         None,
