@@ -46,23 +46,8 @@ class Flags:
         return self.read or self.write or self.dry_run
 
     @classmethod
-    def defaults(cls, settings: Settings) -> Flags:
-        """The flags a request without X-Memory* headers gets."""
-        return cls(
-            read=settings.memory and settings.memory_read,
-            write=settings.memory and settings.memory_write,
-            budget=settings.memory_budget,
-            scope=settings.memory_scope,
-            placement=settings.memory_placement,
-            compact=settings.memory and settings.compact,
-            mode=settings.memory_mode,
-            injection=settings.memory_injection,
-            rerank=settings.rerank != "off",
-        )
-
-    @classmethod
     def from_headers(cls, headers: Mapping[str, str], settings: Settings) -> Flags:
-        """Apply the request's X-Memory* headers to the defaults; raise FlagError."""
+        """Apply the request's X-Memory* headers to the settings' defaults; raise FlagError."""
         master = _on_off(headers, "x-memory")
         read = _on_off(headers, "x-memory-read")
         write = _on_off(headers, "x-memory-write")

@@ -16,8 +16,8 @@ SUPPORTED_PROTOCOLS = frozenset({"http/protobuf", "grpc"})
 
 def otel_errors(env: Mapping[str, str]) -> list[str]:
     """One line for each OTEL_* variable memproxy's tracing could not work with."""
-    errors = [f"{name}: {problem}" for name in ENDPOINTS
-              if (problem := _endpoint_problem(env.get(name, "").strip()))]
+    errors = [f"{name}: {value!r} needs a scheme and a host, such as http://localhost:4318"
+              for name in ENDPOINTS if (value := env.get(name, "").strip()) and not _is_url(value)]
     for name in PROTOCOLS:
         value = env.get(name, "").strip()
         if value and value not in SUPPORTED_PROTOCOLS:
@@ -29,13 +29,9 @@ def otel_errors(env: Mapping[str, str]) -> list[str]:
     return errors
 
 
-def _endpoint_problem(value: str) -> str:
-    if not value:
-        return ""
+def _is_url(value: str) -> bool:
     address = urlsplit(value)
-    if address.scheme not in ("http", "https") or not address.hostname:
-        return f"{value!r} needs a scheme and a host, such as http://localhost:4318"
-    return ""
+    return address.scheme in ("http", "https") and bool(address.hostname)
 
 
 def _propagator_errors(configured: str) -> list[str]:

@@ -13,7 +13,7 @@ import difflib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,17 +72,10 @@ class Settings(RerankSettings):
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed, each checked like a loaded value."""
-        fields = {f.name: f for f in setting_fields()}
-        errors = [f"{name}: unknown setting" for name in changes if name not in fields]
-        values = {}
-        for name, value in changes.items():
-            if name in fields:
-                try:
-                    values[name] = _convert(fields[name], value)
-                except (TypeError, ValueError) as exc:
-                    errors.append(f"{name}: {exc}")
-        if errors:
-            raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
+        known = {f.name for f in setting_fields()}
+        errors = [f"{name}: unknown setting" for name in changes if name not in known]
+        values = _checked({n: v for n, v in changes.items() if n in known}, lambda n: n, errors)
+        _fail_on(errors)
         return dataclasses.replace(self, **values)
 
 
@@ -107,41 +100,53 @@ def load_settings(
     flags = {name: value for name, value in (flags or {}).items() if value is not None}
     source = "--config" if config_file else ENV_PREFIX + "CONFIG"
     config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
-    raw: dict[str, Any] = {}
     errors: list[str] = []
-    if config_file is not None:
-        raw.update(_read_toml(Path(config_file), errors, source))
+    raw = _read_toml(Path(config_file), errors, source) if config_file is not None else {}
     for f in setting_fields():
         if f.metadata.get("env", True) and env_name(f.name) in env:
             raw[f.name] = env[env_name(f.name)]
     raw.update(flags)
-    known = {f.name for f in setting_fields()}
+    known = [f.name for f in setting_fields()]
     errors += [f"{key}: unknown setting{_nearest(key, known)}" for key in raw if key not in known]
     errors += otel_errors(env)  # tracing's own variables (config/otel.py)
-    values: dict[str, Any] = {}
-    for f in setting_fields():
-        if f.name in raw:
-            try:
-                values[f.name] = _convert(f, raw[f.name])
-            except (TypeError, ValueError) as exc:
-                where = f"--{f.name}" if f.name in flags else _source(f.name, env)
-                errors.append(f"{where}: {exc}")
-    if errors:
-        raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
+
+    def where(name: str) -> str:  # the flag, variable or TOML key a bad value came from
+        return f"--{name}" if name in flags else env_name(name) if env_name(name) in env else name
+
+    values = _checked({name: raw[name] for name in known if name in raw}, where, errors)
+    _fail_on(errors)
     settings = Settings(**values)
     if problem := settings.rerank_problem():
-        raise SettingsError("invalid settings:\n  " + problem)
+        _fail_on([problem])
     return settings
 
 
-def _nearest(name: str, known: set[str]) -> str:
-    """" (did you mean x?)" for the known name closest to a misspelt one, else ""."""
-    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
-    return f" (did you mean {nearest[0]}?)" if nearest else ""
+def _checked(
+    raw: Mapping[str, Any], where: Callable[[str], str], errors: list[str]
+) -> dict[str, Any]:
+    """Each of `raw`'s settings converted and checked; a bad one goes to `errors`, named by
+    `where` (the variable, flag or TOML key it came from)."""
+    fields = {f.name: f for f in setting_fields()}
+    values = {}
+    for name, value in raw.items():
+        try:
+            values[name] = _convert(fields[name], value)
+        except (TypeError, ValueError) as exc:
+            errors.append(f"{where(name)}: {exc}")
+    return values
 
 
-def _source(name: str, env: Mapping[str, str]) -> str:
-    return env_name(name) if env_name(name) in env else name
+def _fail_on(errors: list[str]) -> None:
+    if errors:
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(errors))
+
+
+def _nearest(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """" (did you mean x?)" for the known name closest to a misspelt one, else "" (compared
+    without `prefix`, which every name shares)."""
+    stems = {k.removeprefix(prefix): k for k in known}
+    nearest = difflib.get_close_matches(name.removeprefix(prefix), stems, n=1, cutoff=0.7)
+    return f" (did you mean {stems[nearest[0]]}?)" if nearest else ""
 
 
 def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
@@ -149,16 +154,8 @@ def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
     ignored, while the same typo in TOML is an error), naming the nearest known one."""
     known = {env_name(f.name) for f in setting_fields() if f.metadata.get("env", True)}
     known |= OTHER_ENV
-    warnings = []
-    for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name in known:
-            continue
-        # Compared without the prefix, which every name shares.
-        stems = {k.removeprefix(ENV_PREFIX): k for k in known}
-        nearest = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), stems, n=1, cutoff=0.7)
-        hint = f" (did you mean {stems[nearest[0]]}?)" if nearest else ""
-        warnings.append(f"{name} is not a memproxy setting{hint}; it is ignored")
-    return warnings
+    return [f"{name} is not a memproxy setting{_nearest(name, known, ENV_PREFIX)}; it is ignored"
+            for name in sorted(env) if name.startswith(ENV_PREFIX) and name not in known]
 
 
 def describe_storage(settings: Settings) -> dict[str, str]:
