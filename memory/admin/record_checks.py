@@ -232,6 +232,7 @@ class Message(Record):
     and counted in the report's `ignored`; a user, assistant or tool message needs text: in
     its content, or tool calls (a message whose content has no text part is counted too)."""
 
+    # has_text, for the document: a method is no schema, so the rule is said again here.
     model_config = ConfigDict(json_schema_extra={"anyOf": [
         {"properties": {"role": {"enum": list(LEFT_OUT_ROLES)}}},
         {"required": ["content"], "properties": {"content": {"type": "string",
