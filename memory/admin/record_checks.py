@@ -106,7 +106,7 @@ IdText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS,
                    said(f"must be a string of 1 to {MAX_ID_CHARS} characters")]
 Name = Annotated[str, Field(max_length=MAX_ID_CHARS),
                  said(f"must be a string of at most {MAX_ID_CHARS} characters")]
-Said = Annotated[str, StringConstraints(min_length=1, pattern=NON_BLANK),
+NonEmpty = Annotated[str, StringConstraints(min_length=1, pattern=NON_BLANK),
                  said("must be a non-empty string")]
 # Declared as seconds: milliseconds and ISO 8601 strings with a zone are read too.
 Seconds = Annotated[float, Field(ge=0, le=MAX_TIME)]
@@ -140,7 +140,7 @@ class MetaRecord(Record):
 class TurnRecord(Record):
     type: Literal["turn"]
     role: TurnRole
-    content: Said
+    content: NonEmpty
     id: Int | None = None
     session_id: IdText
     parent_id: Int | None = None
@@ -194,7 +194,7 @@ SummaryData = create_model(  # type: ignore[call-overload]
 class SummaryRecord(Record):
     type: Literal["summary"]
     session_id: IdText
-    text: Annotated[Said, AfterValidator(str.strip)]
+    text: Annotated[NonEmpty, AfterValidator(str.strip)]
     data: SummaryData = SummaryData()  # type: ignore[valid-type]
     id: Int | None = None
     source_turn_ids: Ints = []
