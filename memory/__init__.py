@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from memory.admin.clearing import ClearExpired, ClearNotFound, ClearReceipt
     from memory.admin.migrate import MigrateError, MigrateResult, migrate
     from memory.admin.rates import SharedBuckets
-    from memory.admin.record_checks import IGNORED, RecordError, check_record
+    from memory.admin.record_checks import IGNORED, RECORD_SHAPES, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, SessionInfo, turn_dict
     from memory.admin.stats import MAX_METRICS_ROWS, summarize
@@ -130,6 +130,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "CursorError": ("memory.admin.sessions", "CursorError"),
     "RecordError": ("memory.admin.record_checks", "RecordError"),
     "IGNORED": ("memory.admin.record_checks", "IGNORED"),
+    "RECORD_SHAPES": ("memory.admin.record_checks", "RECORD_SHAPES"),
     "ClearExpired": ("memory.admin.clearing", "ClearExpired"),
     "ClearNotFound": ("memory.admin.clearing", "ClearNotFound"),
     "ClearReceipt": ("memory.admin.clearing", "ClearReceipt"),
@@ -179,6 +180,7 @@ __all__ = [
     "MAX_METRICS_ROWS",
     "MAX_SESSIONS_PAGE",
     "MAX_TEXT_CHARS",
+    "RECORD_SHAPES",
     "SECRET_PREFIX",
     "BackupError",
     "BackupResult",

@@ -51,6 +51,8 @@ async def test_export_then_import_into_an_empty_data_dir_is_the_same_memory(
     meta = exported[0]
     assert meta["type"] == "meta" and meta["user_id"] == "ada"
     assert meta["counts"] == {"turn": 6, "fact": 4, "summary": 2, "profile": 1}
+    for record in exported:  # each as the document declares it (what /import takes)
+        check_schema(record["type"].title() + "Record", record)
     assert [r["type"] for r in exported[1:]] == ["turn"] * 6 + ["fact"] * 4 + ["summary"] * 2 + ["profile"]
     assert any("\u2028" in r.get("content", "") for r in exported)  # one record, one line
 
@@ -166,6 +168,7 @@ def test_import_refuses_unknown_roles_and_empty_messages_and_counts_what_it_leav
         ({"role": "assistant", "content": None}, "messages[1].content"),
         ({"role": "user", "content": []}, "messages[1].content"),
         ({"role": "user", "content": 42}, "messages[1].content"),
+        ({"role": "user", "content": "hi", "name": 7}, "messages[1].name"),
     ]
     with memory_api(memproxy_quiet) as api:
         for message, param in bad:

@@ -2,8 +2,9 @@
 
 Its schemas are made from the declared shapes: the request bodies (proxy/management/bodies.py,
 which also validates them), the answers (answers.py) and the import records
-(openapi_records.py); the paths are written here. Tests check every route is described,
-every route that takes a body declares it, and every answer matches its schema.
+(memory/admin/record_checks.py, which also checks them); the paths are written here. Tests
+check every route is described, every route that takes a body declares it, and every answer
+matches its schema.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from memory import RECORD_SHAPES
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.answers import ANSWERS
@@ -33,7 +35,6 @@ from proxy.management.openapi_admin import (
     operation,
     ref,
 )
-from proxy.management.openapi_records import RECORDS
 
 NDJSON = "application/x-ndjson"
 # Errors any management call can answer with: a bad X-Memory-User-Id, no or a wrong key, a key
@@ -121,7 +122,7 @@ PATHS: dict[str, Any] = {
         answer(ref("ImportReport")), "400", "413",
         body={"required": True, "content": {
             JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
-                ref(name) for name in RECORDS]}}},
+                ref(name) for name in RECORD_SHAPES]}}},
             NDJSON: {"schema": {"type": "string"}},
         }, "description": "A JSON array of records, or JSON Lines: one record (as in the"
                           " array) per line."})},
@@ -165,7 +166,7 @@ DOCUMENT: dict[str, Any] = {
         }},
         "schemas": {**{name: openapi_schema(shape, frozenset(ANSWERS))
                        for name, shape in ANSWERS.items()},
-                    **{name: openapi_schema(shape) for name, shape in RECORDS.items()},
+                    **{name: openapi_schema(shape) for name, shape in RECORD_SHAPES.items()},
                     **openapi_schemas()},
     },
     # The admin API's paths (tag `admin`) carry their own server, /v1/admin.
