@@ -1,4 +1,5 @@
-"""The memory CLI's commands, one function each, found by `COMMANDS` (at the end)."""
+"""The memory CLI's commands, one function each, that proxy/cli/memory.py gives their
+subcommands."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 from proxy.cli.client import CliError, MemoryClient, UsageError, emit, upload
 from proxy.cli.render import Progress, count, table, when
-from proxy.cli.usage import usage_show
 
 PAGE = 200
 
@@ -233,23 +232,3 @@ def _size(size: int) -> str:
         value /= 1024
     return f"{size} B"
 
-
-Command = Callable[[MemoryClient, argparse.Namespace], None]
-# (command, action) -> its function; `stats` has no action.
-COMMANDS: dict[tuple[str, str | None], Command] = {
-    ("memories", "list"): memories_list,
-    ("memories", "search"): memories_search,
-    ("memories", "add"): memories_add,
-    ("memories", "edit"): memories_edit,
-    ("memories", "forget"): memories_forget,
-    ("memories", "pin"): memories_pin,
-    ("memories", "export"): memories_export,
-    ("memories", "import"): memories_import,
-    ("memories", "clear"): memories_clear,
-    ("memories", "undo"): memories_undo,
-    ("sessions", "list"): sessions_list,
-    ("sessions", "show"): sessions_show,
-    ("sessions", "delete"): sessions_delete,
-    ("stats", None): stats_show,
-    ("usage", None): usage_show,
-}
