@@ -116,6 +116,11 @@ def _check(response: httpx.Response) -> None:
     raise CliError(message)
 
 
+def given(**options: Any) -> dict[str, Any]:
+    """The options the command line was given (those not None), for a body or a query."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     """`data` as JSON with --json, else `text`."""
     print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else text)

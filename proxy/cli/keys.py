@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-from proxy.cli.client import DEFAULT_URL, AdminClient, UsageError, add_action, emit
+from proxy.cli.client import DEFAULT_URL, AdminClient, UsageError, add_action, emit, given
 from proxy.cli.render import table, when
 
 
@@ -42,11 +42,8 @@ def add_commands(commands: Any) -> None:
 
 def create_key(client: AdminClient, args: argparse.Namespace) -> None:
     """POST /keys; the secret, said to be shown once."""
-    body: dict[str, Any] = {"user": None if args.no_user else args.user}
-    for name, value in (("org", args.org), ("rate_limit", args.rate_limit),
-                        ("token_quota", args.token_quota)):
-        if value is not None:
-            body[name] = value
+    body = {"user": None if args.no_user else args.user,
+            **given(org=args.org, rate_limit=args.rate_limit, token_quota=args.token_quota)}
     if args.org_writer:
         body["org_writer"] = True
     if args.expires_at:
