@@ -182,12 +182,7 @@ class KeyLimits:
         if slot is not None:
             slot.release()
         self._buckets[keys[0]].tokens += 1.0  # not spent here: the request is refused
-        wait = math.ceil((1.0 - max(level, 0.0)) * 60.0 / per_minute)
-        raise RateLimited(
-            f"rate limit reached: {per_minute:g} requests per minute for this key, on every"
-            f" replica together; try again in {wait} s",
-            code="rate_limit_exceeded", headers={"Retry-After": str(max(1, wait))},
-        )
+        raise _rate_limited(per_minute, level, ", on every replica together")
 
     def _bucket(self, key: str, now: float, rate: float | None) -> _Bucket:
         per_minute = rate or float(self.per_minute)
@@ -213,13 +208,7 @@ class KeyLimits:
             )
         # The tolerance absorbs float error, so waiting exactly Retry-After is enough.
         if bucket.per_minute and bucket.tokens < 1.0 - 1e-9:
-            wait = math.ceil((1.0 - max(bucket.tokens, 0.0)) * 60.0 / bucket.per_minute)
-            raise RateLimited(
-                f"rate limit reached: {bucket.per_minute:g} requests per minute for this"
-                f" key; try again in {wait} s",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(wait)},
-            )
+            raise _rate_limited(bucket.per_minute, bucket.tokens)
 
     @property
     def tracked_keys(self) -> int:
@@ -246,3 +235,12 @@ class KeyLimits:
         ]
         for key in idle:
             del self._buckets[key]
+
+
+def _rate_limited(per_minute: float, level: float, where: str = "") -> RateLimited:
+    """429 for a bucket holding `level` requests: Retry-After is the whole seconds until it
+    holds one again (at least 1)."""
+    wait = max(1, math.ceil((1.0 - max(level, 0.0)) * 60.0 / per_minute))
+    return RateLimited(f"rate limit reached: {per_minute:g} requests per minute for this"
+                       f" key{where}; try again in {wait} s",
+                       code="rate_limit_exceeded", headers={"Retry-After": str(wait)})

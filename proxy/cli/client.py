@@ -7,8 +7,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -32,17 +33,19 @@ class UsageError(Exception):
 class MemoryClient:
     """httpx against /v1/memory with the key and the user of the command line."""
 
+    api, timeout, for_user = "/v1/memory", 300.0, True
+
     def __init__(self, args: argparse.Namespace) -> None:
         url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
         headers = {}
         key = args.key or os.environ.get("MEMPROXY_KEY")
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        if args.user:
+        if self.for_user and args.user:
             headers["X-Memory-User-Id"] = args.user
-        if args.org:
+        if self.for_user and args.org:
             headers["X-Memory-Org-Id"] = args.org
-        self.http = httpx.Client(base_url=f"{url}/v1/memory", headers=headers, timeout=300)
+        self.http = httpx.Client(base_url=url + self.api, headers=headers, timeout=self.timeout)
 
     def admin_url(self, path: str) -> str:
         """The absolute URL of an admin API path (/v1/admin/...)."""
@@ -88,6 +91,17 @@ class MemoryClient:
             raise CliError(f"cannot reach memproxy at {self.http.base_url}: {exc}") from None
 
 
+class AdminClient(MemoryClient):
+    """httpx against /v1/admin with the command line's key (its --user and --org, where a
+    command has them, describe a key, not whose memory)."""
+
+    api, timeout, for_user = "/v1/admin", 60.0, False
+
+
+Client = TypeVar("Client", bound=MemoryClient)
+Handler = Callable[[Client, argparse.Namespace], None]  # one command: prints, or raises
+
+
 def _check(response: httpx.Response) -> None:
     if not response.is_error:
         return
@@ -100,6 +114,11 @@ def _check(response: httpx.Response) -> None:
         # The server speaks HTTP ("a Bearer token"); the command line takes --key.
         message += "; give the key with --key or MEMPROXY_KEY"
     raise CliError(message)
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options the command line was given (those not None), for a body or a query."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -125,12 +144,22 @@ def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
     return chunks(), progress
 
 
+def add_action(
+    actions: Any, name: str, handler: Handler[Client], client: type[Client], **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A subcommand whose `run` gives `handler` a `client` for its arguments."""
+    parser: argparse.ArgumentParser = actions.add_parser(name, **kwargs)
+    parser.set_defaults(run=partial(run_command, client, handler))
+    return parser
 
-def run_command(client: MemoryClient, command: Callable[[], None]) -> int:
-    """Run one command of `client`'s and close it: its exit status, errors on stderr (0
-    done, 1 the server said no or could not be reached, 2 usage, CLOSED_PIPE quietly)."""
+
+def run_command(client_type: type[Client], handler: Handler[Client],
+                args: argparse.Namespace) -> int:
+    """Run `handler` with a client for `args` and close it: its exit status, errors on stderr
+    (0 done, 1 the server said no or could not be reached, 2 usage, CLOSED_PIPE quietly)."""
+    client = client_type(args)
     try:
-        command()
+        handler(client, args)
         sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
     except BrokenPipeError:
         # The reader has gone, as `head` does: stop quietly. Python would flush stdout again

@@ -1,4 +1,5 @@
-"""The memory CLI's commands, one function each, found by `COMMANDS` (at the end)."""
+"""The memory CLI's commands, one function each, that proxy/cli/memory.py gives their
+subcommands."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from proxy.cli.client import CliError, MemoryClient, UsageError, emit, upload
+from proxy.cli.client import CliError, MemoryClient, UsageError, emit, given, upload
 from proxy.cli.render import Progress, count, table, when
-from proxy.cli.usage import usage_show
 
 PAGE = 200
 
@@ -39,11 +38,8 @@ def memories_list(client: MemoryClient, args: argparse.Namespace) -> None:
 def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
     """What would be injected for a query, in block order, with each item's source and
     score (the block is not ordered by score: the first column says where each item is)."""
-    body: dict[str, Any] = {"query": args.query}
-    for name, value in (("budget", args.budget), ("scope", args.scope),
-                        ("session_id", args.session)):
-        if value is not None:
-            body[name] = value
+    body = {"query": args.query,
+            **given(budget=args.budget, scope=args.scope, session_id=args.session)}
     result = client.call("POST", "/search", json=body)
     rows = [[i + 1, item["source"], f"{item['score']:.3f}", item.get("session_id", ""),
              item["text"]] for i, item in enumerate(result["items"])]
@@ -57,18 +53,16 @@ def memories_search(client: MemoryClient, args: argparse.Namespace) -> None:
 
 def memories_add(client: MemoryClient, args: argparse.Namespace) -> None:
     """Remember a fact."""
-    body: dict[str, Any] = {"text": args.text, "category": args.category, "pinned": args.pin}
-    for name in ("confidence", "importance"):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
+    body = {"text": args.text, "category": args.category, "pinned": args.pin,
+            **given(confidence=args.confidence, importance=args.importance)}
     fact = client.call("POST", "/facts", json=body)
     emit(args, fact, f"Added fact {fact['id']} ({fact['category']}): {fact['text']}")
 
 
 def memories_edit(client: MemoryClient, args: argparse.Namespace) -> None:
     """Change a fact: a new version, the old one kept as history."""
-    body = {name: getattr(args, name) for name in ("text", "category", "confidence", "importance")
-            if getattr(args, name) is not None}
+    body = given(text=args.text, category=args.category, confidence=args.confidence,
+                 importance=args.importance)
     if not body:
         raise CliError("nothing to change: give --text, --category, --confidence or --importance")
     fact = client.call("PATCH", f"/facts/{args.id}", json=body)
@@ -233,23 +227,3 @@ def _size(size: int) -> str:
         value /= 1024
     return f"{size} B"
 
-
-Command = Callable[[MemoryClient, argparse.Namespace], None]
-# (command, action) -> its function; `stats` has no action.
-COMMANDS: dict[tuple[str, str | None], Command] = {
-    ("memories", "list"): memories_list,
-    ("memories", "search"): memories_search,
-    ("memories", "add"): memories_add,
-    ("memories", "edit"): memories_edit,
-    ("memories", "forget"): memories_forget,
-    ("memories", "pin"): memories_pin,
-    ("memories", "export"): memories_export,
-    ("memories", "import"): memories_import,
-    ("memories", "clear"): memories_clear,
-    ("memories", "undo"): memories_undo,
-    ("sessions", "list"): sessions_list,
-    ("sessions", "show"): sessions_show,
-    ("sessions", "delete"): sessions_delete,
-    ("stats", None): stats_show,
-    ("usage", None): usage_show,
-}

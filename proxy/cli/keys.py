@@ -6,26 +6,13 @@ command line, with the admin key (`--key` or MEMPROXY_KEY) against a running mem
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from proxy.cli.client import DEFAULT_URL, MemoryClient, UsageError, emit, run_command
+from proxy.cli.client import DEFAULT_URL, AdminClient, UsageError, add_action, emit, given
 from proxy.cli.render import table, when
-
-
-class AdminClient(MemoryClient):
-    """httpx against /v1/admin with the command line's key."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
-        key = args.key or os.environ.get("MEMPROXY_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=f"{url}/v1/admin", headers=headers, timeout=60)
 
 
 def add_commands(commands: Any) -> None:
@@ -36,8 +23,8 @@ def add_commands(commands: Any) -> None:
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
     keys = commands.add_parser("keys", help="proxy keys in the database (the admin key only)")
     actions = keys.add_subparsers(dest="action", required=True)
-    create = actions.add_parser("create", parents=[common],
-                                help="make a key; its secret is printed once")
+    action = partial(add_action, actions, client=AdminClient, parents=[common])
+    create = action("create", create_key, help="make a key; its secret is printed once")
     bound = create.add_mutually_exclusive_group(required=True)
     bound.add_argument("--user", help="the user the key is bound to")
     bound.add_argument("--no-user", action="store_true",
@@ -48,26 +35,15 @@ def add_commands(commands: Any) -> None:
     create.add_argument("--expires-at", help="unix seconds or an ISO 8601 time (UTC if no zone)")
     create.add_argument("--rate-limit", type=int, help="requests per minute for this key")
     create.add_argument("--token-quota", type=int, help="tokens per calendar month")
-    actions.add_parser("list", parents=[common], help="every key, never a secret")
-    show = actions.add_parser("show", parents=[common], help="one key")
-    show.add_argument("id")
-    revoke = actions.add_parser("revoke", parents=[common], help="revoke a key")
-    revoke.add_argument("id")
+    action("list", list_keys, help="every key, never a secret")
+    action("show", show, help="one key").add_argument("id")
+    action("revoke", revoke, help="revoke a key").add_argument("id")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run a keys command; print errors to stderr."""
-    client = AdminClient(args)
-    return run_command(client, lambda: ACTIONS[args.action](client, args))
-
-
-def create(client: AdminClient, args: argparse.Namespace) -> None:
+def create_key(client: AdminClient, args: argparse.Namespace) -> None:
     """POST /keys; the secret, said to be shown once."""
-    body: dict[str, Any] = {"user": None if args.no_user else args.user}
-    for name, value in (("org", args.org), ("rate_limit", args.rate_limit),
-                        ("token_quota", args.token_quota)):
-        if value is not None:
-            body[name] = value
+    body = {"user": None if args.no_user else args.user,
+            **given(org=args.org, rate_limit=args.rate_limit, token_quota=args.token_quota)}
     if args.org_writer:
         body["org_writer"] = True
     if args.expires_at:
@@ -120,7 +96,3 @@ def _bound(key: dict[str, Any]) -> str:
         parts.append(f"org {key['org']}" + (" (writer)" if key["org_writer"] else ""))
     return ", ".join(parts)
 
-
-ACTIONS: dict[str, Callable[[AdminClient, argparse.Namespace], None]] = {
-    "create": create, "list": list_keys, "show": show, "revoke": revoke,
-}

@@ -41,18 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"memproxy {importlib.metadata.version('memproxy')}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the proxy")
+    serve.set_defaults(run=serve_command)
     serve.add_argument("--host", help="address to bind (MEMPROXY_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (MEMPROXY_PORT)")
     serve.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
     backup = commands.add_parser(
         "backup", help="copy the memory of this data directory, safely while a server runs"
     )
+    backup.set_defaults(run=backup_command)
     backup.add_argument("dest", type=Path, help="new data directory to write the copy to")
     backup.add_argument("--config", type=Path, help="TOML settings file (MEMPROXY_CONFIG)")
     migrate = commands.add_parser(
         "migrate", help="copy this data directory's memory into PostgreSQL (and a Chroma"
         " server); stop memproxy first"
     )
+    migrate.set_defaults(run=migrate_command)
     migrate.add_argument("dest_url", help="the PostgreSQL database, postgresql://...")
     migrate.add_argument("--chroma-url", help="also copy the vectors to this Chroma server;"
                          " without it they stay in the embedded Chroma of the data directory")
@@ -61,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp = commands.add_parser(
         "mcp", help="speak MCP on stdin/stdout, forwarding to a running memproxy's /mcp"
     )
+    mcp.set_defaults(run=mcp_command)
     mcp.add_argument("--url", help="memproxy's address (MEMPROXY_URL, default http://127.0.0.1:8080)")
     mcp.add_argument("--key", help="a proxy key (MEMPROXY_KEY)")
     mcp.add_argument("--user", help="X-Memory-User-Id, where the key allows one")
@@ -77,19 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare `memproxy`: what it can do, not an error
         parser.print_help()
         return 0
-    if args.command == "serve":
-        return serve(args)
-    if args.command == "backup":
-        return backup_command(args)
-    if args.command == "migrate":
-        return migrate_command(args)
-    if args.command == "mcp":
-        from proxy.mcp.stdio import run  # the MCP SDK, for this command only
+    return int(args.run(args))
 
-        return run(args)
-    if args.command == "keys":
-        return cli_keys.run(args)
-    return cli_memory.run(args)
+
+def mcp_command(args: argparse.Namespace) -> int:
+    """Speak MCP on stdin/stdout (proxy/mcp/stdio.py)."""
+    from proxy.mcp.stdio import run  # the MCP SDK, for this command only
+
+    return run(args)
 
 
 def backup_command(args: argparse.Namespace) -> int:
@@ -174,7 +173,7 @@ def _stores_answer(settings: Settings) -> str | None:
     return None
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace) -> int:
     """Start uvicorn with the app."""
     import uvicorn
 

@@ -11,14 +11,15 @@ imports when stderr is a terminal. Exit status: 0 done, 1 the server said no, 2 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from config.choices import SCOPES
 from memory import CATEGORIES
+from proxy.cli import commands as handlers
 from proxy.cli import usage as cli_usage
-from proxy.cli.client import DEFAULT_URL, MemoryClient, run_command
-from proxy.cli.commands import COMMANDS
+from proxy.cli.client import DEFAULT_URL, MemoryClient, add_action
 
 
 def add_commands(commands: Any) -> None:
@@ -34,63 +35,57 @@ def add_commands(commands: Any) -> None:
 
     memories = commands.add_parser("memories", help="see and change what memproxy remembers")
     actions = memories.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", parents=[common], help="list facts")
+    action = partial(add_action, actions, client=MemoryClient, parents=[common])
+    listing = action("list", handlers.memories_list, help="list facts")
     listing.add_argument("--category", choices=CATEGORIES)
     listing.add_argument("--pinned", action="store_true", help="only pinned facts")
     listing.add_argument("--query", "-q", help="full-text filter")
     listing.add_argument("--all", action="store_true", help="include old versions and expired")
     listing.add_argument("--limit", type=int, default=50, help="most facts shown (default 50)")
-    search = actions.add_parser("search", parents=[common], help="what would be injected")
+    search = action("search", handlers.memories_search, help="what would be injected")
     search.add_argument("query")
     search.add_argument("--budget", type=int, help="token budget (default: the server's)")
     search.add_argument("--scope", choices=SCOPES)
     search.add_argument("--session", help="the session to search from")
-    add = actions.add_parser("add", parents=[common], help="remember a fact")
+    add = action("add", handlers.memories_add, help="remember a fact")
     add.add_argument("text")
     add.add_argument("--category", choices=CATEGORIES, default="context")
     add.add_argument("--confidence", type=float)
     add.add_argument("--importance", type=int)
     add.add_argument("--pin", action="store_true")
-    edit = actions.add_parser("edit", parents=[common], help="change a fact (keeps history)")
+    edit = action("edit", handlers.memories_edit, help="change a fact (keeps history)")
     edit.add_argument("id", type=int)
     edit.add_argument("--text")
     edit.add_argument("--category", choices=CATEGORIES)
     edit.add_argument("--confidence", type=float)
     edit.add_argument("--importance", type=int)
-    forget = actions.add_parser("forget", parents=[common], help="delete a fact and its history")
+    forget = action("forget", handlers.memories_forget, help="delete a fact and its history")
     forget.add_argument("id", type=int)
-    pin = actions.add_parser("pin", parents=[common], help="pin a fact (--off to unpin)")
+    pin = action("pin", handlers.memories_pin, help="pin a fact (--off to unpin)")
     pin.add_argument("id", type=int)
     pin.add_argument("--off", action="store_true", help="unpin instead")
-    export = actions.add_parser("export", parents=[common], help="export as JSON Lines")
+    export = action("export", handlers.memories_export, help="export as JSON Lines")
     export.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
-    load = actions.add_parser("import", parents=[common], help="import JSON Lines")
+    load = action("import", handlers.memories_import, help="import JSON Lines")
     load.add_argument("file", type=Path, help="records or OpenAI-format conversations, or -")
-    clear = actions.add_parser(
-        "clear", parents=[common], help="delete all memory of the user (undo within the window)"
-    )
+    clear = action("clear", handlers.memories_clear,
+                   help="delete all memory of the user (undo within the window)")
     clear.add_argument("--yes", action="store_true", help="really clear (required)")
-    undo = actions.add_parser("undo", parents=[common], help="undo a clear or a forget with its undo token")
+    undo = action("undo", handlers.memories_undo, help="undo a clear or a forget with its undo token")
     # An option, written --token=...: a token may start with "-", which argparse would take
     # for an option if it stood alone.
     undo.add_argument("--token", required=True, dest="undo_token",
                       help="the undo token `memories clear` or `forget` printed")
 
     sessions = commands.add_parser("sessions", help="conversations memproxy has logged")
-    session_actions = sessions.add_subparsers(dest="action", required=True)
-    session_list = session_actions.add_parser("list", parents=[common], help="list sessions")
-    session_list.add_argument("--limit", type=int, default=50)
-    show = session_actions.add_parser("show", parents=[common], help="a session's turns")
-    show.add_argument("session_id")
-    delete = session_actions.add_parser("delete", parents=[common], help="delete a session")
-    delete.add_argument("session_id")
+    action = partial(add_action, sessions.add_subparsers(dest="action", required=True),
+                     client=MemoryClient, parents=[common])
+    listing = action("list", handlers.sessions_list, help="list sessions")
+    listing.add_argument("--limit", type=int, default=50)
+    action("show", handlers.sessions_show, help="a session's turns").add_argument("session_id")
+    action("delete", handlers.sessions_delete, help="delete a session").add_argument("session_id")
 
-    commands.add_parser("stats", parents=[common], help="counts, index sizes, job queue")
+    add_action(commands, "stats", handlers.stats_show, MemoryClient, parents=[common],
+               help="counts, index sizes, job queue")
     cli_usage.add_command(commands)
 
-
-def run(args: argparse.Namespace) -> int:
-    """Run a memory command; print errors to stderr."""
-    handler = COMMANDS[(args.command, getattr(args, "action", None))]
-    client = MemoryClient(args)
-    return run_command(client, lambda: handler(client, args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from proxy.cli.client import DEFAULT_URL, MemoryClient, emit
+from proxy.cli.client import DEFAULT_URL, MemoryClient, add_action, emit, given
 from proxy.cli.render import table
 
 COUNTERS = ("requests", "input_tokens", "output_tokens", "memory_tokens", "errors")
@@ -14,8 +14,8 @@ HEADERS = ["REQUESTS", "INPUT", "OUTPUT", "MEMORY", "ERRORS"]
 
 def add_command(commands: Any) -> None:
     """Add `usage` to the `memproxy` parser."""
-    usage = commands.add_parser(
-        "usage", help="requests, tokens and errors per day, key and user (the admin key)")
+    usage = add_action(commands, "usage", usage_show, MemoryClient,
+                       help="requests, tokens and errors per day, key and user (the admin key)")
     usage.add_argument("--url", help=f"memproxy's address (MEMPROXY_URL, default {DEFAULT_URL})")
     usage.add_argument("--key", help="the admin key (MEMPROXY_KEY)")
     usage.add_argument("--from", dest="first", metavar="YYYY-MM-DD",
@@ -33,9 +33,8 @@ def add_command(commands: Any) -> None:
 
 def usage_show(client: MemoryClient, args: argparse.Namespace) -> None:
     """The usage report as a table, with its totals."""
-    params = {name: value for name, value in (
-        ("from", args.first), ("to", args.last), ("key_id", args.key_id),
-        ("user", args.for_user), ("limit", args.limit)) if value is not None}
+    params = given(**{"from": args.first, "to": args.last}, key_id=args.key_id,
+                   user=args.for_user, limit=args.limit)
     report = client.call("GET", client.admin_url("/usage"), params=params)
     if args.by == "key":
         rows = [[r["key_id"], *(r[c] for c in COUNTERS)] for r in report["by_key"]]
