@@ -35,9 +35,8 @@ from memory.learning.facts import SYNC_JOB, FactStore
 from memory.learning.learner import DEFAULT_ROUTE, EXTRACT_JOB, LLM, SUMMARY_JOB, Learner
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
-from memory.log.messages import TURN_ROLES, turn_text
 from memory.log.spooling import Spooled, Spooling
-from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
+from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog, counted, new_turns
 from memory.outages import is_outage
 from memory.recall.learned_recall import LearnedRecall
 from memory.recall.outcome import Recalled, RecallRequest
@@ -55,7 +54,7 @@ from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.spool import SpoolFile
 from memory.storage.turns import NewTurn
-from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings
+from memory.tokens import ensure_offline_tiktoken, load_encodings
 
 log = logging.getLogger("memproxy.memory")
 
@@ -279,7 +278,8 @@ class MemoryEngine:
         the session's later requests put it back (placed_blocks).
         """
         now = time.time()
-        turns, at = _new_turns(messages, model=model, request_id=request_id, now=now)
+        turns, at = new_turns(messages, model=model, request_id=request_id, now=now)
+        turns = await counted(turns)
         if not turns:
             return after
         spooling = self.spooling
@@ -312,7 +312,7 @@ class MemoryEngine:
     ) -> dict[int, Injection]:
         """{index into `messages`: the block kept with that stored turn} for the request's
         messages that earlier requests of the session injected a block at."""
-        turns, at = _new_turns(messages, model="", request_id=None, now=0.0, count=False)
+        turns, at = new_turns(messages, model="", request_id=None, now=0.0)
         try:
             ids = await self.log.locate(user_id, session_id, turns, after=after)
         except Exception as exc:
@@ -382,10 +382,10 @@ class MemoryEngine:
         """Store the assistant's reply after the turn it answers (spooled after it when that
         turn was spooled, or when the database is unreachable); its learning jobs go through
         `route`, the way in that served the conversation."""
-        turn = NewTurn(
+        [turn] = await counted([NewTurn(
             role="assistant", content=text, created_at=time.time(), model=model,
-            tokens=count_tokens(text, model), request_id=request_id, incomplete=incomplete,
-        )
+            request_id=request_id, incomplete=incomplete,
+        )])
         spooling = self.spooling
         if isinstance(after, Spooled) or (spooling is not None and spooling.active):
             assert spooling is not None  # only a spool makes a Spooled
@@ -440,23 +440,6 @@ class MemoryEngine:
     async def recall(self, request: RecallRequest) -> Recalled:
         """Find, rank and pack what this request should be reminded of."""
         return await self.recaller.recall(request)
-
-
-def _new_turns(
-    messages: Sequence[Mapping[str, Any]], *, model: str, request_id: str | None, now: float,
-    count: bool = True,
-) -> tuple[list[NewTurn], list[int]]:
-    """The turns memory keeps of `messages`, and the index of the message each came from."""
-    turns: list[NewTurn] = []
-    at: list[int] = []
-    for i, m in enumerate(messages):
-        if m.get("role") in TURN_ROLES and (text := turn_text(m)):
-            turns.append(NewTurn(
-                role=m["role"], content=text, name=m.get("name"), created_at=now, model=model,
-                tokens=count_tokens(text, model) if count else 0, request_id=request_id,
-            ))
-            at.append(i)
-    return turns, at
 
 
 def _local_embedder(settings: Settings) -> Embedder:

@@ -559,7 +559,8 @@ def report(args: argparse.Namespace, result: Soak) -> list[tuple[bool, str]]:
     if (large := result.large) is not None:
         print(f"large messages: {large.messages} of {large.megabytes:g} MB in {large.seconds:.0f} s; "
               f"RSS idle {large.rss_idle_mb:.0f} MB, peak {large.rss_peak_mb:.0f} MB, after "
-              f"{large.rss_after_mb:.0f} MB ({large.growth_mb:+.1f} MB)")
+              f"{large.rss_after_mb:.0f} MB ({large.growth_mb:+.1f} MB); slowest /healthz meanwhile "
+              f"{large.worst_probe_ms:.0f} ms")
     print(f"load average (1/5/15 min): start {result.load['start']}, end of load "
           f"{result.load['end_of_load']} on {os.cpu_count()} CPUs\n")
     checks = targets(args, result)

@@ -40,6 +40,9 @@ class LargePhase:
     rss_idle_mb: float = 0.0
     rss_peak_mb: float = 0.0
     rss_after_mb: float = 0.0
+    # The slowest /healthz answer while the messages were answered and their work done: how
+    # long the event loop stalled for every other request.
+    worst_probe_ms: float = 0.0
 
     @property
     def growth_mb(self) -> float:
@@ -51,6 +54,7 @@ class LargePhase:
             "failures": self.failures, "seconds": self.seconds, "drained": self.drained,
             "rss_idle_mb": self.rss_idle_mb, "rss_peak_mb": self.rss_peak_mb,
             "rss_after_mb": self.rss_after_mb, "growth_mb": self.growth_mb,
+            "worst_probe_ms": self.worst_probe_ms,
         }
 
 
@@ -93,14 +97,16 @@ async def run_large(
     watching = asyncio.create_task(_peak(phase, pid, rss_mb))
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+            probing = asyncio.create_task(_probe(phase, http, url))
             outcomes = await asyncio.gather(*(
                 send_large(http, url, f"large-{i}", text, stream=i % 2 == 1)
                 for i, text in enumerate(texts)
             ))
-        del texts
-        phase.failures = [failure for failure in outcomes if failure is not None]
-        phase.ok = messages - len(phase.failures)
-        phase.drained = await drain(messages, timeout)
+            del texts
+            phase.failures = [failure for failure in outcomes if failure is not None]
+            phase.ok = messages - len(phase.failures)
+            phase.drained = await drain(messages, timeout)
+            probing.cancel()
         await asyncio.sleep(SETTLE_SECONDS)
     finally:
         watching.cancel()
@@ -113,3 +119,12 @@ async def _peak(phase: LargePhase, pid: int, rss_mb: RssOf) -> None:
     while True:
         phase.rss_peak_mb = max(phase.rss_peak_mb, rss_mb(pid))
         await asyncio.sleep(0.5)
+
+
+async def _probe(phase: LargePhase, http: aiohttp.ClientSession, url: str) -> None:
+    while True:
+        started = time.perf_counter()
+        async with http.get(f"{url}/healthz") as response:
+            await response.read()
+        phase.worst_probe_ms = max(phase.worst_probe_ms, (time.perf_counter() - started) * 1000)
+        await asyncio.sleep(0.05)

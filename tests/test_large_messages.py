@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from memory.index.heap_fill import release_free_heap
+from memory.tokens import count_tokens
 from scripts.soak_large import LARGE_RSS_LIMIT_MB, large_text
 from tests.support.jobs import wait_for_jobs
 from tests.support.processes import Process, launch, memproxy_env, wait_ready
@@ -72,10 +73,16 @@ def test_a_2_mb_message_leaves_the_server_near_its_idle_size(
         assert chat(server, f"warm-{i}", f"Hello, this is warm-up message {i}.").status_code == 200
     idle = settled_rss(server, 6)
     upstream.enqueue(JSONReply(chat_completion("Noted, that is a long document.")))
-    answer = chat(server, "big", large_text(random.Random(1), 2_000_000))
+    text = large_text(random.Random(1), 2_000_000)
+    answer = chat(server, "big", text)
     assert answer.status_code == 200 and "x-memory-error" not in answer.headers, answer.text
     after = settled_rss(server, 8)
     assert after - idle < LARGE_RSS_LIMIT_MB, (idle, after, server.output())
+    # Counted and chunked in a worker thread (memory.tokens.off_loop), as a short turn is inline.
+    db = server.data_dir / "memproxy.db"
+    stored = "SELECT tokens FROM turns WHERE user_id = 'big' AND role = 'user'"
+    assert scalar(db, stored) == count_tokens(text, "gpt-4o-mini")
+    assert scalar(db, "SELECT count(*) FROM chunks WHERE user_id = 'big'") >= 100
 
 
 def test_freed_heap_is_handed_back() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from memory.index.shared_vectors import SharedVectors
 from memory.index.standing import STANDING, is_standing
 from memory.log.turn_log import TurnLog
 from memory.storage.turns import Turn
-from memory.tokens import count_tokens
+from memory.tokens import count_tokens, off_loop
 
 CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
 # Characters of turn text in one batch of index jobs past which the process hands the heap
@@ -59,11 +60,11 @@ class TurnIndexer:
         texts: list[str] = []
         metas: list[dict[str, str | int | float | bool]] = []
         for turn in turns:
-            chunks = chunk_text(
-                turn.content, max_tokens=self.settings.chunk_max_tokens,
+            chunks = await off_loop(len(turn.content), functools.partial(
+                chunk_text, turn.content, max_tokens=self.settings.chunk_max_tokens,
                 count=lambda t: count_tokens(t, CHUNK_COUNT_MODEL),
                 max_chunks=self.settings.index_max_chunks_per_turn,
-            )
+            ))
             chunk_ids = await self.log.add_chunks(
                 turn.id, [(c.ordinal, c.kind, c.text, c.tokens) for c in chunks]
             )

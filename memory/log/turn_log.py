@@ -10,15 +10,41 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from memory.log.messages import TURN_ROLES, turn_text
 from memory.redact import keep
 from memory.storage import jobs, sessions, turns
 from memory.storage.database import Database, Transaction
 from memory.storage.turns import ChunkRow, ChunkSpec, NewTurn, Turn
+from memory.tokens import count_tokens, off_loop
 
 INDEX_JOB = "index"  # the job that chunks, embeds and indexes new turns (memory.engine)
+
+
+def new_turns(
+    messages: Sequence[Mapping[str, Any]], *, model: str, request_id: str | None, now: float
+) -> tuple[list[NewTurn], list[int]]:
+    """The turns memory keeps of `messages` (their tokens not counted yet: `counted`), and
+    the index of the message each came from."""
+    turns: list[NewTurn] = []
+    at: list[int] = []
+    for i, m in enumerate(messages):
+        if m.get("role") in TURN_ROLES and (text := turn_text(m)):
+            turns.append(NewTurn(role=m["role"], content=text, name=m.get("name"),
+                                 created_at=now, model=model, request_id=request_id))
+            at.append(i)
+    return turns, at
+
+
+async def counted(turns: Sequence[NewTurn]) -> list[NewTurn]:
+    """The turns with their tokens counted for their model (off the event loop when long)."""
+    def count() -> list[NewTurn]:
+        return [replace(t, tokens=count_tokens(t.content, t.model or "")) for t in turns]
+
+    return await off_loop(sum(len(t.content) for t in turns), count)
 
 
 @dataclass(frozen=True, slots=True)
