@@ -65,9 +65,10 @@ class Caller:
 
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(handler: Handler) -> Endpoint:
     """Authorise the request, run the handler, and turn memory errors into API errors."""
 
     @functools.wraps(handler)

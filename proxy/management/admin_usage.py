@@ -9,7 +9,6 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
 from memory import UsageCounts
 from proxy.access.decision import require_admin
@@ -19,15 +18,7 @@ from proxy.management.bodies import UsageQuery
 from proxy.management.inputs import query
 from proxy.state import AppState
 
-METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 MAX_DAYS = 366  # the longest range one call reports
-
-
-def admin_usage_routes() -> list[BaseRoute]:
-    """The usage half of the admin API, relative to /v1/admin (proxy/app.py mounts it
-    before the pass-through)."""
-    # Every method: another one gets 405 here instead of the pass-through's forwarding.
-    return [Route("/usage", usage, methods=METHODS)]
 
 
 async def usage(request: Request) -> Response:
