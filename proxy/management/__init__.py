@@ -7,8 +7,8 @@
     transfer.py    export, import
     profile.py     consent and profile
     stats.py       counts, index sizes, jobs; request metrics
-    operations.py  every route of this API and the admin API, declared once: the router's
-                   table and the OpenAPI document's paths
+    operations.py  how a route is declared, once, on its handler: what the router serves
+                   and the OpenAPI document's paths describe (table.py lists them)
     openapi.py     the OpenAPI document of both
     bodies.py      every request body, declared once: validation and the document's schemas
     answers.py     every answer, declared once: the document's answer schemas
@@ -24,7 +24,8 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Route
 
 from proxy.management.openapi import openapi
-from proxy.management.operations import ADMIN_API, MEMORY_API, router
+from proxy.management.operations import router
+from proxy.management.table import ADMIN_API, MEMORY_API
 
 
 def routes() -> list[BaseRoute]:

@@ -30,12 +30,13 @@ from proxy.http.errors import Conflict, InvalidRequest, MemoryUnavailable, NotFo
 from proxy.management.access import Endpoint, respond
 from proxy.management.bodies import ApiKeyChanges, NewApiKey
 from proxy.management.inputs import json_body
+from proxy.management.operations import declare
 from proxy.state import AppState
 
 Handler = Callable[[Request, AppState, KeyStore, StoredKeys], Awaitable[Response]]
 
 
-def admin_endpoint(handler: Handler) -> Endpoint:
+def admin(handler: Handler) -> Endpoint:
     """The admin key first, then the handler with the key store and this replica's cache."""
 
     @functools.wraps(handler)
@@ -49,7 +50,19 @@ def admin_endpoint(handler: Handler) -> Endpoint:
     return run
 
 
-@admin_endpoint
+@declare(admin, "GET /keys", "Every key: MEMPROXY_API_KEYS's (source env) and the stored"
+         " ones; never a secret", "ApiKeyList")
+async def list_keys(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
+    listed = [env_json(key) for key in state.settings.api_keys]
+    listed += [stored_json(key) for key in await store.all()]
+    return respond({"object": "list", "data": listed})
+
+
+@declare(admin, "POST /keys", "Make a key; its secret is in `key`, shown this once",
+         "ApiKeyCreated", "400", "413", status="201", body=NewApiKey)
 async def create_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -66,17 +79,7 @@ async def create_key(
     return respond({**stored_json(stored), "key": secret}, 201)
 
 
-@admin_endpoint
-async def list_keys(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
-    """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
-    listed = [env_json(key) for key in state.settings.api_keys]
-    listed += [stored_json(key) for key in await store.all()]
-    return respond({"object": "list", "data": listed})
-
-
-@admin_endpoint
+@declare(admin, "GET /keys/{key_id}", "One key", "ApiKey", "404")
 async def get_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -88,7 +91,9 @@ async def get_key(
     return respond(stored_json(await _stored(store.get(key_id))))
 
 
-@admin_endpoint
+@declare(admin, "PATCH /keys/{key_id}",
+         "Change expires_at, rate_limit, token_quota or org_writer (null clears)", "ApiKey",
+         "400", "404", "409", "413", body=ApiKeyChanges)
 async def change_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -104,7 +109,8 @@ async def change_key(
     return respond(stored_json(changed))
 
 
-@admin_endpoint
+@declare(admin, "DELETE /keys/{key_id}", "Revoke a key (409: already revoked)", "ApiKey",
+         "404", "409")
 async def revoke_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:

@@ -16,11 +16,15 @@ from proxy.http.errors import InvalidRequest, MemoryUnavailable, MethodNotAllowe
 from proxy.management.access import respond
 from proxy.management.bodies import UsageQuery
 from proxy.management.inputs import query
+from proxy.management.operations import declare
 from proxy.state import AppState
 
 MAX_DAYS = 366  # the longest range one call reports
 
 
+@declare(lambda endpoint: endpoint, "GET /usage",
+         "Usage per day (UTC), key and user, with sums per key, per user and in all",
+         "UsageReport", "400", "405", query=UsageQuery, every_method=True)
 async def usage(request: Request) -> Response:
     """GET /v1/admin/usage?from=&to=&key_id=&user=&limit="""
     state: AppState = request.app.state.memproxy

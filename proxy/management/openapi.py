@@ -1,7 +1,7 @@
 """The OpenAPI 3.0 document of the memory API, served at /v1/memory/openapi.json.
 
-It is made from the declarations: the paths from the route tables (proxy/management/
-operations.py, which the router serves), the schemas from the request bodies
+It is made from the declarations: the paths from the routes' (proxy/management/
+operations.py; the router serves the same ones), the schemas from the request bodies
 (proxy/management/bodies.py, which also validates them), the answers (answers.py) and the
 import records (openapi_records.py). Tests check every route is described, every route that
 takes a body declares it, and every answer matches its schema.
@@ -22,7 +22,8 @@ from proxy.management.access import respond
 from proxy.management.answers import ANSWERS
 from proxy.management.bodies import openapi_schema, openapi_schemas, parameters
 from proxy.management.openapi_records import RECORDS
-from proxy.management.operations import ADMIN_API, JSON, MEMORY_API, NDJSON, Operation
+from proxy.management.operations import JSON, NDJSON, Operation
+from proxy.management.table import ADMIN_API, MEMORY_API
 
 USER_ID = {"$ref": "#/components/parameters/UserId"}
 PATH_PARAMETERS = {

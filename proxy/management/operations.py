@@ -1,55 +1,30 @@
-"""Every route of the memory and admin APIs, declared once: method, path, handler, summary,
-body, query and answer (docs/memory-api.md, docs/keys.md, docs/usage.md).
+"""Each route of the memory and admin APIs is declared once, on its handler: method, path,
+summary, answer, errors, body and query (docs/memory-api.md, docs/keys.md, docs/usage.md).
 
-The router (`router`, mounted by proxy/app.py) serves these tables and the OpenAPI document
-(proxy/management/openapi.py) is made from them, so no route is served undescribed.
+The router (`router`, mounted by proxy/app.py) serves the declarations and the OpenAPI
+document (proxy/management/openapi.py) is made from the same ones, so no route is served
+undescribed. A handler module's declared operations are its routes (`declared`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.management import (
-    admin_keys,
-    admin_usage,
-    clearing,
-    facts,
-    profile,
-    search,
-    sessions,
-    stats,
-    transfer,
-)
-from proxy.management.access import Endpoint
-from proxy.management.bodies import (
-    ApiKeyChanges,
-    Body,
-    ClearRequest,
-    ConsentChange,
-    FactChanges,
-    FactQuery,
-    MetricsQuery,
-    NewApiKey,
-    NewFact,
-    ProfileBody,
-    Query,
-    SearchQuery,
-    SessionQuery,
-    TurnQuery,
-    UndoRequest,
-    UsageQuery,
-)
+from proxy.management.access import Endpoint, Handler, endpoint
+from proxy.management.bodies import Body, Query
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 # Every method a route that answers them all takes (so none reaches the pass-through).
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+H = TypeVar("H")
 
 
 @dataclass(frozen=True)
@@ -70,86 +45,27 @@ class Operation:
     every_method: bool = False  # the endpoint answers other methods itself (its own 405)
 
 
-def operation(route: str, endpoint: Endpoint, summary: str, ok: str | dict[str, Any],
-              *errors: str, **more: Any) -> Operation:
-    """An operation from "METHOD /path" and the errors it adds to its API's."""
+def declare(guard: Callable[[H], Endpoint], route: str, summary: str, ok: str | dict[str, Any],
+            *errors: str, **more: Any) -> Callable[[H], Operation]:
+    """Declare a handler as the operation `route` ("METHOD /path"), served behind `guard`."""
     method, path = route.split(" ")
-    return Operation(method, path, endpoint, summary, ok, errors, **more)
+
+    def declared(handler: H) -> Operation:
+        return Operation(method, path, guard(handler), summary, ok, errors, **more)
+
+    return declared
 
 
-EXPORT_ANSWER = {"description": "meta, turns, facts, summaries, profile: one JSON object per line",
-                 "content": {NDJSON: {"schema": {"type": "string"}}}}
+def memory(route: str, summary: str, ok: str | dict[str, Any], *errors: str,
+           **more: Any) -> Callable[[Handler], Operation]:
+    """A memory API operation: its caller authorised first (proxy/management/access.py)."""
+    return declare(endpoint, route, summary, ok, *errors, **more)
 
-MEMORY_API = (
-    operation("GET /facts", facts.list_facts, "List facts, newest first", "FactList", "400",
-              query=FactQuery),
-    operation("POST /facts", facts.add_fact, "Add a fact (manual facts start at confidence 0.6)",
-              "Fact", "400", "409", "413", status="201", body=NewFact),
-    operation("GET /facts/{fact_id}", facts.get_fact, "Get one fact (any version)", "Fact",
-              "404"),
-    operation("PATCH /facts/{fact_id}", facts.edit_fact,
-              "Edit: a new version; the old one is kept as history (409: an old version)",
-              "Fact", "400", "404", "409", "413", body=FactChanges),
-    operation("DELETE /facts/{fact_id}", facts.delete_fact,
-              "Delete a fact and its history; the undo token restores it within the clear"
-              " window", "Deleted", "404"),
-    operation("POST /facts/{fact_id}/pin", facts.pin_fact,
-              "Pin (never expires, never evicted; 409 at the pin limit)", "Fact", "404", "409"),
-    operation("POST /facts/{fact_id}/unpin", facts.unpin_fact, "Unpin", "Fact", "404", "409"),
-    operation("GET /facts/{fact_id}/history", facts.fact_history,
-              "Every version of a fact, oldest first", "FactList", "404"),
-    operation("GET /sessions", sessions.list_sessions, "Sessions, most recently active first",
-              "SessionList", "400", query=SessionQuery),
-    operation("GET /sessions/{session_id:path}", sessions.get_session,
-              "One session with its counts", "Session", "400", "404"),
-    operation("DELETE /sessions/{session_id:path}", sessions.delete_session,
-              "Delete a session: turns, chunks, vectors, summaries, facts only from it",
-              "Deleted", "400", "404"),
-    operation("GET /turns", sessions.list_turns, "A session's turns in stored order",
-              "TurnList", "400", "404", query=TurnQuery),
-    operation("POST /search", search.search,
-              "What would be injected for a query (no model is called)", "SearchResult", "400",
-              "413", body=SearchQuery),
-    operation("POST /clear", clearing.clear_all, "Clear all memory; returns an undo token",
-              "Clear", "400", "413", body=ClearRequest, body_required=False),
-    operation("POST /clear/undo", clearing.undo_clear,
-              "Undo a clear or a fact's deletion within its window (409 after it)",
-              "ImportReport", "400", "404", "409", "413", body=UndoRequest),
-    operation("GET /export", transfer.export, "Export as JSON Lines (streamed)", EXPORT_ANSWER),
-    operation("POST /import", transfer.import_records,
-              "Import JSON Lines of records or OpenAI-format conversations (idempotent)",
-              "ImportReport", "400", "413", body="records"),
-    operation("GET /consent", profile.get_profile, "Consent and profile", "Profile"),
-    operation("PUT /consent", profile.put_consent,
-              "Give or revoke consent (revoking deletes the profile)", "Profile", "400", "413",
-              body=ConsentChange),
-    operation("GET /profile", profile.get_profile, "Consent and profile", "Profile"),
-    operation("PUT /profile", profile.put_profile, "Write the profile (needs consent)",
-              "Profile", "400", "409", "413", body=ProfileBody),
-    operation("DELETE /profile", profile.delete_profile, "Delete the profile (consent stays)",
-              "Profile"),
-    operation("GET /stats", stats.stats, "Counts, index sizes, job queue and dead letters",
-              "Stats"),
-    operation("GET /metrics", stats.metrics, "Per-request metrics over a time range", "Metrics",
-              "400", query=MetricsQuery),
-)
 
-ADMIN_API = (
-    operation("GET /keys", admin_keys.list_keys, "Every key: MEMPROXY_API_KEYS's (source env)"
-              " and the stored ones; never a secret", "ApiKeyList"),
-    operation("POST /keys", admin_keys.create_key,
-              "Make a key; its secret is in `key`, shown this once", "ApiKeyCreated", "400",
-              "413", status="201", body=NewApiKey),
-    operation("GET /keys/{key_id}", admin_keys.get_key, "One key", "ApiKey", "404"),
-    operation("PATCH /keys/{key_id}", admin_keys.change_key,
-              "Change expires_at, rate_limit, token_quota or org_writer (null clears)",
-              "ApiKey", "400", "404", "409", "413", body=ApiKeyChanges),
-    operation("DELETE /keys/{key_id}", admin_keys.revoke_key,
-              "Revoke a key (409: already revoked)", "ApiKey", "404", "409"),
-    operation("GET /usage", admin_usage.usage,
-              "Usage per day (UTC), key and user, with sums per key, per user and in all",
-              "UsageReport", "400", "405", query=UsageQuery, every_method=True),
-)
+def declared(*modules: ModuleType) -> list[Operation]:
+    """The operations the modules declare, in the order they declare them."""
+    return [value for module in modules for value in vars(module).values()
+            if isinstance(value, Operation)]
 
 
 def router(table: Sequence[Operation]) -> list[BaseRoute]:

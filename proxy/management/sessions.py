@@ -8,9 +8,10 @@ from starlette.responses import Response
 from memory import turn_dict
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest, NotFound
-from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.access import Caller, page, respond
 from proxy.management.bodies import SessionQuery, TurnQuery
 from proxy.management.inputs import query
+from proxy.management.operations import memory
 
 
 def _session_id(raw: str, param: str) -> str:
@@ -20,7 +21,8 @@ def _session_id(raw: str, param: str) -> str:
     return raw
 
 
-@endpoint
+@memory("GET /sessions", "Sessions, most recently active first", "SessionList", "400",
+        query=SessionQuery)
 async def list_sessions(request: Request, who: Caller) -> Response:
     """GET /v1/memory/sessions: most recently active first."""
     asked = query(request, SessionQuery)
@@ -30,7 +32,8 @@ async def list_sessions(request: Request, who: Caller) -> Response:
     return respond(page([{"object": "memory.session", **s.as_dict()} for s in sessions], cursor))
 
 
-@endpoint
+@memory("GET /sessions/{session_id:path}", "One session with its counts", "Session", "400",
+        "404")
 async def get_session(request: Request, who: Caller) -> Response:
     """GET /v1/memory/sessions/{session_id}"""
     session_id = _session_id(request.path_params["session_id"], "session_id")
@@ -40,7 +43,9 @@ async def get_session(request: Request, who: Caller) -> Response:
     return respond({"object": "memory.session", **found.as_dict()})
 
 
-@endpoint
+@memory("DELETE /sessions/{session_id:path}",
+        "Delete a session: turns, chunks, vectors, summaries, facts only from it", "Deleted",
+        "400", "404")
 async def delete_session(request: Request, who: Caller) -> Response:
     """DELETE /v1/memory/sessions/{session_id}: its turns, chunks, vectors, summaries and
     the facts learned only from it."""
@@ -53,7 +58,8 @@ async def delete_session(request: Request, who: Caller) -> Response:
     })
 
 
-@endpoint
+@memory("GET /turns", "A session's turns in stored order", "TurnList", "400", "404",
+        query=TurnQuery)
 async def list_turns(request: Request, who: Caller) -> Response:
     """GET /v1/memory/turns?session_id=...: a session's turns in the order they were stored."""
     asked = query(request, TurnQuery)
