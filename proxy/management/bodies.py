@@ -292,7 +292,8 @@ def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidReques
         return InvalidRequest(f"{name} is required", param=name)
     if kind in ("id", "flag", "day", "printable"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
-    return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
+    field = openapi_schema(model)["properties"][name]
+    return InvalidRequest(f"{name} must be {_what(field, kind)}", param=name)
 
 
 def _what(schema: dict[str, Any], kind: str) -> str:
@@ -310,16 +311,6 @@ def _what(schema: dict[str, Any], kind: str) -> str:
     if schema.get("type") == "string" and "maxLength" in schema:
         return f"a string of 1 to {schema['maxLength']} characters"
     return {"object": "an object"}.get(schema.get("type", ""), "a string")
-
-
-@functools.cache
-def _properties(model: type[Body]) -> dict[str, Any]:
-    return dict(openapi_schema(model)["properties"])
-
-
-def _property(model: type[Body], name: str) -> dict[str, Any]:
-    schema: dict[str, Any] = _properties(model)[name]
-    return schema
 
 
 @functools.cache
@@ -366,11 +357,6 @@ def parameters(model: type[Body]) -> list[dict[str, Any]]:
                    if key not in ("description", "nullable")},
         **({"description": field["description"]} if "description" in field else {}),
     } for name, field in schema["properties"].items()]
-
-
-def openapi_schemas() -> dict[str, Any]:
-    """Every body's schema, by its model's name, for the document's components."""
-    return {model.__name__: openapi_schema(model) for model in BODIES}
 
 
 def _openapi(node: Any) -> Any:

@@ -9,10 +9,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import Fact
-from proxy.http.errors import Conflict, InvalidRequest, NotFound
+from proxy.http.errors import Conflict, NotFound
 from proxy.management.access import Caller, page, respond
 from proxy.management.bodies import FactChanges, FactQuery, NewFact
-from proxy.management.inputs import json_body, path_id, query
+from proxy.management.inputs import digits_cursor, json_body, path_id, query
 from proxy.management.operations import memory
 
 
@@ -29,7 +29,7 @@ async def list_facts(request: Request, who: Caller) -> Response:
     facts, cursor = await who.memory.facts.list(
         who.user_id,
         category=asked.category, pinned=asked.pinned, query=asked.q,
-        include_inactive=asked.include_inactive, limit=asked.limit, cursor=_cursor(asked.cursor),
+        include_inactive=asked.include_inactive, limit=asked.limit, cursor=digits_cursor(asked.cursor),
     )
     return respond(page([fact_json(f, who.memory.redact) for f in facts], cursor))
 
@@ -50,10 +50,7 @@ async def add_fact(request: Request, who: Caller) -> Response:
 @memory("GET /facts/{fact_id}", "Get one fact (any version)", "Fact", "404")
 async def get_fact(request: Request, who: Caller) -> Response:
     """GET /v1/memory/facts/{fact_id}"""
-    fact_id = path_id(request, "fact_id")
-    fact = await who.memory.facts.get(who.user_id, fact_id)
-    if fact is None:
-        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    fact = await _found(who, path_id(request, "fact_id"))
     return respond(fact_json(fact, who.memory.redact))
 
 
@@ -114,9 +111,7 @@ async def fact_history(request: Request, who: Caller) -> Response:
 
 async def _current(who: Caller, fact_id: int) -> int:
     """The id, once it names a current version: 404 unknown, 409 superseded."""
-    fact = await who.memory.facts.get(who.user_id, fact_id)
-    if fact is None:
-        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    fact = await _found(who, fact_id)
     if fact.valid_to is not None:
         raise Conflict(
             f"fact {fact_id} is an old version (superseded by {fact.superseded_by});"
@@ -125,8 +120,9 @@ async def _current(who: Caller, fact_id: int) -> int:
     return fact_id
 
 
-def _cursor(cursor: str | None) -> str | None:
-    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
-        raise InvalidRequest("invalid cursor", param="cursor")
-    return cursor
-
+async def _found(who: Caller, fact_id: int) -> Fact:
+    """The fact, any version; 404 when the user has none of this id."""
+    fact = await who.memory.facts.get(who.user_id, fact_id)
+    if fact is None:
+        raise NotFound(f"no fact {fact_id}", param="fact_id")
+    return fact

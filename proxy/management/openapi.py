@@ -20,7 +20,7 @@ from starlette.responses import Response
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.management.access import respond
 from proxy.management.answers import ANSWERS
-from proxy.management.bodies import openapi_schema, openapi_schemas, parameters
+from proxy.management.bodies import BODIES, openapi_schema, parameters
 from proxy.management.openapi_records import RECORDS
 from proxy.management.operations import JSON, NDJSON, Operation
 from proxy.management.table import ADMIN_API, MEMORY_API
@@ -32,7 +32,7 @@ PATH_PARAMETERS = {
     "key_id": {"type": "string", "minLength": 1, "maxLength": 100},
 }
 # The bodies that are not one JSON object of a model, by the name their operation gives.
-BODIES = {"records": {
+WRITTEN_BODIES = {"records": {
     "required": True, "content": {
         JSON: {"schema": {"type": "array", "minItems": 1, "items": {"anyOf": [
             {"$ref": f"#/components/schemas/{name}"} for name in RECORDS]}}},
@@ -118,7 +118,7 @@ def _operation(op: Operation, api: Api) -> dict[str, Any]:
     if api.headers or query:
         done["parameters"] = [*api.headers, *query]
     if isinstance(op.body, str):
-        done["requestBody"] = BODIES[op.body]
+        done["requestBody"] = WRITTEN_BODIES[op.body]
     elif op.body is not None:
         done["requestBody"] = {"required": op.body_required,
                                "content": {JSON: {"schema": ref(op.body.__name__)}}}
@@ -149,7 +149,7 @@ DOCUMENT: dict[str, Any] = {
         "schemas": {**{name: openapi_schema(shape, frozenset(ANSWERS))
                        for name, shape in ANSWERS.items()},
                     **{name: openapi_schema(shape) for name, shape in RECORDS.items()},
-                    **openapi_schemas()},
+                    **{model.__name__: openapi_schema(model) for model in BODIES}},
     },
     "paths": {**paths(MEMORY_API, MEMORY), **paths(ADMIN_API, ADMIN)},
 }
