@@ -314,19 +314,21 @@ def _what(schema: dict[str, Any], kind: str) -> str:
 
 
 @functools.cache
-def json_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
+def json_schema(shape: Any, shared: frozenset[str] = frozenset(),
+                openapi: bool = False) -> dict[str, Any]:
     """The JSON Schema of a declared shape (a model or a typed dict), each nested shape
     written in place but those `shared` (the OpenAPI document's components, by name): an
-    MCP client, and OpenAPI 3.0's `nullable`, want no `$ref`s."""
+    MCP client, and OpenAPI 3.0's `nullable`, want no `$ref`s. With `openapi`, in OpenAPI
+    3.0's dialect."""
     schema = TypeAdapter(shape).json_schema(ref_template=COMPONENTS + "{model}")
-    return _plain(schema, schema.pop("$defs", {}), shared)  # type: ignore[no-any-return]
+    return _plain(schema, schema.pop("$defs", {}), shared, openapi)  # type: ignore[no-any-return]
 
 
-def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
+def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str], openapi: bool) -> Any:
     """No `$ref` but to `shared`, no titles, and no null default (an absent field is not
-    a null one)."""
+    a null one); with `openapi`, each schema in 3.0's dialect."""
     if isinstance(node, list):
-        return [_plain(item, defs, shared) for item in node]
+        return [_plain(item, defs, shared, openapi) for item in node]
     if not isinstance(node, dict):
         return node
     name = node.get("$ref", "").removeprefix(COMPONENTS)
@@ -334,18 +336,17 @@ def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
         return node
     if name:
         node = {**defs[name], **{key: value for key, value in node.items() if key != "$ref"}}
-    out = {key: _plain(value, defs, shared) for key, value in node.items()
+    out = {key: _plain(value, defs, shared, openapi) for key, value in node.items()
            if key != "title" and not (key == "default" and value is None)}
     if "properties" in node:  # names, not keywords: a field may be called "title"
-        out["properties"] = {key: _plain(value, defs, shared)
+        out["properties"] = {key: _plain(value, defs, shared, openapi)
                              for key, value in node["properties"].items()}
-    return out
+    return _openapi(out) if openapi else out
 
 
-@functools.cache
 def openapi_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The OpenAPI 3.0 schema of a declared shape: its JSON Schema, in 3.0's dialect."""
-    return _openapi(json_schema(shape, shared))  # type: ignore[no-any-return]
+    return json_schema(shape, shared, openapi=True)
 
 
 def parameters(model: type[Body]) -> list[dict[str, Any]]:
@@ -359,16 +360,9 @@ def parameters(model: type[Body]) -> list[dict[str, Any]]:
     } for name, field in schema["properties"].items()]
 
 
-def _openapi(node: Any) -> Any:
-    """JSON Schema 2020-12 -> OpenAPI 3.0: `X | None` is `nullable` (3.0 has no null type)
-    and `const` an enum."""
-    if isinstance(node, list):
-        return [_openapi(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {key: _openapi(value) for key, value in node.items()}
-    if "properties" in node:
-        out["properties"] = {name: _openapi(value) for name, value in node["properties"].items()}
+def _openapi(out: dict[str, Any]) -> dict[str, Any]:
+    """One schema, its parts converted already, JSON Schema 2020-12 -> OpenAPI 3.0: `X | None`
+    is `nullable` (3.0 has no null type) and `const` an enum."""
     options = out.pop("anyOf", None)
     if options is not None:
         kept = [option for option in options if option != {"type": "null"}]
