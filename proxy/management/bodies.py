@@ -56,17 +56,23 @@ IdText = Annotated[str, characters(MAX_ID_LENGTH), STRIPPED]
 Token = Annotated[str, characters(200), STRIPPED]
 
 
-def _id(value: Any) -> Any:
-    """A user or organisation id: 1 to MAX_ID_LENGTH printable characters, unpadded."""
-    if (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH
-            or not value.isprintable() or value != value.strip()):
-        raise PydanticCustomError("id", f"1 to {MAX_ID_LENGTH} printable characters, without"
-                                        " spaces at either end")
-    return value
+def _printable(max_chars: int, *, padded: bool = True) -> BeforeValidator:
+    """1 to `max_chars` printable characters; unless `padded`, no space at either end."""
+    what = f"1 to {max_chars} printable characters" + (
+        "" if padded else ", without spaces at either end")
+
+    def check(value: Any) -> Any:
+        if (not isinstance(value, str) or not 1 <= len(value) <= max_chars
+                or not value.isprintable() or (not padded and value != value.strip())):
+            raise PydanticCustomError("printable", what)
+        return value
+    return BeforeValidator(check)
 
 
+# A user or organisation id.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH,
-                                      pattern=r"^\S(.*\S)?$"), BeforeValidator(_id)]
+                                      pattern=r"^\S(.*\S)?$"),
+               _printable(MAX_ID_LENGTH, padded=False)]
 Category = Literal[CATEGORIES]  # type: ignore[valid-type]
 Seconds = Annotated[float, Field(ge=0, le=MAX_TIME)]
 Importance = Annotated[int, Field(ge=1, le=10)]
@@ -232,14 +238,6 @@ def _day(value: Any) -> Any:
     raise PydanticCustomError("day", "a day as YYYY-MM-DD")
 
 
-def _printable(max_chars: int) -> BeforeValidator:
-    def check(value: Any) -> Any:
-        if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not value.isprintable():
-            raise PydanticCustomError("printable", f"1 to {max_chars} printable characters")
-        return value
-    return BeforeValidator(check)
-
-
 Day = Annotated[datetime.date | None, BeforeValidator(_day),
                 Field(json_schema_extra={"pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})]
 
@@ -290,7 +288,7 @@ def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidReques
         return InvalidRequest(f"unknown {noun} {name!r}", param=name)
     if kind == "missing":
         return InvalidRequest(f"{name} is required", param=name)
-    if kind in ("id", "flag", "day", "printable"):
+    if kind in ("flag", "day", "printable"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
     field = openapi_schema(model)["properties"][name]
     return InvalidRequest(f"{name} must be {_what(field, kind)}", param=name)
