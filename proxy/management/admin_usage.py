@@ -22,6 +22,7 @@ from proxy.state import AppState
 MAX_DAYS = 366  # the longest range one call reports
 
 
+# Served as it is: it checks the method and the admin key itself.
 @declare(lambda endpoint: endpoint, "GET /usage",
          "Usage per day (UTC), key and user, with sums per key, per user and in all",
          "UsageReport", "400", "405", query=UsageQuery, every_method=True)
