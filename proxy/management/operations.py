@@ -8,6 +8,7 @@ undescribed. A handler module's declared operations are its routes (`declared`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.management.access import Endpoint, Handler, endpoint
+from proxy.management.access import Endpoint, endpoint
 from proxy.management.bodies import Body, Query
 
 JSON = "application/json"
@@ -56,10 +57,8 @@ def declare(guard: Callable[[H], Endpoint], route: str, summary: str, ok: str | 
     return declared
 
 
-def memory(route: str, summary: str, ok: str | dict[str, Any], *errors: str,
-           **more: Any) -> Callable[[Handler], Operation]:
-    """A memory API operation: its caller authorised first (proxy/management/access.py)."""
-    return declare(endpoint, route, summary, ok, *errors, **more)
+# A memory API operation: its caller authorised first (proxy/management/access.py).
+memory = functools.partial(declare, endpoint)
 
 
 def declared(*modules: ModuleType) -> list[Operation]:
