@@ -42,9 +42,8 @@ from proxy.http.metrics import Metrics, metrics_endpoint
 from proxy.http.relay import SHUTDOWN_STATE
 from proxy.http.shutdown import Shutdown
 from proxy.http.tracing import TRACING_STATE, Tracing, TracingMiddleware
-from proxy.management import admin_keys
+from proxy.management import admin_routes
 from proxy.management import routes as management_routes
-from proxy.management.admin_usage import admin_usage_routes
 from proxy.management.panel import panel_routes
 from proxy.state import AppState
 from proxy.upstream.client import Upstream
@@ -165,7 +164,7 @@ def create_app(
         Mount("/v1/memory", routes=management_routes()),
         # The admin API (docs/keys.md, docs/usage.md): the admin key only, before the
         # pass-through too.
-        Mount("/v1/admin", routes=[*admin_keys.routes(), *admin_usage_routes()]),
+        Mount("/v1/admin", routes=admin_routes()),
         *panel_routes(),
         Route("/v1/{path:path}", passthrough, methods=METHODS),
         *([Route("/mcp", mcp, methods=METHODS)] if mcp is not None else []),

@@ -13,8 +13,7 @@ import jsonschema
 import schemathesis
 from starlette.routing import Route
 
-from proxy.management import admin_keys, routes
-from proxy.management.admin_usage import admin_usage_routes
+from proxy.management import admin_routes, routes
 from proxy.management.bodies import BODIES, openapi_schema
 from proxy.management.openapi import DOCUMENT
 from tests.conftest import RunningProxy
@@ -40,7 +39,7 @@ def test_every_route_that_reads_a_body_declares_it(
 ) -> None:
     proxy = start_proxy(memory=True, admin_key=ADMIN, **QUIET)
     walked = served("/v1/memory", routes()) + served(
-        "/v1/admin", [*admin_keys.routes(), *admin_usage_routes()])
+        "/v1/admin", admin_routes())
     reading = []
     headers = {"Authorization": f"Bearer {ADMIN}", "X-Memory-User-Id": "ada"}
     with httpx.Client(base_url=proxy.url, headers=headers, timeout=60) as http:

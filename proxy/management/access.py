@@ -58,16 +58,16 @@ class Caller:
     admin: bool
     memory: MemoryEngine
     settings: Settings
-    state: AppState
     org_id: str | None = None
     shared: bool = False
     key: ApiKey | None = None  # the proxy key presented (None: admin, or keys off)
 
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(handler: Handler) -> Endpoint:
     """Authorise the request, run the handler, and turn memory errors into API errors."""
 
     @functools.wraps(handler)
@@ -118,7 +118,7 @@ async def authorise(request: Request) -> Caller:
         # The bucket chat completions use: the key presented (a proxy key has been checked
         # by now, and the admin key counts as any key does), else the user.
         await state.limits.take(key, limit_keys(key, request, user_id, settings), stream=False)
-    return Caller(user_id, principal.admin, state.memory, settings, state, org_id, shared, key)
+    return Caller(user_id, principal.admin, state.memory, settings, org_id, shared, key)
 
 
 # What an organisation's shared memory offers through the API (it has no turns, sessions

@@ -14,51 +14,55 @@ before anything is written.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
 from config import ApiKey
 from memory import KeyNotFound, KeyRevoked, KeyStore, StoredKey
 from proxy.access.decision import require_admin
 from proxy.access.stored_keys import StoredKeys
 from proxy.http.errors import Conflict, InvalidRequest, MemoryUnavailable, NotFound
-from proxy.management.access import respond
+from proxy.management.access import Endpoint, respond
 from proxy.management.bodies import ApiKeyChanges, NewApiKey
 from proxy.management.inputs import json_body
+from proxy.management.operations import declare
 from proxy.state import AppState
-
-
-def routes() -> list[BaseRoute]:
-    """The key routes, relative to /v1/admin."""
-    return [
-        Route("/keys", _methods(GET=list_keys, POST=create_key), methods=["GET", "POST"]),
-        Route("/keys/{key_id}", _methods(GET=get_key, PATCH=change_key, DELETE=revoke_key),
-              methods=["GET", "PATCH", "DELETE"]),
-    ]
-
 
 Handler = Callable[[Request, AppState, KeyStore, StoredKeys], Awaitable[Response]]
 
 
-def _methods(**handlers: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """One endpoint per path: the admin key first, then the handler of the method."""
+def admin(handler: Handler) -> Endpoint:
+    """The admin key first, then the handler with the key store and this replica's cache."""
 
-    async def dispatch(request: Request) -> Response:
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
         state: AppState = request.app.state.memproxy
         await require_admin(request, state.settings, state.keys)
         if state.memory is None or state.keys is None:
             raise MemoryUnavailable("stored keys need the memory database, which is off here")
-        method = "GET" if request.method == "HEAD" else request.method
-        return await handlers[method](request, state, state.memory.keys, state.keys)
+        return await handler(request, state, state.memory.keys, state.keys)
 
-    return dispatch
+    return run
 
 
+@declare(admin, "GET /keys", "Every key: MEMPROXY_API_KEYS's (source env) and the stored"
+         " ones; never a secret", "ApiKeyList")
+async def list_keys(
+    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
+) -> Response:
+    """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
+    listed = [env_json(key) for key in state.settings.api_keys]
+    listed += [stored_json(key) for key in await store.all()]
+    return respond({"object": "list", "data": listed})
+
+
+@declare(admin, "POST /keys", "Make a key; its secret is in `key`, shown this once",
+         "ApiKeyCreated", "400", "413", status="201", body=NewApiKey)
 async def create_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -75,15 +79,7 @@ async def create_key(
     return respond({**stored_json(stored), "key": secret}, 201)
 
 
-async def list_keys(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
-    """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
-    listed = [env_json(key) for key in state.settings.api_keys]
-    listed += [stored_json(key) for key in await store.all()]
-    return respond({"object": "list", "data": listed})
-
-
+@declare(admin, "GET /keys/{key_id}", "One key", "ApiKey", "404")
 async def get_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -95,6 +91,9 @@ async def get_key(
     return respond(stored_json(await _stored(store.get(key_id))))
 
 
+@declare(admin, "PATCH /keys/{key_id}",
+         "Change expires_at, rate_limit, token_quota or org_writer (null clears)", "ApiKey",
+         "400", "404", "409", "413", body=ApiKeyChanges)
 async def change_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:
@@ -110,6 +109,8 @@ async def change_key(
     return respond(stored_json(changed))
 
 
+@declare(admin, "DELETE /keys/{key_id}", "Revoke a key (409: already revoked)", "ApiKey",
+         "404", "409")
 async def revoke_key(
     request: Request, state: AppState, store: KeyStore, cache: StoredKeys
 ) -> Response:

@@ -9,7 +9,6 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
 from memory import UsageCounts
 from proxy.access.decision import require_admin
@@ -17,19 +16,16 @@ from proxy.http.errors import InvalidRequest, MemoryUnavailable, MethodNotAllowe
 from proxy.management.access import respond
 from proxy.management.bodies import UsageQuery
 from proxy.management.inputs import query
+from proxy.management.operations import declare
 from proxy.state import AppState
 
-METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 MAX_DAYS = 366  # the longest range one call reports
 
 
-def admin_usage_routes() -> list[BaseRoute]:
-    """The usage half of the admin API, relative to /v1/admin (proxy/app.py mounts it
-    before the pass-through)."""
-    # Every method: another one gets 405 here instead of the pass-through's forwarding.
-    return [Route("/usage", usage, methods=METHODS)]
-
-
+# Served as it is: it checks the method and the admin key itself.
+@declare(lambda endpoint: endpoint, "GET /usage",
+         "Usage per day (UTC), key and user, with sums per key, per user and in all",
+         "UsageReport", "400", "405", query=UsageQuery, every_method=True)
 async def usage(request: Request) -> Response:
     """GET /v1/admin/usage?from=&to=&key_id=&user=&limit="""
     state: AppState = request.app.state.memproxy

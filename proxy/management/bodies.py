@@ -56,17 +56,23 @@ IdText = Annotated[str, characters(MAX_ID_LENGTH), STRIPPED]
 Token = Annotated[str, characters(200), STRIPPED]
 
 
-def _id(value: Any) -> Any:
-    """A user or organisation id: 1 to MAX_ID_LENGTH printable characters, unpadded."""
-    if (not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_LENGTH
-            or not value.isprintable() or value != value.strip()):
-        raise PydanticCustomError("id", f"1 to {MAX_ID_LENGTH} printable characters, without"
-                                        " spaces at either end")
-    return value
+def _printable(max_chars: int, *, padded: bool = True) -> BeforeValidator:
+    """1 to `max_chars` printable characters; unless `padded`, no space at either end."""
+    what = f"1 to {max_chars} printable characters" + (
+        "" if padded else ", without spaces at either end")
+
+    def check(value: Any) -> Any:
+        if (not isinstance(value, str) or not 1 <= len(value) <= max_chars
+                or not value.isprintable() or (not padded and value != value.strip())):
+            raise PydanticCustomError("printable", what)
+        return value
+    return BeforeValidator(check)
 
 
+# A user or organisation id.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH,
-                                      pattern=r"^\S(.*\S)?$"), BeforeValidator(_id)]
+                                      pattern=r"^\S(.*\S)?$"),
+               _printable(MAX_ID_LENGTH, padded=False)]
 Category = Literal[CATEGORIES]  # type: ignore[valid-type]
 Seconds = Annotated[float, Field(ge=0, le=MAX_TIME)]
 Importance = Annotated[int, Field(ge=1, le=10)]
@@ -232,14 +238,6 @@ def _day(value: Any) -> Any:
     raise PydanticCustomError("day", "a day as YYYY-MM-DD")
 
 
-def _printable(max_chars: int) -> BeforeValidator:
-    def check(value: Any) -> Any:
-        if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not value.isprintable():
-            raise PydanticCustomError("printable", f"1 to {max_chars} printable characters")
-        return value
-    return BeforeValidator(check)
-
-
 Day = Annotated[datetime.date | None, BeforeValidator(_day),
                 Field(json_schema_extra={"pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})]
 
@@ -290,9 +288,10 @@ def _invalid(model: type[Body], error: ErrorDetails, noun: str) -> InvalidReques
         return InvalidRequest(f"unknown {noun} {name!r}", param=name)
     if kind == "missing":
         return InvalidRequest(f"{name} is required", param=name)
-    if kind in ("id", "flag", "day", "printable"):
+    if kind in ("flag", "day", "printable"):
         return InvalidRequest(f"{name} must be {error['msg']}", param=name)
-    return InvalidRequest(f"{name} must be {_what(_property(model, name), kind)}", param=name)
+    field = openapi_schema(model)["properties"][name]
+    return InvalidRequest(f"{name} must be {_what(field, kind)}", param=name)
 
 
 def _what(schema: dict[str, Any], kind: str) -> str:
@@ -313,29 +312,21 @@ def _what(schema: dict[str, Any], kind: str) -> str:
 
 
 @functools.cache
-def _properties(model: type[Body]) -> dict[str, Any]:
-    return dict(openapi_schema(model)["properties"])
-
-
-def _property(model: type[Body], name: str) -> dict[str, Any]:
-    schema: dict[str, Any] = _properties(model)[name]
-    return schema
-
-
-@functools.cache
-def json_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
+def json_schema(shape: Any, shared: frozenset[str] = frozenset(),
+                openapi: bool = False) -> dict[str, Any]:
     """The JSON Schema of a declared shape (a model or a typed dict), each nested shape
     written in place but those `shared` (the OpenAPI document's components, by name): an
-    MCP client, and OpenAPI 3.0's `nullable`, want no `$ref`s."""
+    MCP client, and OpenAPI 3.0's `nullable`, want no `$ref`s. With `openapi`, in OpenAPI
+    3.0's dialect."""
     schema = TypeAdapter(shape).json_schema(ref_template=COMPONENTS + "{model}")
-    return _plain(schema, schema.pop("$defs", {}), shared)  # type: ignore[no-any-return]
+    return _plain(schema, schema.pop("$defs", {}), shared, openapi)  # type: ignore[no-any-return]
 
 
-def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
+def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str], openapi: bool) -> Any:
     """No `$ref` but to `shared`, no titles, and no null default (an absent field is not
-    a null one)."""
+    a null one); with `openapi`, each schema in 3.0's dialect."""
     if isinstance(node, list):
-        return [_plain(item, defs, shared) for item in node]
+        return [_plain(item, defs, shared, openapi) for item in node]
     if not isinstance(node, dict):
         return node
     name = node.get("$ref", "").removeprefix(COMPONENTS)
@@ -343,18 +334,17 @@ def _plain(node: Any, defs: dict[str, Any], shared: frozenset[str]) -> Any:
         return node
     if name:
         node = {**defs[name], **{key: value for key, value in node.items() if key != "$ref"}}
-    out = {key: _plain(value, defs, shared) for key, value in node.items()
+    out = {key: _plain(value, defs, shared, openapi) for key, value in node.items()
            if key != "title" and not (key == "default" and value is None)}
     if "properties" in node:  # names, not keywords: a field may be called "title"
-        out["properties"] = {key: _plain(value, defs, shared)
+        out["properties"] = {key: _plain(value, defs, shared, openapi)
                              for key, value in node["properties"].items()}
-    return out
+    return _openapi(out) if openapi else out
 
 
-@functools.cache
 def openapi_schema(shape: Any, shared: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The OpenAPI 3.0 schema of a declared shape: its JSON Schema, in 3.0's dialect."""
-    return _openapi(json_schema(shape, shared))  # type: ignore[no-any-return]
+    return json_schema(shape, shared, openapi=True)
 
 
 def parameters(model: type[Body]) -> list[dict[str, Any]]:
@@ -368,21 +358,9 @@ def parameters(model: type[Body]) -> list[dict[str, Any]]:
     } for name, field in schema["properties"].items()]
 
 
-def openapi_schemas() -> dict[str, Any]:
-    """Every body's schema, by its model's name, for the document's components."""
-    return {model.__name__: openapi_schema(model) for model in BODIES}
-
-
-def _openapi(node: Any) -> Any:
-    """JSON Schema 2020-12 -> OpenAPI 3.0: `X | None` is `nullable` (3.0 has no null type)
-    and `const` an enum."""
-    if isinstance(node, list):
-        return [_openapi(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {key: _openapi(value) for key, value in node.items()}
-    if "properties" in node:
-        out["properties"] = {name: _openapi(value) for name, value in node["properties"].items()}
+def _openapi(out: dict[str, Any]) -> dict[str, Any]:
+    """One schema, its parts converted already, JSON Schema 2020-12 -> OpenAPI 3.0: `X | None`
+    is `nullable` (3.0 has no null type) and `const` an enum."""
     options = out.pop("anyOf", None)
     if options is not None:
         kept = [option for option in options if option != {"type": "null"}]

@@ -52,6 +52,13 @@ def query(request: Request, model: type[Q]) -> Q:
     return parse(model, dict(request.query_params), noun="query parameter")
 
 
+def digits_cursor(cursor: str | None) -> str | None:
+    """A cursor that is a row number (facts, turns), or none: the first page."""
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidRequest("invalid cursor", param="cursor")
+    return cursor
+
+
 def path_id(request: Request, name: str) -> int:
     """An integer id from the path; 404 wording when it cannot be one."""
     raw = request.path_params[name]

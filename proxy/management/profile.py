@@ -8,9 +8,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import redact_profile
-from proxy.management.access import Caller, endpoint, respond
+from proxy.management.access import Caller, respond
 from proxy.management.bodies import ConsentChange, ProfileBody
 from proxy.management.inputs import json_body
+from proxy.management.operations import memory
 
 
 async def _state(who: Caller) -> dict[str, Any]:
@@ -24,13 +25,17 @@ async def _state(who: Caller) -> dict[str, Any]:
     }
 
 
-@endpoint
-async def get_profile(request: Request, who: Caller) -> Response:
+async def _show(request: Request, who: Caller) -> Response:
     """GET /v1/memory/profile (and /consent): consent and the profile."""
     return respond(await _state(who))
 
 
-@endpoint
+get_consent = memory("GET /consent", "Consent and profile", "Profile")(_show)
+get_profile = memory("GET /profile", "Consent and profile", "Profile")(_show)
+
+
+@memory("PUT /consent", "Give or revoke consent (revoking deletes the profile)", "Profile",
+        "400", "413", body=ConsentChange)
 async def put_consent(request: Request, who: Caller) -> Response:
     """PUT /v1/memory/consent: revoking deletes the profile and its vector."""
     body = await json_body(request, who.settings.max_body_bytes, ConsentChange)
@@ -38,7 +43,8 @@ async def put_consent(request: Request, who: Caller) -> Response:
     return respond(await _state(who))
 
 
-@endpoint
+@memory("PUT /profile", "Write the profile (needs consent)", "Profile", "400", "409", "413",
+        body=ProfileBody)
 async def put_profile(request: Request, who: Caller) -> Response:
     """PUT /v1/memory/profile: the whole profile; 409 without consent."""
     body = await json_body(request, who.settings.max_body_bytes, ProfileBody)
@@ -46,7 +52,7 @@ async def put_profile(request: Request, who: Caller) -> Response:
     return respond(await _state(who))
 
 
-@endpoint
+@memory("DELETE /profile", "Delete the profile (consent stays)", "Profile")
 async def delete_profile(request: Request, who: Caller) -> Response:
     """DELETE /v1/memory/profile: the profile goes, consent stays as it is."""
     await who.memory.profiles.delete(who.user_id)

@@ -13,14 +13,16 @@ from starlette.responses import Response
 
 from memory import EmbeddingModelMissing, MemoryEngine, Recalled, RecallRequest
 from proxy.http.errors import InvalidRequest, MemoryUnavailable
-from proxy.management.access import Caller, endpoint, respond
+from proxy.management.access import Caller, respond
 from proxy.management.bodies import SearchQuery
 from proxy.management.inputs import json_body
+from proxy.management.operations import memory
 
 DEFAULT_MODEL = "gpt-4o"
 
 
-@endpoint
+@memory("POST /search", "What would be injected for a query (no model is called)",
+        "SearchResult", "400", "413", body=SearchQuery)
 async def search(request: Request, who: Caller) -> Response:
     """What recall injects for `query` within `budget` and `scope`."""
     body = await json_body(request, who.settings.max_body_bytes, SearchQuery)

@@ -8,14 +8,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from memory import CATEGORIES
-from proxy.management.access import Caller, endpoint, page, respond
+from proxy.management.access import Caller, page, respond
 from proxy.management.bodies import MetricsQuery
 from proxy.management.inputs import query
+from proxy.management.operations import memory
 
 DAY = 86400.0
 
 
-@endpoint
+@memory("GET /stats", "Counts, index sizes, job queue and dead letters", "Stats")
 async def stats(request: Request, who: Caller) -> Response:
     """GET /v1/memory/stats"""
     manage = who.memory.manage
@@ -39,7 +40,8 @@ async def stats(request: Request, who: Caller) -> Response:
     })
 
 
-@endpoint
+@memory("GET /metrics", "Per-request metrics over a time range", "Metrics", "400",
+        query=MetricsQuery)
 async def metrics(request: Request, who: Caller) -> Response:
     """GET /v1/memory/metrics?since=&until=&limit=&cursor=: a cursor page of the user's
     request metrics, oldest first, with a summary of the whole range."""

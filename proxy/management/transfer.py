@@ -18,14 +18,17 @@ from memory import RecordError, check_record
 from proxy.access.identity import conversation_fingerprint
 from proxy.http.body import read_body
 from proxy.http.errors import InvalidRequest
-from proxy.management.access import Caller, endpoint, respond
+from proxy.management.access import Caller, respond
 from proxy.management.inputs import MAX_DEPTH, nested_too_deep
+from proxy.management.operations import NDJSON, memory
 
 FLUSH_BYTES = 64 * 1024
 MAX_REPORTED_ERRORS = 5
 
 
-@endpoint
+@memory("GET /export", "Export as JSON Lines (streamed)", {
+    "description": "meta, turns, facts, summaries, profile: one JSON object per line",
+    "content": {NDJSON: {"schema": {"type": "string"}}}})
 async def export(request: Request, who: Caller) -> Response:
     """GET /v1/memory/export: meta, turns, facts, summaries and profile, one JSON per line."""
     records = who.memory.manage.records.records(who.user_id)
@@ -40,13 +43,14 @@ async def export(request: Request, who: Caller) -> Response:
         if buffer:
             yield bytes(buffer)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson", headers={
+    return StreamingResponse(lines(), media_type=NDJSON, headers={
         "Content-Disposition": 'attachment; filename="memproxy-export.jsonl"',
         "Cache-Control": "no-store",
     })
 
 
-@endpoint
+@memory("POST /import", "Import JSON Lines of records or OpenAI-format conversations"
+        " (idempotent)", "ImportReport", "400", "413", body="records")
 async def import_records(request: Request, who: Caller) -> Response:
     """POST /v1/memory/import: JSON Lines (or one JSON array) of records or conversations."""
     raw = await read_body(request, who.settings.max_body_bytes)
