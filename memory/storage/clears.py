@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, column
 
 _RECORD_BATCH = 500
 
@@ -59,10 +59,8 @@ async def pending(conn: Connection, user_id: str, now: float) -> list[dict[str, 
 
 async def records(conn: Connection, clear_id: str) -> list[str]:
     """The records a clear keeps, in order."""
-    rows = await conn.fetch(
-        "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq", (clear_id,)
-    )
-    return [str(row[0]) for row in rows]
+    sql = "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq"
+    return await column(conn, str, sql, (clear_id,))
 
 
 async def mark_undone(tx: Transaction, clear_id: str) -> None:
