@@ -10,10 +10,12 @@ from typing import Any
 
 from memory.storage.database import Connection, Transaction
 
-_FIELDS = (
-    "created_at", "session_id", "request_id", "model", "items", "injected_tokens", "truncated",
-    "recall_ms", "embed_ms", "error",
+# What a metrics row holds besides its user: take_rows returns rows with these keys.
+ROW_FIELDS = (
+    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
+    "truncated", "recall_ms", "embed_ms", "error",
 )
+_FIELDS = tuple(name.removesuffix("_json") for name in ROW_FIELDS)  # as page() shows them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +69,7 @@ async def page(
         later = " AND (created_at > ? OR (created_at = ? AND id > ?))"
         params += (after[0], after[0], after[1])
     rows = await conn.fetch(
-        "SELECT id, created_at, session_id, request_id, model, items_json, injected_tokens,"
-        f" truncated, recall_ms, embed_ms, error FROM request_metrics WHERE {_RANGE}{later}"
+        f"SELECT id, {', '.join(ROW_FIELDS)} FROM request_metrics WHERE {_RANGE}{later}"
         " ORDER BY created_at, id LIMIT ?",
         (*params, limit),
     )
@@ -120,13 +121,6 @@ async def latency_at(
         (user_id, since, until, index),
     )
     return float(rows[0][0]) if rows else None
-
-
-# What a metrics row holds besides its user: take_rows returns rows with these keys.
-ROW_FIELDS = (
-    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
-    "truncated", "recall_ms", "embed_ms", "error",
-)
 
 
 async def take_rows(
