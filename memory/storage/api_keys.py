@@ -43,16 +43,11 @@ _COLUMNS = ", ".join(f.name for f in fields(StoredKey))
 
 
 def _key(row: Row) -> StoredKey:
-    def number(value: Any) -> float | None:
-        return None if value is None else float(value)
-
-    def whole(value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    return StoredKey(
-        str(row[0]), str(row[1]), str(row[2]), row[3], row[4], bool(row[5]), number(row[6]),
-        whole(row[7]), whole(row[8]), float(row[9]), number(row[10]), number(row[11]),
-    )
+    # Both backends return each column as its field's type (REAL and INTEGER affinity on
+    # SQLite, memory/storage/schema.py), but the 0/1 flag.
+    values = list(row)
+    values[5] = bool(values[5])  # org_writer
+    return StoredKey(*values)
 
 
 async def insert(tx: Transaction, key: StoredKey) -> None:
