@@ -12,8 +12,6 @@ from typing import Any
 
 from memory.storage.database import Connection, Transaction, column
 
-_RECORD_BATCH = 500
-
 
 async def insert(
     tx: Transaction, clear_id: str, user_id: str, *, removed: Mapping[str, int],
@@ -25,18 +23,10 @@ async def insert(
         " VALUES (?, ?, 'pending', ?, ?, ?)",
         (clear_id, user_id, json.dumps(dict(removed)), created_at, expires_at),
     )
-    if tx.dialect == "postgres":
-        await tx.change_many(
-            "INSERT INTO clear_records (clear_id, seq, record) VALUES (?, ?, ?)",
-            [(clear_id, seq, record) for seq, record in enumerate(records)],
-        )
-        return
-    for start in range(0, len(records), _RECORD_BATCH):
-        await tx.change(
-            "INSERT INTO clear_records (clear_id, seq, record)"
-            " SELECT ?, ? + key, value FROM json_each(?)",
-            (clear_id, start, json.dumps(list(records[start:start + _RECORD_BATCH]))),
-        )
+    await tx.change_many(
+        "INSERT INTO clear_records (clear_id, seq, record) VALUES (?, ?, ?)",
+        [(clear_id, seq, record) for seq, record in enumerate(records)],
+    )
 
 
 async def get(conn: Connection, clear_id: str) -> tuple[str, str, float] | None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, marks
 
 # What a metrics row holds besides its user: take_rows returns rows with these keys.
 ROW_FIELDS = (
@@ -139,16 +139,9 @@ async def take_rows(
 
 async def put_rows(tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert rows take_rows returned, for `user_id` (undoing a clear)."""
-    if rows and tx.dialect == "postgres":
+    if rows:
         await tx.change_many(
             f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
-            f" VALUES (?, {', '.join('?' * len(ROW_FIELDS))})",
+            f" VALUES (?, {marks(len(ROW_FIELDS))})",
             [(user_id, *(row[f] for f in ROW_FIELDS)) for row in rows],
-        )
-    elif rows:
-        await tx.change(
-            f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
-            f" SELECT ?, {', '.join(f'value ->> {f!r}' for f in ROW_FIELDS)}"
-            " FROM json_each(?) ORDER BY key",
-            (user_id, json.dumps([dict(row) for row in rows])),
         )
