@@ -9,15 +9,11 @@ holds 256 random bits, so a plain digest cannot be reversed or guessed). Revokin
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from memory.storage.interface import Connection, Row, Transaction
+from memory.storage.database import Connection, Row, Transaction, column
 
-_COLUMNS = (
-    "id, digest, prefix, user_id, org_id, org_writer, expires_at, rate_limit, token_quota,"
-    " created_at, last_used_at, revoked_at"
-)
 # What PATCH may change (memory.admin.api_keys checks the values).
 CHANGEABLE = frozenset({"expires_at", "rate_limit", "token_quota", "org_writer"})
 
@@ -43,17 +39,15 @@ class StoredKey:
         return f"StoredKey(id={self.id!r}, prefix={self.prefix!r}, user_id={self.user_id!r})"
 
 
+_COLUMNS = ", ".join(f.name for f in fields(StoredKey))
+
+
 def _key(row: Row) -> StoredKey:
-    def number(value: Any) -> float | None:
-        return None if value is None else float(value)
-
-    def whole(value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    return StoredKey(
-        str(row[0]), str(row[1]), str(row[2]), row[3], row[4], bool(row[5]), number(row[6]),
-        whole(row[7]), whole(row[8]), float(row[9]), number(row[10]), number(row[11]),
-    )
+    # Both backends return each column as its field's type (REAL and INTEGER affinity on
+    # SQLite, memory/storage/schema.py), but the 0/1 flag.
+    values = list(row)
+    values[5] = bool(values[5])  # org_writer
+    return StoredKey(*values)
 
 
 async def insert(tx: Transaction, key: StoredKey) -> None:
@@ -114,9 +108,8 @@ async def touch(tx: Transaction, used: Iterable[tuple[str, float]]) -> None:
 
 async def members(conn: Connection, org_id: str, now: float) -> Sequence[str]:
     """The users that live keys of `org_id` are bound to."""
-    rows = await conn.fetch(
-        "SELECT DISTINCT user_id FROM api_keys WHERE org_id = ? AND user_id IS NOT NULL"
+    return await column(
+        conn, str, "SELECT DISTINCT user_id FROM api_keys WHERE org_id = ? AND user_id IS NOT NULL"
         " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)",
         (org_id, now),
     )
-    return [str(row[0]) for row in rows]

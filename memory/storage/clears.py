@@ -10,9 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
-
-_RECORD_BATCH = 500
+from memory.storage.database import Connection, Transaction, column
 
 
 async def insert(
@@ -25,18 +23,10 @@ async def insert(
         " VALUES (?, ?, 'pending', ?, ?, ?)",
         (clear_id, user_id, json.dumps(dict(removed)), created_at, expires_at),
     )
-    if tx.dialect == "postgres":
-        await tx.change_many(
-            "INSERT INTO clear_records (clear_id, seq, record) VALUES (?, ?, ?)",
-            [(clear_id, seq, record) for seq, record in enumerate(records)],
-        )
-        return
-    for start in range(0, len(records), _RECORD_BATCH):
-        await tx.change(
-            "INSERT INTO clear_records (clear_id, seq, record)"
-            " SELECT ?, ? + key, value FROM json_each(?)",
-            (clear_id, start, json.dumps(list(records[start:start + _RECORD_BATCH]))),
-        )
+    await tx.change_many(
+        "INSERT INTO clear_records (clear_id, seq, record) VALUES (?, ?, ?)",
+        [(clear_id, seq, record) for seq, record in enumerate(records)],
+    )
 
 
 async def get(conn: Connection, clear_id: str) -> tuple[str, str, float] | None:
@@ -59,10 +49,8 @@ async def pending(conn: Connection, user_id: str, now: float) -> list[dict[str, 
 
 async def records(conn: Connection, clear_id: str) -> list[str]:
     """The records a clear keeps, in order."""
-    rows = await conn.fetch(
-        "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq", (clear_id,)
-    )
-    return [str(row[0]) for row in rows]
+    sql = "SELECT record FROM clear_records WHERE clear_id = ? ORDER BY seq"
+    return await column(conn, str, sql, (clear_id,))
 
 
 async def mark_undone(tx: Transaction, clear_id: str) -> None:

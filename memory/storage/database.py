@@ -201,6 +201,35 @@ def in_values(conn: Connection, values: Sequence[Any]) -> tuple[str, Any]:
     return "IN (SELECT value FROM json_each(?))", json.dumps(list(values))
 
 
+async def column(
+    conn: Connection, kind: Callable[[Any], _T], sql: str, params: Sequence[Any] = ()
+) -> list[_T]:
+    """The first column of every row of `sql`, each made a `kind`."""
+    return [kind(row[0]) for row in await conn.fetch(sql, params)]
+
+
+async def first(
+    conn: Connection, kind: Callable[[Any], _T], sql: str, params: Sequence[Any] = ()
+) -> _T | None:
+    """The first column of the first row of `sql` as a `kind`; None without a row or value."""
+    rows = await conn.fetch(sql, params)
+    return None if not rows or rows[0][0] is None else kind(rows[0][0])
+
+
+async def scalar(
+    conn: Connection, kind: Callable[[Any], _T], sql: str, params: Sequence[Any] = ()
+) -> _T:
+    """The one value of an aggregate `sql` (a count, an EXISTS), as a `kind`."""
+    return kind((await conn.fetch(sql, params))[0][0])
+
+
+def equal_to(**columns: Any) -> tuple[str, list[Any]]:
+    """SQL that tests each column given a value (None: not tested) for equality, and its
+    parameters; TRUE when none is tested."""
+    tested = {name: value for name, value in columns.items() if value is not None}
+    return " AND ".join(f"{name} = ?" for name in tested) or "TRUE", list(tested.values())
+
+
 def marks(count: int) -> str:
     """`count` comma-separated placeholders."""
     return ", ".join("?" * count)

@@ -9,18 +9,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 from memory.storage import pg_search
-from memory.storage.database import Connection, Row, Transaction, in_values, only_row
+from memory.storage.database import (
+    Connection,
+    Row,
+    Transaction,
+    column,
+    equal_to,
+    first,
+    in_values,
+    only_row,
+    scalar,
+)
 from memory.storage.fts import match_expression, owner_token, search_terms
 
-_COLUMNS = (
-    "id, user_id, text, category, confidence, importance, mentions, source, source_session, "
-    "source_turn_ids, pinned, first_seen, last_seen, expires_at, version, previous_id, "
-    "valid_from, valid_to, superseded_by, created_at, updated_at, client"
-)
 # Active: the chain's current version, not expired (pinned facts never expire).
 _ACTIVE = "valid_to IS NULL AND (pinned = 1 OR expires_at IS NULL OR expires_at > ?)"
 
@@ -67,6 +72,9 @@ class Fact:
         return {name: getattr(self, name) for name in self.__dataclass_fields__} | {
             "active": self.active
         }
+
+
+_COLUMNS = ", ".join(f.name for f in fields(Fact))
 
 
 @dataclass(frozen=True)
@@ -154,29 +162,22 @@ async def set_pinned(tx: Transaction, fact_id: int, pinned: bool, now: float | N
 
 async def get(conn: Connection, user_id: str, fact_id: int) -> Fact | None:
     """One version of one of this user's facts, or None."""
-    rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM facts WHERE id = ? AND user_id = ?", (fact_id, user_id)
-    )
-    return _fact(rows[0]) if rows else None
+    sql = f"SELECT {_COLUMNS} FROM facts WHERE id = ? AND user_id = ?"
+    return next(map(_fact, await conn.fetch(sql, (fact_id, user_id))), None)
 
 
 async def chain_of(conn: Connection, user_id: str, fact_id: int) -> int | None:
     """The chain id of one of this user's facts, or None."""
-    rows = await conn.fetch(
-        "SELECT chain_id FROM facts WHERE id = ? AND user_id = ?", (fact_id, user_id)
-    )
-    return int(rows[0][0]) if rows else None
+    sql = "SELECT chain_id FROM facts WHERE id = ? AND user_id = ?"
+    return await first(conn, int, sql, (fact_id, user_id))
 
 
 async def get_many(conn: Connection, user_id: str | None, ids: Sequence[int]) -> list[Fact]:
     """These facts (of this user, or of anyone for background jobs), in no set order."""
     among, values = in_values(conn, ids)
-    sql = f"SELECT {_COLUMNS} FROM facts WHERE id {among}"
-    if user_id is None:
-        rows = await conn.fetch(sql, (values,))
-    else:
-        rows = await conn.fetch(sql + " AND user_id = ?", (values, user_id))
-    return [_fact(row) for row in rows]
+    scope, params = equal_to(user_id=user_id)
+    sql = f"SELECT {_COLUMNS} FROM facts WHERE id {among} AND {scope}"
+    return [_fact(row) for row in await conn.fetch(sql, (values, *params))]
 
 
 async def page(
@@ -186,14 +187,10 @@ async def page(
 ) -> list[Fact]:
     """Up to `limit` of this user's facts, newest first: of a category, pinned or not,
     matching free text, active at a time, with ids below `before` (each when given)."""
-    where: list[str] = ["user_id = ?"]
-    params: list[Any] = [user_id]
-    if category is not None:
-        where.append("category = ?")
-        params.append(category)
-    if pinned is not None:
-        where.append("pinned = ?")
-        params.append(int(pinned))
+    scope, params = equal_to(
+        user_id=user_id, category=category, pinned=None if pinned is None else int(pinned)
+    )
+    where = [scope]
     if active_at is not None:
         where.append(_ACTIVE)
         params.append(active_at)
@@ -219,11 +216,8 @@ async def page(
 
 async def active(conn: Connection, user_id: str, now: float) -> list[Fact]:
     """Every fact of this user active at `now`, newest first."""
-    rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND {_ACTIVE} ORDER BY id DESC",
-        (user_id, now),
-    )
-    return [_fact(row) for row in rows]
+    sql = f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND {_ACTIVE} ORDER BY id DESC"
+    return [_fact(row) for row in await conn.fetch(sql, (user_id, now))]
 
 
 async def search(
@@ -236,52 +230,41 @@ async def search(
     if conn.dialect == "postgres":
         sql = pg_search.bm25_sql("facts", f"user_id = ? AND {_ACTIVE}")
         rows = await conn.fetch(sql, (search_terms(query), user_id, now, k))
-        return [(int(row[0]), float(row[1])) for row in rows]
-    rows = await conn.fetch(
-        "SELECT f.id, -s.rank FROM facts_fts AS s JOIN facts AS f ON f.id = s.rowid"
-        f" WHERE facts_fts MATCH ? AND f.user_id = ? AND {_ACTIVE}"
-        " ORDER BY s.rank LIMIT ?",
-        (expression, user_id, now, k),
-    )
+    else:
+        rows = await conn.fetch(
+            "SELECT f.id, -s.rank FROM facts_fts AS s JOIN facts AS f ON f.id = s.rowid"
+            f" WHERE facts_fts MATCH ? AND f.user_id = ? AND {_ACTIVE}"
+            " ORDER BY s.rank LIMIT ?",
+            (expression, user_id, now, k),
+        )
     return [(int(row[0]), float(row[1])) for row in rows]
 
 
 async def history(conn: Connection, user_id: str, fact_id: int) -> list[Fact]:
     """Every version of the fact's chain, oldest first ([] for an unknown id)."""
-    rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND chain_id ="
-        " (SELECT chain_id FROM facts WHERE id = ? AND user_id = ?) ORDER BY version",
-        (user_id, fact_id, user_id),
-    )
-    return [_fact(row) for row in rows]
+    sql = (f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND chain_id ="
+           " (SELECT chain_id FROM facts WHERE id = ? AND user_id = ?) ORDER BY version")
+    return [_fact(row) for row in await conn.fetch(sql, (user_id, fact_id, user_id))]
 
 
 async def count(conn: Connection, user_id: str, *, active_at: float | None = None) -> int:
     """How many facts this user has: active at `active_at`, or every version."""
     if active_at is None:
-        rows = await conn.fetch("SELECT COUNT(*) FROM facts WHERE user_id = ?", (user_id,))
-    else:
-        rows = await conn.fetch(
-            f"SELECT COUNT(*) FROM facts WHERE user_id = ? AND {_ACTIVE}", (user_id, active_at)
-        )
-    return int(rows[0][0])
+        return await scalar(conn, int, "SELECT COUNT(*) FROM facts WHERE user_id = ?", (user_id,))
+    sql = f"SELECT COUNT(*) FROM facts WHERE user_id = ? AND {_ACTIVE}"
+    return await scalar(conn, int, sql, (user_id, active_at))
 
 
 async def count_pinned(conn: Connection, user_id: str) -> int:
     """How many current versions this user has pinned (pinned facts never expire)."""
-    rows = await conn.fetch(
-        "SELECT COUNT(*) FROM facts WHERE user_id = ? AND pinned = 1 AND valid_to IS NULL",
-        (user_id,),
-    )
-    return int(rows[0][0])
+    sql = "SELECT COUNT(*) FROM facts WHERE user_id = ? AND pinned = 1 AND valid_to IS NULL"
+    return await scalar(conn, int, sql, (user_id,))
 
 
 async def has_current(conn: Connection, user_id: str) -> bool:
     """Whether this user has any current version (expired or not)."""
-    rows = await conn.fetch(
-        "SELECT EXISTS(SELECT 1 FROM facts WHERE user_id = ? AND valid_to IS NULL)", (user_id,)
-    )
-    return bool(rows[0][0])
+    sql = "SELECT EXISTS(SELECT 1 FROM facts WHERE user_id = ? AND valid_to IS NULL)"
+    return await scalar(conn, bool, sql, (user_id,))
 
 
 async def count_by_session(
@@ -301,12 +284,11 @@ async def first_version(
     conn: Connection, user_id: str, text: str, category: str, first_seen: float
 ) -> int | None:
     """The id of the chain's first version with this text, category and first-seen time."""
-    rows = await conn.fetch(
-        "SELECT id FROM facts WHERE user_id = ? AND previous_id IS NULL AND text = ?"
+    return await first(
+        conn, int, "SELECT id FROM facts WHERE user_id = ? AND previous_id IS NULL AND text = ?"
         " AND category = ? AND first_seen = ? ORDER BY id LIMIT 1",
         (user_id, text, category, first_seen),
     )
-    return int(rows[0][0]) if rows else None
 
 
 async def current_exists(conn: Connection, user_id: str, text: str, category: str) -> bool:
@@ -344,39 +326,31 @@ async def expired_before(conn: Connection, older_than: float) -> list[tuple[str,
 
 async def users_above(conn: Connection, keep: int, now: float) -> list[str]:
     """Users with more than `keep` facts active at `now`."""
-    rows = await conn.fetch(
-        f"SELECT user_id FROM facts WHERE {_ACTIVE} GROUP BY user_id HAVING COUNT(*) > ?",
-        (now, keep),
-    )
-    return [str(row[0]) for row in rows]
+    sql = f"SELECT user_id FROM facts WHERE {_ACTIVE} GROUP BY user_id HAVING COUNT(*) > ?"
+    return await column(conn, str, sql, (now, keep))
 
 
 async def current_ids(conn: Connection) -> list[int]:
     """Ids of every current version of every user, ascending (backups rebuild from them)."""
-    rows = await conn.fetch("SELECT id FROM facts WHERE valid_to IS NULL ORDER BY id")
-    return [int(row[0]) for row in rows]
+    return await column(conn, int, "SELECT id FROM facts WHERE valid_to IS NULL ORDER BY id")
 
 
 async def delete_chain(tx: Transaction, user_id: str, fact_id: int) -> list[int]:
     """Delete every version of the fact's chain; return their ids."""
-    rows = await tx.fetch(
-        "DELETE FROM facts WHERE user_id = ? AND chain_id ="
+    return await column(
+        tx, int, "DELETE FROM facts WHERE user_id = ? AND chain_id ="
         " (SELECT chain_id FROM facts WHERE id = ? AND user_id = ?) RETURNING id",
         (user_id, fact_id, user_id),
     )
-    return [int(row[0]) for row in rows]
 
 
 async def delete(tx: Transaction, user_id: str, ids: Sequence[int] | None = None) -> list[int]:
     """Delete these versions of this user's facts (all of them when None); return ids."""
     if ids is None:
-        rows = await tx.fetch("DELETE FROM facts WHERE user_id = ? RETURNING id", (user_id,))
-    else:
-        among, values = in_values(tx, ids)
-        rows = await tx.fetch(
-            f"DELETE FROM facts WHERE user_id = ? AND id {among} RETURNING id", (user_id, values)
-        )
-    return [int(row[0]) for row in rows]
+        return await column(tx, int, "DELETE FROM facts WHERE user_id = ? RETURNING id", (user_id,))
+    among, values = in_values(tx, ids)
+    sql = f"DELETE FROM facts WHERE user_id = ? AND id {among} RETURNING id"
+    return await column(tx, int, sql, (user_id, values))
 
 
 def _fact(row: Row) -> Fact:

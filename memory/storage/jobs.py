@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory import tracing
-from memory.storage.database import Connection, Transaction, marks, only_row
+from memory.storage.database import Connection, Transaction, first, marks, only_row, scalar
 
 STATUSES = ("queued", "running", "done", "dead")
 # How long a claim holds a job on PostgreSQL unless renewed (the default of the setting
@@ -207,27 +207,25 @@ async def expire_unleased(tx: Transaction) -> int:
 
 async def next_due(conn: Connection) -> float | None:
     """When the earliest queued job becomes ready, or None when the queue is empty."""
-    rows = await conn.fetch("SELECT MIN(run_after) FROM jobs WHERE status = 'queued'")
-    return None if rows[0][0] is None else float(rows[0][0])
+    return await first(conn, float, "SELECT MIN(run_after) FROM jobs WHERE status = 'queued'")
 
 
 async def pending(conn: Connection, due_before: float) -> int:
     """How many jobs are running or queued to become ready before `due_before`."""
-    rows = await conn.fetch(
-        "SELECT COUNT(*) FROM jobs WHERE status = 'running'"
+    return await scalar(
+        conn, int, "SELECT COUNT(*) FROM jobs WHERE status = 'running'"
         " OR (status = 'queued' AND run_after <= ?)",
         (due_before,),
     )
-    return int(rows[0][0])
 
 
 async def pending_between(conn: Connection, first: int, last: int) -> int:
     """How many jobs with ids from `first` to `last` are queued or running."""
-    rows = await conn.fetch(
+    return await scalar(
+        conn, int,
         "SELECT COUNT(*) FROM jobs WHERE id BETWEEN ? AND ? AND status IN ('queued', 'running')",
         (first, last),
     )
-    return int(rows[0][0])
 
 
 async def counts(conn: Connection) -> dict[str, int]:

@@ -8,12 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, marks
 
-_FIELDS = (
-    "created_at", "session_id", "request_id", "model", "items", "injected_tokens", "truncated",
-    "recall_ms", "embed_ms", "error",
+# What a metrics row holds besides its user: take_rows returns rows with these keys.
+ROW_FIELDS = (
+    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
+    "truncated", "recall_ms", "embed_ms", "error",
 )
+_FIELDS = tuple(name.removesuffix("_json") for name in ROW_FIELDS)  # as page() shows them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +69,7 @@ async def page(
         later = " AND (created_at > ? OR (created_at = ? AND id > ?))"
         params += (after[0], after[0], after[1])
     rows = await conn.fetch(
-        "SELECT id, created_at, session_id, request_id, model, items_json, injected_tokens,"
-        f" truncated, recall_ms, embed_ms, error FROM request_metrics WHERE {_RANGE}{later}"
+        f"SELECT id, {', '.join(ROW_FIELDS)} FROM request_metrics WHERE {_RANGE}{later}"
         " ORDER BY created_at, id LIMIT ?",
         (*params, limit),
     )
@@ -122,13 +123,6 @@ async def latency_at(
     return float(rows[0][0]) if rows else None
 
 
-# What a metrics row holds besides its user: take_rows returns rows with these keys.
-ROW_FIELDS = (
-    "created_at", "session_id", "request_id", "model", "items_json", "injected_tokens",
-    "truncated", "recall_ms", "embed_ms", "error",
-)
-
-
 async def take_rows(
     tx: Transaction, user_id: str, session_id: str | None = None
 ) -> list[dict[str, Any]]:
@@ -145,16 +139,9 @@ async def take_rows(
 
 async def put_rows(tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert rows take_rows returned, for `user_id` (undoing a clear)."""
-    if rows and tx.dialect == "postgres":
+    if rows:
         await tx.change_many(
             f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
-            f" VALUES (?, {', '.join('?' * len(ROW_FIELDS))})",
+            f" VALUES (?, {marks(len(ROW_FIELDS))})",
             [(user_id, *(row[f] for f in ROW_FIELDS)) for row in rows],
-        )
-    elif rows:
-        await tx.change(
-            f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
-            f" SELECT ?, {', '.join(f'value ->> {f!r}' for f in ROW_FIELDS)}"
-            " FROM json_each(?) ORDER BY key",
-            (user_id, json.dumps([dict(row) for row in rows])),
         )

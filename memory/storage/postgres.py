@@ -197,14 +197,8 @@ class PostgresDatabase:
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one read-only statement on a pooled connection and return its rows."""
-        async with _unavailable_when_lost():
-            try:
-                return list(await self._pool.fetch(numbered(sql), *params))
-            except Exception as exc:
-                if not connection_lost(exc):
-                    raise
-            await _drop_stale(self._pool)  # a read runs again on a fresh connection
-            return list(await self._pool.fetch(numbered(sql), *params))
+        async with self.autocommit() as conn:  # a read runs again on a fresh connection
+            return await conn.fetch(sql, params)
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[PostgresTransaction]:

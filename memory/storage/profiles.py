@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, column
 
 
 async def has_consent(conn: Connection, user_id: str) -> bool:
@@ -59,5 +59,4 @@ async def delete(tx: Transaction, user_id: str) -> int:
 
 async def user_ids(conn: Connection) -> list[str]:
     """Every user with a profile, in order (backups rebuild from them)."""
-    rows = await conn.fetch("SELECT user_id FROM profiles ORDER BY user_id")
-    return [str(row[0]) for row in rows]
+    return await column(conn, str, "SELECT user_id FROM profiles ORDER BY user_id")

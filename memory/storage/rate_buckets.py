@@ -10,7 +10,7 @@ instead of draining the bucket.
 
 from __future__ import annotations
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, first
 
 
 def _refilled(dialect: str) -> str:
@@ -49,5 +49,4 @@ async def sweep(tx: Transaction, full_before: float) -> int:
 
 async def level(conn: Connection, bucket: str) -> float | None:
     """A bucket's stored level (None: no row), as of its last take."""
-    found = await conn.fetch("SELECT tokens FROM rate_buckets WHERE bucket = ?", (bucket,))
-    return float(found[0][0]) if found else None
+    return await first(conn, float, "SELECT tokens FROM rate_buckets WHERE bucket = ?", (bucket,))

@@ -7,16 +7,14 @@ the reservation back when it ends (docs/usage.md, "Quotas"). Each row expires on
 
 from __future__ import annotations
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, scalar
 
 
 async def held(tx: Transaction, key_id: str, now: float) -> int:
     """The tokens `key_id`'s live reservations hold; expired rows (any key's) are deleted."""
     await tx.change("DELETE FROM usage_reservations WHERE expires_at <= ?", (now,))
-    found = await tx.fetch(
-        "SELECT COALESCE(SUM(tokens), 0) FROM usage_reservations WHERE key_id = ?", (key_id,)
-    )
-    return int(found[0][0])
+    sql = "SELECT COALESCE(SUM(tokens), 0) FROM usage_reservations WHERE key_id = ?"
+    return await scalar(tx, int, sql, (key_id,))
 
 
 async def add(tx: Transaction, hold_id: str, key_id: str, tokens: int, expires_at: float) -> None:
@@ -34,8 +32,5 @@ async def remove(tx: Transaction, hold_id: str) -> bool:
 
 async def count(conn: Connection, key_id: str, now: float) -> int:
     """How many live reservations `key_id` has (for tests and the admin's eye)."""
-    found = await conn.fetch(
-        "SELECT COUNT(*) FROM usage_reservations WHERE key_id = ? AND expires_at > ?",
-        (key_id, now),
-    )
-    return int(found[0][0])
+    sql = "SELECT COUNT(*) FROM usage_reservations WHERE key_id = ? AND expires_at > ?"
+    return await scalar(conn, int, sql, (key_id, now))

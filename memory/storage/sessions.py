@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, equal_to, scalar
 
 SessionKey = tuple[float, str]  # last_active, session_id: the listing's sort key
 
@@ -57,14 +57,11 @@ async def get(
 
 async def count(conn: Connection, user_id: str) -> int:
     """How many sessions a user has."""
-    rows = await conn.fetch("SELECT COUNT(*) FROM sessions WHERE user_id = ?", (user_id,))
-    return int(rows[0][0])
+    sql = "SELECT COUNT(*) FROM sessions WHERE user_id = ?"
+    return await scalar(conn, int, sql, (user_id,))
 
 
 async def delete(tx: Transaction, user_id: str, session_id: str | None = None) -> int:
     """Delete a user's sessions (or one of them); return how many."""
-    if session_id is None:
-        return await tx.change("DELETE FROM sessions WHERE user_id = ?", (user_id,))
-    return await tx.change(
-        "DELETE FROM sessions WHERE user_id = ? AND session_id = ?", (user_id, session_id)
-    )
+    where, params = equal_to(user_id=user_id, session_id=session_id)
+    return await tx.change(f"DELETE FROM sessions WHERE {where}", params)

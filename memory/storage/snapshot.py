@@ -11,7 +11,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from memory.storage.file_modes import private_database
+from memory.storage.file_modes import SQLITE_SIDECARS, private_database
 
 
 def copy_database(source: Path, dest: Path) -> None:
@@ -33,4 +33,4 @@ def integrity_problems(path: Path) -> list[str]:
 
 def sidecars(path: Path) -> list[Path]:
     """The files SQLite keeps next to a database while it is open."""
-    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+    return [path.with_name(path.name + suffix) for suffix in SQLITE_SIDECARS]

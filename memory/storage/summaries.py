@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 from memory.storage import pg_search
-from memory.storage.database import Connection, Row, Transaction, in_values, only_row
-from memory.storage.fts import match_expression, owner_token, search_terms, session_token
-
-_COLUMNS = (
-    "id, user_id, session_id, text, data, source_turn_ids, last_turn_id, user_turns, tokens, "
-    "superseded_by, created_at"
+from memory.storage.database import (
+    Connection,
+    Row,
+    Transaction,
+    column,
+    equal_to,
+    in_values,
+    only_row,
+    scalar,
 )
+from memory.storage.fts import match_expression, owner_token, search_terms, session_token
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+_COLUMNS = ", ".join(f.name for f in fields(Summary))
 
 
 @dataclass(frozen=True)
@@ -82,12 +89,11 @@ async def supersede_others(
     tx: Transaction, user_id: str, session_id: str, current: int
 ) -> list[int]:
     """Make `current` the session's only current summary; return the ids it replaced."""
-    rows = await tx.fetch(
-        "UPDATE summaries SET superseded_by = ? WHERE user_id = ? AND session_id = ?"
+    return await column(
+        tx, int, "UPDATE summaries SET superseded_by = ? WHERE user_id = ? AND session_id = ?"
         " AND id != ? AND superseded_by IS NULL RETURNING id",
         (current, user_id, session_id, current),
     )
-    return [int(row[0]) for row in rows]
 
 
 async def set_superseded_by(tx: Transaction, summary_id: int, successor: int) -> None:
@@ -101,35 +107,24 @@ async def of_user(
     conn: Connection, user_id: str, session_id: str | None = None, *, history: bool = False
 ) -> list[Summary]:
     """This user's summaries (of one session; current ones unless `history`), newest first."""
-    where, params = ["user_id = ?"], [user_id]
-    if session_id is not None:
-        where.append("session_id = ?")
-        params.append(session_id)
-    if not history:
-        where.append("superseded_by IS NULL")
-    rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM summaries WHERE {' AND '.join(where)} ORDER BY id DESC", params
-    )
-    return [_summary(row) for row in rows]
+    where, params = equal_to(user_id=user_id, session_id=session_id)
+    current = "" if history else " AND superseded_by IS NULL"
+    sql = f"SELECT {_COLUMNS} FROM summaries WHERE {where}{current} ORDER BY id DESC"
+    return [_summary(row) for row in await conn.fetch(sql, params)]
 
 
 async def get(conn: Connection, user_id: str, summary_id: int) -> Summary | None:
     """One of this user's summaries, or None."""
-    rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM summaries WHERE id = ? AND user_id = ?", (summary_id, user_id)
-    )
-    return _summary(rows[0]) if rows else None
+    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id = ? AND user_id = ?"
+    return next(map(_summary, await conn.fetch(sql, (summary_id, user_id))), None)
 
 
 async def get_many(conn: Connection, user_id: str | None, ids: Sequence[int]) -> list[Summary]:
     """These summaries (of this user, or of anyone for background jobs), in no set order."""
     among, values = in_values(conn, ids)
-    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id {among}"
-    if user_id is None:
-        rows = await conn.fetch(sql, (values,))
-    else:
-        rows = await conn.fetch(sql + " AND user_id = ?", (values, user_id))
-    return [_summary(row) for row in rows]
+    scope, params = equal_to(user_id=user_id)
+    sql = f"SELECT {_COLUMNS} FROM summaries WHERE id {among} AND {scope}"
+    return [_summary(row) for row in await conn.fetch(sql, (values, *params))]
 
 
 async def search(
@@ -140,17 +135,16 @@ async def search(
     if expression is None or k <= 0:
         return []
     if conn.dialect == "postgres":
-        scope, params = ("user_id = ?", [user_id]) if session_id is None else (
-            "user_id = ? AND session_id = ?", [user_id, session_id])
+        scope, params = equal_to(user_id=user_id, session_id=session_id)
         sql = pg_search.bm25_sql("summaries", scope + " AND superseded_by IS NULL")
         rows = await conn.fetch(sql, (search_terms(query), *params, k))
-        return [(int(row[0]), float(row[1])) for row in rows]
-    rows = await conn.fetch(
-        "SELECT s.id, -f.rank FROM summaries_fts AS f JOIN summaries AS s ON s.id = f.rowid"
-        " WHERE summaries_fts MATCH ? AND s.user_id = ? AND s.superseded_by IS NULL"
-        " ORDER BY f.rank LIMIT ?",
-        (expression, user_id, k),
-    )
+    else:
+        rows = await conn.fetch(
+            "SELECT s.id, -f.rank FROM summaries_fts AS f JOIN summaries AS s ON s.id = f.rowid"
+            " WHERE summaries_fts MATCH ? AND s.user_id = ? AND s.superseded_by IS NULL"
+            " ORDER BY f.rank LIMIT ?",
+            (expression, user_id, k),
+        )
     return [(int(row[0]), float(row[1])) for row in rows]
 
 
@@ -158,29 +152,22 @@ async def exists(
     conn: Connection, user_id: str, session_id: str, text: str, created_at: float | None
 ) -> bool:
     """Whether the session has a summary with this text (and creation time, when given)."""
-    sql = "SELECT 1 FROM summaries WHERE user_id = ? AND session_id = ? AND text = ?"
-    params: list[Any] = [user_id, session_id, text]
-    if created_at is not None:
-        sql += " AND created_at = ?"
-        params.append(created_at)
-    rows = await conn.fetch(sql + " LIMIT 1", params)
-    return bool(rows)
+    where, params = equal_to(
+        user_id=user_id, session_id=session_id, text=text, created_at=created_at
+    )
+    return bool(await conn.fetch(f"SELECT 1 FROM summaries WHERE {where} LIMIT 1", params))
 
 
 async def has_any(conn: Connection, user_id: str) -> bool:
     """Whether this user has any summary."""
-    rows = await conn.fetch(
-        "SELECT EXISTS(SELECT 1 FROM summaries WHERE user_id = ?)", (user_id,)
-    )
-    return bool(rows[0][0])
+    sql = "SELECT EXISTS(SELECT 1 FROM summaries WHERE user_id = ?)"
+    return await scalar(conn, bool, sql, (user_id,))
 
 
 async def count_current(conn: Connection, user_id: str) -> int:
     """How many current summaries this user has."""
-    rows = await conn.fetch(
-        "SELECT COUNT(*) FROM summaries WHERE user_id = ? AND superseded_by IS NULL", (user_id,)
-    )
-    return int(rows[0][0])
+    sql = "SELECT COUNT(*) FROM summaries WHERE user_id = ? AND superseded_by IS NULL"
+    return await scalar(conn, int, sql, (user_id,))
 
 
 async def count_by_session(
@@ -198,8 +185,8 @@ async def count_by_session(
 
 async def current_ids(conn: Connection) -> list[int]:
     """Ids of every current summary of every user, ascending (backups rebuild from them)."""
-    rows = await conn.fetch("SELECT id FROM summaries WHERE superseded_by IS NULL ORDER BY id")
-    return [int(row[0]) for row in rows]
+    sql = "SELECT id FROM summaries WHERE superseded_by IS NULL ORDER BY id"
+    return await column(conn, int, sql)
 
 
 async def delete(
@@ -207,16 +194,8 @@ async def delete(
     summary_id: int | None = None,
 ) -> list[int]:
     """Delete this user's summaries: all, one session's, or one; return their ids."""
-    where = "user_id = ?"
-    params: list[Any] = [user_id]
-    if session_id is not None:
-        where += " AND session_id = ?"
-        params.append(session_id)
-    if summary_id is not None:
-        where += " AND id = ?"
-        params.append(summary_id)
-    rows = await tx.fetch(f"DELETE FROM summaries WHERE {where} RETURNING id", params)
-    return [int(row[0]) for row in rows]
+    where, params = equal_to(user_id=user_id, session_id=session_id, id=summary_id)
+    return await column(tx, int, f"DELETE FROM summaries WHERE {where} RETURNING id", params)
 
 
 def _summary(row: Row) -> Summary:

@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 
 from memory.storage import pg_search
 from memory.storage.database import (
     Connection,
     Row,
     Transaction,
+    column,
+    equal_to,
     fetch_in,
+    first,
     in_values,
     only_row,
+    scalar,
 )
 from memory.storage.fts import (
     CHUNK_COLUMNS,
@@ -29,10 +33,6 @@ from memory.storage.fts import (
     term_expression,
 )
 
-_TURN_COLUMNS = (
-    "id, user_id, session_id, parent_id, position, role, name, content, content_hash, "
-    "created_at, model, tokens, request_id, incomplete"
-)
 _CHUNK_SELECT = (
     "SELECT c.id, c.turn_id, c.user_id, c.session_id, c.ordinal, c.kind, c.text, c.tokens, "
     "t.role, t.name, t.created_at FROM chunks AS c JOIN turns AS t ON t.id = c.turn_id"
@@ -102,6 +102,9 @@ class Turn:
     tokens: int
     request_id: str | None
     incomplete: bool
+
+
+_TURN_COLUMNS = ", ".join(f.name for f in fields(Turn))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +193,11 @@ async def reply_by_request(conn: Connection, user_id: str, request_id: str) -> T
 async def reply_owner(conn: Connection, request_id: str) -> str | None:
     """The user of the first assistant turn stored under `request_id`, if any (a reply's
     first owner: a later turn under the same id, by a client's X-Request-Id, is not)."""
-    rows = await conn.fetch(
-        "SELECT user_id FROM turns WHERE request_id = ? AND role = 'assistant'"
+    return await first(
+        conn, str, "SELECT user_id FROM turns WHERE request_id = ? AND role = 'assistant'"
         " ORDER BY id LIMIT 1",
         (request_id,),
     )
-    return str(rows[0][0]) if rows else None
 
 
 async def of_session(conn: Connection, user_id: str, session_id: str) -> list[Turn]:
@@ -206,44 +208,37 @@ async def of_session(conn: Connection, user_id: str, session_id: str) -> list[Tu
 
 async def page(conn: Connection, user_id: str, *, after: int, limit: int) -> list[Turn]:
     """Up to `limit` of the user's turns with ids above `after`, in id order."""
-    rows = await conn.fetch(
-        f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND id > ? ORDER BY id LIMIT ?",
-        (user_id, after, limit),
-    )
-    return [_turn(row) for row in rows]
+    sql = f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND id > ? ORDER BY id LIMIT ?"
+    return [_turn(row) for row in await conn.fetch(sql, (user_id, after, limit))]
 
 
 async def ids_of_session(conn: Connection, user_id: str, session_id: str) -> list[int]:
     """Ids of every turn of a session."""
-    rows = await conn.fetch(
-        "SELECT id FROM turns WHERE user_id = ? AND session_id = ?", (user_id, session_id)
-    )
-    return [int(row[0]) for row in rows]
+    sql = "SELECT id FROM turns WHERE user_id = ? AND session_id = ?"
+    return await column(conn, int, sql, (user_id, session_id))
 
 
 async def session_page_ids(
     conn: Connection, user_id: str, session_id: str, *, after: int, limit: int
 ) -> list[int]:
     """Up to `limit` ids of the session's turns above `after`, in id order."""
-    rows = await conn.fetch(
-        "SELECT id FROM turns WHERE user_id = ? AND session_id = ? AND id > ?"
+    return await column(
+        conn, int, "SELECT id FROM turns WHERE user_id = ? AND session_id = ? AND id > ?"
         " ORDER BY id LIMIT ?",
         (user_id, session_id, after, limit),
     )
-    return [int(row[0]) for row in rows]
 
 
 async def path_ids(conn: Connection, user_id: str, turn_id: int, limit: int) -> list[int]:
     """Ids of the at most `limit` turns ending at `turn_id` on its branch, oldest first."""
-    rows = await conn.fetch(
-        "WITH RECURSIVE path(id, parent, depth) AS ("
+    return await column(
+        conn, int, "WITH RECURSIVE path(id, parent, depth) AS ("
         " SELECT id, parent_id, 0 FROM turns WHERE id = ? AND user_id = ?"
         " UNION ALL SELECT t.id, t.parent_id, p.depth + 1 FROM turns AS t"
         " JOIN path AS p ON t.id = p.parent WHERE p.depth + 1 < ?)"
         " SELECT id FROM path ORDER BY depth DESC",
         (turn_id, user_id, limit),
     )
-    return [int(row[0]) for row in rows]
 
 
 async def count(
@@ -251,13 +246,8 @@ async def count(
     role: str | None = None,
 ) -> int:
     """How many turns are stored: everyone's, a user's, or a session's (of one role)."""
-    where, params = ["TRUE"], []
-    for column, value in (("user_id", user_id), ("session_id", session_id), ("role", role)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    rows = await conn.fetch(f"SELECT COUNT(*) FROM turns WHERE {' AND '.join(where)}", params)
-    return int(rows[0][0])
+    where, params = equal_to(user_id=user_id, session_id=session_id, role=role)
+    return await scalar(conn, int, f"SELECT COUNT(*) FROM turns WHERE {where}", params)
 
 
 async def count_by_session(
@@ -287,11 +277,8 @@ async def titles(
 async def delete(tx: Transaction, user_id: str, session_id: str | None = None) -> int:
     """Delete a user's turns (of one session); their chunks go by cascade. Return how many."""
     # One statement for all turns: parent links are checked at its end, when none is left.
-    if session_id is None:
-        return await tx.change("DELETE FROM turns WHERE user_id = ?", (user_id,))
-    return await tx.change(
-        "DELETE FROM turns WHERE user_id = ? AND session_id = ?", (user_id, session_id)
-    )
+    where, params = equal_to(user_id=user_id, session_id=session_id)
+    return await tx.change(f"DELETE FROM turns WHERE {where}", params)
 
 
 # -- chunks and full-text search -------------------------------------------------------
@@ -361,8 +348,7 @@ async def search_chunks(
 async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]:
     """How many chunks (of every user) each word matches, in the order given."""
     if conn.dialect == "postgres":
-        rows = await conn.fetch(pg_search.term_counts_sql("chunks"), (list(terms),))
-        return [int(row[0]) for row in rows]
+        return await column(conn, int, pg_search.term_counts_sql("chunks"), (list(terms),))
     # One statement counts every word; each is a quoted FTS5 string.
     one = "(SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH ?)"
     rows = await conn.fetch(
@@ -375,44 +361,34 @@ async def chunk_term_counts(conn: Connection, terms: Sequence[str]) -> list[int]
 async def speaker_names(conn: Connection, user_id: str) -> list[str]:
     """The distinct names the user's turns were said under, in name order."""
     # A skip scan of turns_by_name: one index seek per distinct name, however many turns.
-    rows = await conn.fetch(_SPEAKER_NAMES, (user_id, user_id))
-    return [str(row[0]) for row in rows]
+    return await column(conn, str, _SPEAKER_NAMES, (user_id, user_id))
 
 
 async def existing_chunks(conn: Connection, ids: Sequence[int]) -> set[int]:
     """Which of these chunk ids still exist."""
     among, values = in_values(conn, ids)
-    rows = await conn.fetch(f"SELECT id FROM chunks WHERE id {among}", (values,))
-    return {int(row[0]) for row in rows}
+    return set(await column(conn, int, f"SELECT id FROM chunks WHERE id {among}", (values,)))
 
 
 async def all_ids(conn: Connection) -> list[int]:
     """Every turn's id, oldest first (a full rebuild of the vectors)."""
-    return [int(row[0]) for row in await conn.fetch("SELECT id FROM turns ORDER BY id")]
+    return await column(conn, int, "SELECT id FROM turns ORDER BY id")
 
 
 async def chunked_turn_ids(conn: Connection) -> list[int]:
     """Ids of every turn that has chunks, ascending."""
-    rows = await conn.fetch("SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id")
-    return [int(row[0]) for row in rows]
+    return await column(conn, int, "SELECT DISTINCT turn_id FROM chunks ORDER BY turn_id")
 
 
 async def count_chunks(conn: Connection, user_id: str) -> int:
     """How many chunks a user's turns have."""
-    rows = await conn.fetch("SELECT COUNT(*) FROM chunks WHERE user_id = ?", (user_id,))
-    return int(rows[0][0])
+    return await scalar(conn, int, "SELECT COUNT(*) FROM chunks WHERE user_id = ?", (user_id,))
 
 
 async def delete_chunks(tx: Transaction, user_id: str, session_id: str | None = None) -> list[int]:
     """Delete a user's chunks (of one session) and return their ids."""
-    if session_id is None:
-        rows = await tx.fetch("DELETE FROM chunks WHERE user_id = ? RETURNING id", (user_id,))
-    else:
-        rows = await tx.fetch(
-            "DELETE FROM chunks WHERE user_id = ? AND session_id = ? RETURNING id",
-            (user_id, session_id),
-        )
-    return [int(row[0]) for row in rows]
+    where, params = equal_to(user_id=user_id, session_id=session_id)
+    return await column(tx, int, f"DELETE FROM chunks WHERE {where} RETURNING id", params)
 
 
 async def _diff_chunks(

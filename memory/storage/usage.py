@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from memory.storage.database import Connection, Transaction
+from memory.storage.database import Connection, Transaction, equal_to, marks
 
 COUNTERS = ("requests", "input_tokens", "output_tokens", "memory_tokens", "errors")
 
@@ -61,14 +61,8 @@ async def add(tx: Transaction, rows: Sequence[UsageRow]) -> None:
 
 def _where(first_day: str, last_day: str, key_id: str | None, user_id: str | None
            ) -> tuple[str, list[Any]]:
-    clauses, params = ["day >= ?", "day <= ?"], [first_day, last_day]
-    if key_id is not None:
-        clauses.append("key_id = ?")
-        params.append(key_id)
-    if user_id is not None:
-        clauses.append("user_id = ?")
-        params.append(user_id)
-    return " AND ".join(clauses), params
+    scope, params = equal_to(key_id=key_id, user_id=user_id)
+    return f"day >= ? AND day <= ? AND {scope}", [first_day, last_day, *params]
 
 
 async def rows(
@@ -109,10 +103,10 @@ async def tokens_since(conn: Connection, key_ids: Sequence[str], first_day: str)
     """{key_id: input + output tokens from `first_day` on} (a quota's month so far)."""
     if not key_ids:
         return {}
-    marks = ", ".join("?" * len(key_ids))
     found = await conn.fetch(
         "SELECT key_id, COALESCE(SUM(input_tokens + output_tokens), 0) FROM usage_daily"
-        f" WHERE key_id IN ({marks}) AND day >= ? GROUP BY key_id", (*key_ids, first_day),
+        f" WHERE key_id IN ({marks(len(key_ids))}) AND day >= ? GROUP BY key_id",
+        (*key_ids, first_day),
     )
     used = {key: 0 for key in key_ids}
     used.update({str(r[0]): int(r[1]) for r in found})
