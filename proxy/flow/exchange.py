@@ -46,7 +46,7 @@ from proxy.http.body import read_body
 from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
-from proxy.http.sse import ReplyTee, SSEDecoder, frames
+from proxy.http.sse import ReplyTee, SSEDecoder, frames, json_object
 from proxy.state import AppState
 from proxy.upstream import genai_span
 from proxy.upstream.client import (
@@ -418,11 +418,8 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
 
 def _json_object(content: bytes) -> dict[str, Any]:
     """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
-    try:
-        reply = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        reply = None
-    if not isinstance(reply, dict):
+    reply = json_object(content)
+    if reply is None:
         raise UpstreamError("upstream returned a body that is not a JSON object",
                             code="upstream_invalid_response")
     return reply

@@ -15,9 +15,10 @@ format's `Parsed.conversation`), which is what identity, recall and the turn log
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from starlette.responses import Response
 
@@ -25,7 +26,7 @@ from memory import Placed
 from proxy.formats.shape import Shape
 from proxy.formats.usage import Reader, UsageTap
 from proxy.http.errors import ProxyError
-from proxy.http.sse import ReplyTee
+from proxy.http.sse import ReplyTee, SSEDecoder, event_payload
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 
@@ -141,6 +142,44 @@ class TextParts:
     def text(self) -> str:
         """Content first, then each tool call on its own line."""
         return "\n".join(filter(None, ["".join(self.parts), *self.calls]))
+
+
+@dataclass
+class EventTee(ABC):
+    """A reader of a stream whose every event is a JSON object (Messages, Responses): the
+    reply's text pieces and tool calls, and whether it ended complete."""
+
+    decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    gathered: TextParts = field(default_factory=TextParts)
+    reply_id: str | None = None
+    finished: bool = False
+    malformed: bool = False
+    skip: ClassVar[str | None] = None  # data that is not an event (the Responses API's [DONE])
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes."""
+        for event in self.decoder.feed(chunk):
+            if self.malformed or (self.skip is not None and event.data.startswith(self.skip)):
+                continue
+            payload = event_payload(event)
+            if payload is None:
+                self.malformed = bool(event.data)
+            else:
+                self._read(payload)
+
+    @abstractmethod
+    def _read(self, payload: dict[str, Any]) -> None:
+        """One event's data."""
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` when it is an object, else an empty one: any field may hold any type."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """`value` when it is an array, else an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def tool_call_line(name: Any, arguments: Any) -> str:

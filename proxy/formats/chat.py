@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory import Placed, inject, place
-from proxy.formats.base import ApiFormat, Parsed, Reply
+from proxy.formats.base import ApiFormat, Parsed, Reply, as_list
 from proxy.formats.chat_body import CHAT_PARAMS, parse_chat_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import CHAT_MARK, chat_usage
@@ -46,7 +46,7 @@ class ChatFormat(ApiFormat):
         """Roles, and each tool message paired with the assistant message that called it."""
         messages = body["messages"]
         calls = [(i, c.get("id")) for i, m in enumerate(messages)
-                 for c in _list(m.get("tool_calls")) if isinstance(c, dict)]
+                 for c in as_list(m.get("tool_calls")) if isinstance(c, dict)]
         results = [(i, m.get("tool_call_id")) for i, m in enumerate(messages) if m.get("role") == "tool"]
         return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
 
@@ -62,7 +62,3 @@ class ChatFormat(ApiFormat):
 
 
 CHAT = ChatFormat()
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

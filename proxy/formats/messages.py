@@ -20,7 +20,16 @@ from starlette.responses import Response
 
 from memory import count_tokens
 from proxy.access.identity import authenticate, presented_key, proxy_key_sent
-from proxy.formats.base import ApiFormat, Parsed, Reply, TextParts, tool_call_line
+from proxy.formats.base import (
+    ApiFormat,
+    EventTee,
+    Parsed,
+    Reply,
+    TextParts,
+    as_dict,
+    as_list,
+    tool_call_line,
+)
 from proxy.formats.chat_body import parse_json_object
 from proxy.formats.messages_body import (
     MESSAGES_PARAMS,
@@ -37,7 +46,7 @@ from proxy.formats.usage import MESSAGES_MARK, messages_usage
 from proxy.http.body import read_body
 from proxy.http.errors import ProxyError, UpstreamStatus
 from proxy.http.relay import RelayResponse
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+from proxy.http.sse import encode, json_object
 from proxy.state import AppState
 from proxy.upstream.client import Target, Upstream, anthropic_target
 
@@ -75,41 +84,27 @@ def envelope(status: int, message: str) -> dict[str, Any]:
 
 
 @dataclass
-class MessagesTee:
-    """Collects the reply from Messages events: text deltas and tool uses, in block order."""
+class MessagesTee(EventTee):
+    """Collects the reply from Messages events: text deltas and tool uses, in block order
+    (a Messages reply is never named by a later request: no reply_id)."""
 
-    decoder: SSEDecoder = field(default_factory=SSEDecoder)
-    gathered: TextParts = field(default_factory=TextParts)
     tools: dict[int, list[str]] = field(default_factory=dict)  # block index -> [name, json]
-    reply_id: str | None = None  # a Messages reply is never named by a later request
-    finished: bool = False
-    malformed: bool = False
     stop_reason: str | None = None
 
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes."""
-        for event in self.decoder.feed(chunk):
-            if not self.malformed:
-                self._event(event)
-
-    def _event(self, event: ServerSentEvent) -> None:
-        payload = event_payload(event)
-        if payload is None:
-            self.malformed = bool(event.data)  # every Messages event is a JSON object
-            return
+    def _read(self, payload: dict[str, Any]) -> None:
         kind, index = payload.get("type"), payload.get("index")
         if kind == "content_block_start" and isinstance(index, int):
-            block = _dict(payload.get("content_block"))
+            block = as_dict(payload.get("content_block"))
             if block.get("type") == "tool_use":
                 self.tools[index] = [str(block.get("name") or ""), ""]
         elif kind == "content_block_delta":
-            delta = _dict(payload.get("delta"))
+            delta = as_dict(payload.get("delta"))
             if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
                 self.gathered.parts.append(delta["text"])
             elif delta.get("type") == "input_json_delta" and index in self.tools:
                 self.tools[index][1] += str(delta.get("partial_json") or "")
         elif kind == "message_delta":
-            self.stop_reason = _dict(payload.get("delta")).get("stop_reason") or self.stop_reason
+            self.stop_reason = as_dict(payload.get("delta")).get("stop_reason") or self.stop_reason
         elif kind == "message_stop":
             self.finished = self.stop_reason != "max_tokens"
 
@@ -120,24 +115,8 @@ class MessagesTee:
         return TextParts(self.gathered.parts, calls).text()
 
 
-def _loads(data: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _json_tokens(value: Any, model: str) -> int:
     return count_tokens(orjson.dumps(value).decode(), model) if value else 0
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 class MessagesFormat(ApiFormat):
@@ -186,7 +165,7 @@ class MessagesFormat(ApiFormat):
         """Message roles; each tool_use paired with the message holding its tool_result."""
         messages = body["messages"]
         blocks = [(i, b) for i, m in enumerate(messages)
-                  for b in _list(m.get("content")) if isinstance(b, dict)]
+                  for b in as_list(m.get("content")) if isinstance(b, dict)]
         calls = [(i, b.get("id")) for i, b in blocks if b.get("type") == "tool_use"]
         results = [(i, b.get("tool_use_id")) for i, b in blocks if b.get("type") == "tool_result"]
         return Shape([m.get("role") for m in messages], pairs_by_id(calls, results))
@@ -198,7 +177,7 @@ class MessagesFormat(ApiFormat):
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """The message's text and tool uses."""
         gathered = TextParts()
-        for block in _list(body.get("content")):
+        for block in as_list(body.get("content")):
             if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
                 gathered.parts.append(block["text"])
             elif isinstance(block, dict) and block.get("type") == "tool_use":
@@ -209,7 +188,7 @@ class MessagesFormat(ApiFormat):
         """Anthropic's error envelope (an Anthropic upstream's own error body as it was)."""
         message = error.message
         if isinstance(error, UpstreamStatus):
-            parsed = _loads(error.body)
+            parsed = json_object(error.body) or {}
             if parsed.get("type") == "error" and isinstance(parsed.get("error"), dict):
                 return Response(error.body, error.status, error.headers, media_type="application/json")
             inner = parsed.get("error")

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from memory import Placed, placing_order
-from proxy.formats.base import ApiFormat, Parsed, Reply, TextParts, tool_call_line
-from proxy.formats.chat_body import parse_model_body
+from proxy.formats.base import (
+    ApiFormat,
+    EventTee,
+    Parsed,
+    Reply,
+    TextParts,
+    as_list,
+    tool_call_line,
+)
+from proxy.formats.chat_body import check_types, parse_model_body
 from proxy.formats.shape import Shape, pairs_by_id
 from proxy.formats.usage import RESPONSES_MARK, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
-from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
+from proxy.http.sse import encode
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -61,11 +69,11 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 def output_text(response: Mapping[str, Any]) -> str:
     """The text of a response object's output: message text, then function calls."""
     gathered = TextParts()
-    for item in _list(response.get("output")):
+    for item in as_list(response.get("output")):
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            gathered.parts += [p["text"] for p in _list(item.get("content"))
+            gathered.parts += [p["text"] for p in as_list(item.get("content"))
                                if isinstance(p, dict) and p.get("type") == "output_text"
                                and isinstance(p.get("text"), str)]
         elif item.get("type") == "function_call":
@@ -74,30 +82,14 @@ def output_text(response: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class ResponsesTee:
+class ResponsesTee(EventTee):
     """Collects the reply from `response.*` events: the text deltas as they come, then the
     whole output from `response.completed`, which also says the reply ended complete."""
 
-    decoder: SSEDecoder = field(default_factory=SSEDecoder)
-    gathered: TextParts = field(default_factory=TextParts)
     completed_text: str | None = None
-    reply_id: str | None = None
-    finished: bool = False
-    malformed: bool = False
+    skip = "[DONE]"
 
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes."""
-        for event in self.decoder.feed(chunk):
-            if not self.malformed:
-                self._event(event)
-
-    def _event(self, event: ServerSentEvent) -> None:
-        if event.data.startswith("[DONE]"):
-            return
-        payload = event_payload(event)
-        if payload is None:
-            self.malformed = bool(event.data)  # every Responses event is a JSON object
-            return
+    def _read(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind == "response.output_text.delta" and isinstance(payload.get("delta"), str):
             self.gathered.parts.append(payload["delta"])
@@ -166,7 +158,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(
-        p["text"] for p in _list(content)
+        p["text"] for p in as_list(content)
         if isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
     )
 
@@ -181,14 +173,6 @@ def _role(item: Any) -> str | None:
         role = item.get("role")
         return role if isinstance(role, str) else None
     return None
-
-
-def _kind(kind: type) -> str:
-    return {str: "string", bool: "boolean", dict: "object"}.get(kind, kind.__name__)
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 class ResponsesFormat(ApiFormat):
@@ -210,11 +194,9 @@ class ResponsesFormat(ApiFormat):
             raise InvalidRequest("input must be a string or an array of input items", param="input")
         for i, item in enumerate(items if isinstance(items, list) else ()):
             _check_item(i, item)
-        for key, kind in (("instructions", str), ("previous_response_id", str), ("stream", bool),
-                          ("store", bool), ("user", str), ("metadata", dict)):
-            value = body.get(key)
-            if value is not None and not isinstance(value, kind):
-                raise InvalidRequest(f"{key} must be of type {_kind(kind)}", param=key)
+        check_types(body, {"instructions": (str, "string"), "previous_response_id": (str, "string"),
+                           "stream": (bool, "boolean"), "store": (bool, "boolean"),
+                           "user": (str, "string"), "metadata": (dict, "object")})
         return Parsed(body, conversation(body), body.get("previous_response_id"))
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:

@@ -28,11 +28,11 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
-    as_dict,
     encoded,
     reencoded,
     search_query,
 )
+from proxy.formats.base import as_dict
 from proxy.http.sse import ServerSentEvent
 
 # Stream deltas by type, and the block field each one extends.
