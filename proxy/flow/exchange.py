@@ -351,18 +351,13 @@ def _relay_stream(
     last_sent = [b""]  # the last chunk relayed, for formats that number their events
 
     async def chunks() -> Any:
-        if tee is None and tap is None:
+        if tee is None:
             async for chunk in source:
+                if tap is not None and not (chunk := tap.feed(chunk)):
+                    continue  # held (an event split between reads) or the usage chunk taken out
                 last_sent[0] = chunk
                 yield chunk
-            return
-        if tee is None:
-            assert tap is not None
-            async for chunk in source:
-                if out := tap.feed(chunk):
-                    last_sent[0] = out
-                    yield out
-            if out := tap.end():
+            if tap is not None and (out := tap.end()):
                 yield out
             return
         # Whole events only, so a malformed one can be replaced by an error event.
