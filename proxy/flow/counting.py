@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import orjson
-
 from proxy.access.quota import KeptReply, prompt_tokens, text_tokens
 from proxy.flow.call import Call
 from proxy.formats.base import ApiFormat
-from proxy.http.sse import ReplyTee
+from proxy.http.sse import ReplyTee, json_object
 
 
 def count_reply(
@@ -33,11 +31,8 @@ def count_reply(
 
 def count_error(call: Call, content: bytes) -> None:
     """An upstream error's tokens, when its body says it spent some (a failed response)."""
-    try:
-        payload = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return
-    seen = call.fmt.read_usage(payload) if isinstance(payload, dict) else None
+    payload = json_object(content)
+    seen = call.fmt.read_usage(payload) if payload is not None else None
     if seen is not None:
         call.tally.input_tokens = seen.input_tokens or 0
         call.tally.output_tokens = seen.output_tokens or 0

@@ -46,7 +46,7 @@ from proxy.http.body import read_body
 from proxy.http.errors import InvalidHeader, ProxyError, UpstreamError
 from proxy.http.logs import get_logger
 from proxy.http.relay import RelayResponse, StreamOutcome
-from proxy.http.sse import ReplyTee, SSEDecoder, frames
+from proxy.http.sse import ReplyTee, SSEDecoder, frames, json_object
 from proxy.state import AppState
 from proxy.upstream import genai_span
 from proxy.upstream.client import (
@@ -351,18 +351,13 @@ def _relay_stream(
     last_sent = [b""]  # the last chunk relayed, for formats that number their events
 
     async def chunks() -> Any:
-        if tee is None and tap is None:
+        if tee is None:
             async for chunk in source:
+                if tap is not None and not (chunk := tap.feed(chunk)):
+                    continue  # held (an event split between reads) or the usage chunk taken out
                 last_sent[0] = chunk
                 yield chunk
-            return
-        if tee is None:
-            assert tap is not None
-            async for chunk in source:
-                if out := tap.feed(chunk):
-                    last_sent[0] = out
-                    yield out
-            if out := tap.end():
+            if tap is not None and (out := tap.end()):
                 yield out
             return
         # Whole events only, so a malformed one can be replaced by an error event.
@@ -418,11 +413,8 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
 
 def _json_object(content: bytes) -> dict[str, Any]:
     """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
-    try:
-        reply = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        reply = None
-    if not isinstance(reply, dict):
+    reply = json_object(content)
+    if reply is None:
         raise UpstreamError("upstream returned a body that is not a JSON object",
                             code="upstream_invalid_response")
     return reply

@@ -15,17 +15,18 @@ format's `Parsed.conversation`), which is what identity, recall and the turn log
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from starlette.responses import Response
 
 from memory import Placed
 from proxy.formats.shape import Shape
-from proxy.formats.usage import Seen, UsageTap
+from proxy.formats.usage import Reader, UsageTap
 from proxy.http.errors import ProxyError
-from proxy.http.sse import ReplyTee
+from proxy.http.sse import ReplyTee, SSEDecoder, event_payload
 from proxy.upstream.client import Target, Upstream, UpstreamReply
 
 
@@ -48,7 +49,7 @@ class Reply:
 
 
 class ApiFormat(Protocol):
-    """One API format's side of the flow."""
+    """One API format's side of the flow (the defaults: chat completions' and Responses')."""
 
     route: str  # metrics label and logger name
     path: str  # the upstream path, under the target's base URL
@@ -56,21 +57,28 @@ class ApiFormat(Protocol):
     # stored before the client sees its end, so that request finds it.
     continuable: bool
     params: frozenset[str]  # the body fields litellm receives (docs/security.md)
+    items_field: str = "messages"  # the body's conversation, as the format lists it
+    usage_mark: bytes  # a key every usage object of the format holds (proxy.formats.usage)
+    read_usage: Reader  # the tokens a whole reply, or one event of its stream, reports
+    tee: Callable[[], ReplyTee]  # a reader for this format's event stream
+
     def parse(self, raw: bytes) -> Parsed:
         """Decode and check a body; a malformed one is a 400 (an InvalidRequest)."""
         ...
 
     def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
-        """Where this format's request for `model` goes."""
-        ...
+        """Where this format's request for `model` goes: the model's route (the routing
+        table, else the default upstream)."""
+        return upstream.target_for(model)
 
     def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
         """A copy of `body` carrying the memory block; `body` is never changed."""
         ...
 
     def first_placement(self, body: dict[str, Any], placement: str) -> str:
-        """Where a conversation's first block goes under stable injection (it stays there)."""
-        ...
+        """Where a conversation's first block goes under stable injection (it stays there):
+        where the flags say."""
+        return placement
 
     def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
         """A copy of `body` carrying each block at its place (the user messages counted as
@@ -87,24 +95,21 @@ class ApiFormat(Protocol):
 
     def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
         """A copy of `body` whose items in `span` are replaced by one carrying `summary`."""
-        ...
+        items, (start, end) = body[self.items_field], span
+        return {**body, self.items_field: [*items[:start], self.summary_item(summary), *items[end:]]}
+
+    def summary_item(self, summary: str) -> dict[str, Any]:
+        """The item that carries a compaction's summary: a system message."""
+        return {"role": "system", "content": summary}
 
     def read_reply(self, body: dict[str, Any]) -> Reply:
         """What a whole successful reply said."""
         ...
 
-    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
-        """The tokens a whole reply, or one event of its stream, reports."""
-        ...
-
     def usage_tap(self, *, strip: bool) -> UsageTap:
         """A reader of this format's stream for its usage (`strip`: take out the usage
         chunk memproxy asked for)."""
-        ...
-
-    def tee(self) -> ReplyTee:
-        """A reader for this format's event stream."""
-        ...
+        return UsageTap(self.read_usage, self.usage_mark, strip=strip)
 
     def error_response(self, error: ProxyError) -> Response:
         """An error before the reply started, in this format's envelope (OpenAI's unless the
@@ -137,6 +142,44 @@ class TextParts:
     def text(self) -> str:
         """Content first, then each tool call on its own line."""
         return "\n".join(filter(None, ["".join(self.parts), *self.calls]))
+
+
+@dataclass
+class EventTee(ABC):
+    """A reader of a stream whose every event is a JSON object (Messages, Responses): the
+    reply's text pieces and tool calls, and whether it ended complete."""
+
+    decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    gathered: TextParts = field(default_factory=TextParts)
+    reply_id: str | None = None
+    finished: bool = False
+    malformed: bool = False
+    skip: ClassVar[str | None] = None  # data that is not an event (the Responses API's [DONE])
+
+    def feed(self, chunk: bytes) -> None:
+        """Take relayed bytes."""
+        for event in self.decoder.feed(chunk):
+            if self.malformed or (self.skip is not None and event.data.startswith(self.skip)):
+                continue
+            payload = event_payload(event)
+            if payload is None:
+                self.malformed = bool(event.data)
+            else:
+                self._read(payload)
+
+    @abstractmethod
+    def _read(self, payload: dict[str, Any]) -> None:
+        """One event's data."""
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` when it is an object, else an empty one: any field may hold any type."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """`value` when it is an array, else an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def tool_call_line(name: Any, arguments: Any) -> str:

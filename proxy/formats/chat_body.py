@@ -6,6 +6,7 @@ for the upstream to judge.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -63,11 +64,8 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest("messages must be a non-empty array", param="messages")
     for i, message in enumerate(messages):
         _check_message(i, message)
-    _check_type(body, "stream", bool)
-    _check_type(body, "n", int)
-    _check_type(body, "user", str)
-    _check_type(body, "metadata", dict)
-    _check_type(body, "stream_options", dict)
+    check_types(body, {"stream": (bool, "bool"), "n": (int, "int"), "user": (str, "str"),
+                       "metadata": (dict, "dict"), "stream_options": (dict, "dict")})
     return body
 
 
@@ -99,10 +97,14 @@ def _check_message(i: int, message: Any) -> None:
         raise InvalidRequest(f"{param}.name must be a string", param=f"{param}.name")
 
 
-def _check_type(body: dict[str, Any], key: str, kind: type) -> None:
-    value = body.get(key)
-    if value is None:
-        return
-    # bool is an int in Python; `n: true` is still the wrong type.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise InvalidRequest(f"{key} must be of type {kind.__name__}", param=key)
+def check_types(
+    body: dict[str, Any], types: Mapping[str, tuple[type, str]],
+    message: str = "{key} must be of type {name}",
+) -> None:
+    """A 400 for the first of these fields that is set (not null) to a value of another type
+    than its own (`name` is the type as the format's errors say it)."""
+    for key, (kind, name) in types.items():
+        value = body.get(key)
+        # bool is an int in Python; `n: true` is still the wrong type.
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise InvalidRequest(message.format(key=key, name=name), param=key)

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from memory import Placed, placing_order
-from proxy.formats.chat_body import parse_json_object
+from proxy.formats.chat_body import check_types, parse_json_object
 from proxy.http.errors import InvalidRequest
 
 ROLES = frozenset({"user", "assistant"})
@@ -51,9 +51,8 @@ def parse_messages_body(raw: bytes) -> dict[str, Any]:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         _check_blocks("system", system)
-    for key, kind, name in (("stream", bool, "boolean"), ("metadata", dict, "object")):
-        if body.get(key) is not None and not isinstance(body[key], kind):
-            raise InvalidRequest(f"{key}: must be a {name}", param=key)
+    check_types(body, {"stream": (bool, "boolean"), "metadata": (dict, "object")},
+                "{key}: must be a {name}")
     return body
 
 

@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from proxy.access.quota import KeptReply, estimate, output_allowance, prompt_tokens, text_tokens
 from proxy.access.usage import Tally
+from proxy.formats.base import as_list
 from proxy.formats.usage import CHAT_MARK, ReplyUsage, UsageTap, ask_stream_usage, chat_usage
 from proxy.http.relay import StreamOutcome
-from proxy.http.sse import decode
+from proxy.http.sse import decode, json_object
 
 
 @dataclass
@@ -33,12 +32,9 @@ class MeteredBody:
     def read(cls, path: str, raw: bytes, *, ask_usage: bool) -> MeteredBody:
         """The body of a counted request; a streamed completion asks for its usage chunk
         (taken out of what the client sees when it did not ask itself)."""
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+        body = json_object(raw)
+        if body is None:
             return cls(path, raw)  # the upstream judges it
-        if not isinstance(body, dict):
-            return cls(path, raw)
         if ask_usage and path == "/v1/completions" and body.get("stream") is True:
             payload, body, strip = ask_stream_usage(raw, body)
             return cls(path, payload, body, strip)
@@ -112,10 +108,5 @@ def _completion_text(parts: list[bytes], *, sse: bool) -> str:
 
 
 def _choice_texts(data: bytes | str) -> list[str]:
-    try:
-        payload = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return []
-    choices = payload.get("choices") if isinstance(payload, dict) else None
-    return [c["text"] for c in choices if isinstance(c, dict) and isinstance(c.get("text"), str)] \
-        if isinstance(choices, list) else []
+    choices = as_list((json_object(data) or {}).get("choices"))
+    return [c["text"] for c in choices if isinstance(c, dict) and isinstance(c.get("text"), str)]

@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from memory import Placed, placing_order
-from proxy.formats.base import ApiFormat, Parsed, Reply, TextParts, tool_call_line
-from proxy.formats.chat_body import parse_model_body
+from proxy.formats.base import (
+    ApiFormat,
+    EventTee,
+    Parsed,
+    Reply,
+    TextParts,
+    as_list,
+    tool_call_line,
+)
+from proxy.formats.chat_body import check_types, parse_model_body
 from proxy.formats.shape import Shape, pairs_by_id
-from proxy.formats.usage import RESPONSES_MARK, Seen, UsageTap, responses_usage
+from proxy.formats.usage import RESPONSES_MARK, responses_usage
 from proxy.http.errors import InvalidRequest, ProxyError
-from proxy.http.sse import ReplyTee, ServerSentEvent, SSEDecoder, encode, event_payload
-from proxy.upstream.client import Target, Upstream
+from proxy.http.sse import encode
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -40,112 +47,6 @@ RESPONSES_PARAMS = frozenset({
     "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice",
     "tools", "top_logprobs", "top_p", "truncation", "user",
 })
-
-
-class ResponsesFormat(ApiFormat):
-    """The Responses API's side of the flow."""
-
-    route = "responses"
-    continuable = True
-    path = "/v1/responses"
-    params = RESPONSES_PARAMS
-
-    def parse(self, raw: bytes) -> Parsed:
-        """Check what memproxy relies on; the upstream judges every other field."""
-        body = parse_model_body(raw)
-        items = body.get("input")
-        if items is not None and not isinstance(items, (str, list)):
-            raise InvalidRequest("input must be a string or an array of input items", param="input")
-        for i, item in enumerate(items if isinstance(items, list) else ()):
-            _check_item(i, item)
-        for key, kind in (("instructions", str), ("previous_response_id", str), ("stream", bool),
-                          ("store", bool), ("user", str), ("metadata", dict)):
-            value = body.get(key)
-            if value is not None and not isinstance(value, kind):
-                raise InvalidRequest(f"{key} must be of type {_kind(kind)}", param=key)
-        return Parsed(body, conversation(body), body.get("previous_response_id"))
-
-    def target(self, upstream: Upstream, model: str, headers: Mapping[str, str]) -> Target:
-        """The model's route (the routing table, else the default upstream)."""
-        return upstream.target_for(model)
-
-    def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
-        """`instructions` + the block, or a system item before the last user item."""
-        if placement != "last_user":
-            instructions = body.get("instructions")
-            return {**body, "instructions": f"{instructions}\n\n{block}" if instructions else block}
-        listed = input_items(body.get("input"))
-        last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
-        listed.insert(last_user, {"role": "system", "content": block})
-        return {**body, "input": listed}
-
-    def first_placement(self, body: dict[str, Any], placement: str) -> str:
-        """Where the flags say."""
-        return placement
-
-    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
-        """Like `inject`, each block before its user input item (or in `instructions`)."""
-        for p in placing_order(placed):
-            if p.placement == "system":
-                body = self.inject(body, p.block, "system")
-                continue
-            listed = input_items(body.get("input"))
-            users = [i for i, item in enumerate(listed) if _role(item) == "user"]
-            if p.user < len(users):
-                listed.insert(users[p.user], {"role": "system", "content": p.block})
-                body = {**body, "input": listed}
-        return body
-
-    def conversation(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """`instructions` and the input items as chat messages."""
-        return conversation(body)
-
-    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
-        """Input items with their roles; function calls paired with their outputs and
-        reasoning items with the item after them. None for a continuation (the upstream
-        holds its history) or a string input."""
-        items = body.get("input")
-        if body.get("previous_response_id") or not isinstance(items, list):
-            return None
-        calls = [(i, it.get("call_id")) for i, it in enumerate(items) if it.get("type") == "function_call"]
-        results = [(i, it.get("call_id")) for i, it in enumerate(items)
-                   if it.get("type") == "function_call_output"]
-        reasoning = [(i, i + 1) for i, it in enumerate(items[:-1]) if it.get("type") == "reasoning"]
-        return Shape([_role(it) for it in items], [*pairs_by_id(calls, results), *reasoning])
-
-    def compacted(self, body: dict[str, Any], span: tuple[int, int], summary: str) -> dict[str, Any]:
-        """The span becomes one system input item holding the summary."""
-        items, (start, end) = body["input"], span
-        return {**body, "input": [*items[:start], {"role": "system", "content": summary},
-                                  *items[end:]]}
-
-    def read_reply(self, body: dict[str, Any]) -> Reply:
-        """The response's output text and function calls; its id, for continuations."""
-        reply_id = body.get("id")
-        return Reply(output_text(body), reply_id if isinstance(reply_id, str) else None,
-                     complete=body.get("status") in (None, "completed"))
-
-    def read_usage(self, payload: Mapping[str, Any]) -> Seen | None:
-        """The tokens a reply or one of its stream's events reports (`proxy.formats.usage`)."""
-        return responses_usage(payload)
-
-    def usage_tap(self, *, strip: bool) -> UsageTap:
-        """A reader of this format's streamed usage (`proxy.formats.usage`)."""
-        return UsageTap(responses_usage, RESPONSES_MARK, strip=strip)
-
-    def tee(self) -> ReplyTee:
-        """A `response.*` event reader."""
-        return ResponsesTee()
-
-    def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
-        """The Responses API's `error` event, numbered after the last event relayed."""
-        numbers = _SEQUENCE.findall(last_sent)
-        event = {"type": "error", "code": error.code, "message": error.message,
-                 "param": error.param, "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
-        return encode(orjson.dumps(event), "error")
-
-
-RESPONSES = ResponsesFormat()
 
 
 def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -168,11 +69,11 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 def output_text(response: Mapping[str, Any]) -> str:
     """The text of a response object's output: message text, then function calls."""
     gathered = TextParts()
-    for item in _list(response.get("output")):
+    for item in as_list(response.get("output")):
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            gathered.parts += [p["text"] for p in _list(item.get("content"))
+            gathered.parts += [p["text"] for p in as_list(item.get("content"))
                                if isinstance(p, dict) and p.get("type") == "output_text"
                                and isinstance(p.get("text"), str)]
         elif item.get("type") == "function_call":
@@ -181,30 +82,14 @@ def output_text(response: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class ResponsesTee:
+class ResponsesTee(EventTee):
     """Collects the reply from `response.*` events: the text deltas as they come, then the
     whole output from `response.completed`, which also says the reply ended complete."""
 
-    decoder: SSEDecoder = field(default_factory=SSEDecoder)
-    gathered: TextParts = field(default_factory=TextParts)
     completed_text: str | None = None
-    reply_id: str | None = None
-    finished: bool = False
-    malformed: bool = False
+    skip = "[DONE]"
 
-    def feed(self, chunk: bytes) -> None:
-        """Take relayed bytes."""
-        for event in self.decoder.feed(chunk):
-            if not self.malformed:
-                self._event(event)
-
-    def _event(self, event: ServerSentEvent) -> None:
-        if event.data.startswith("[DONE]"):
-            return
-        payload = event_payload(event)
-        if payload is None:
-            self.malformed = bool(event.data)  # every Responses event is a JSON object
-            return
+    def _read(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind == "response.output_text.delta" and isinstance(payload.get("delta"), str):
             self.gathered.parts.append(payload["delta"])
@@ -273,7 +158,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(
-        p["text"] for p in _list(content)
+        p["text"] for p in as_list(content)
         if isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
     )
 
@@ -290,9 +175,81 @@ def _role(item: Any) -> str | None:
     return None
 
 
-def _kind(kind: type) -> str:
-    return {str: "string", bool: "boolean", dict: "object"}.get(kind, kind.__name__)
+class ResponsesFormat(ApiFormat):
+    """The Responses API's side of the flow."""
+
+    route = "responses"
+    continuable = True
+    path = "/v1/responses"
+    params = RESPONSES_PARAMS
+    items_field = "input"
+    usage_mark = RESPONSES_MARK
+    read_usage = staticmethod(responses_usage)  # proxy.formats.usage
+
+    def parse(self, raw: bytes) -> Parsed:
+        """Check what memproxy relies on; the upstream judges every other field."""
+        body = parse_model_body(raw)
+        items = body.get("input")
+        if items is not None and not isinstance(items, (str, list)):
+            raise InvalidRequest("input must be a string or an array of input items", param="input")
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            _check_item(i, item)
+        check_types(body, {"instructions": (str, "string"), "previous_response_id": (str, "string"),
+                           "stream": (bool, "boolean"), "store": (bool, "boolean"),
+                           "user": (str, "string"), "metadata": (dict, "object")})
+        return Parsed(body, conversation(body), body.get("previous_response_id"))
+
+    def inject(self, body: dict[str, Any], block: str, placement: str) -> dict[str, Any]:
+        """`instructions` + the block, or a system item before the last user item."""
+        if placement != "last_user":
+            instructions = body.get("instructions")
+            return {**body, "instructions": f"{instructions}\n\n{block}" if instructions else block}
+        listed = input_items(body.get("input"))
+        last_user = next((i for i in range(len(listed) - 1, -1, -1) if _role(listed[i]) == "user"), len(listed))
+        listed.insert(last_user, {"role": "system", "content": block})
+        return {**body, "input": listed}
+
+    def place(self, body: dict[str, Any], placed: Sequence[Placed]) -> dict[str, Any]:
+        """Like `inject`, each block before its user input item (or in `instructions`)."""
+        for p in placing_order(placed):
+            if p.placement == "system":
+                body = self.inject(body, p.block, "system")
+                continue
+            listed = input_items(body.get("input"))
+            users = [i for i, item in enumerate(listed) if _role(item) == "user"]
+            if p.user < len(users):
+                listed.insert(users[p.user], {"role": "system", "content": p.block})
+                body = {**body, "input": listed}
+        return body
+
+    conversation = staticmethod(conversation)  # `instructions` and the input items
+    tee = ResponsesTee  # a `response.*` event reader
+
+    def compaction_shape(self, body: dict[str, Any]) -> Shape | None:
+        """Input items with their roles; function calls paired with their outputs and
+        reasoning items with the item after them. None for a continuation (the upstream
+        holds its history) or a string input."""
+        items = body.get("input")
+        if body.get("previous_response_id") or not isinstance(items, list):
+            return None
+        calls = [(i, it.get("call_id")) for i, it in enumerate(items) if it.get("type") == "function_call"]
+        results = [(i, it.get("call_id")) for i, it in enumerate(items)
+                   if it.get("type") == "function_call_output"]
+        reasoning = [(i, i + 1) for i, it in enumerate(items[:-1]) if it.get("type") == "reasoning"]
+        return Shape([_role(it) for it in items], [*pairs_by_id(calls, results), *reasoning])
+
+    def read_reply(self, body: dict[str, Any]) -> Reply:
+        """The response's output text and function calls; its id, for continuations."""
+        reply_id = body.get("id")
+        return Reply(output_text(body), reply_id if isinstance(reply_id, str) else None,
+                     complete=body.get("status") in (None, "completed"))
+
+    def error_event(self, error: ProxyError, last_sent: bytes) -> bytes:
+        """The Responses API's `error` event, numbered after the last event relayed."""
+        numbers = _SEQUENCE.findall(last_sent)
+        event = {"type": "error", "code": error.code, "message": error.message,
+                 "param": error.param, "sequence_number": int(numbers[-1]) + 1 if numbers else 0}
+        return encode(orjson.dumps(event), "error")
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
+RESPONSES = ResponsesFormat()

@@ -24,10 +24,10 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
-    as_dict,
     encoded,
     search_query,
 )
+from proxy.formats.base import as_dict, as_list
 from proxy.http.sse import ServerSentEvent, encode
 
 
@@ -144,7 +144,7 @@ class ChatRound(StreamRound):
         delta = as_dict(choice.get("delta"))
         if isinstance(delta.get("content"), str):
             self.content += delta["content"]
-        calls = _list(delta.get("tool_calls"))
+        calls = as_list(delta.get("tool_calls"))
         for call in calls:
             self._gather(as_dict(call))
         return bool(calls) or bool(choice.get("finish_reason"))
@@ -177,7 +177,7 @@ def _rewritten(
     if "tool_calls" in delta:
         calls = [
             {**call, "index": renumber[index]}
-            for call in _list(delta["tool_calls"])
+            for call in as_list(delta["tool_calls"])
             if (index := _index(call)) in renumber
         ]
         if calls:
@@ -202,10 +202,6 @@ def _choice0(payload: Payload) -> Payload | None:
 def _index(call: Any) -> int:
     index = as_dict(call).get("index", 0)
     return index if isinstance(index, int) else 0
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _message(reply: Payload) -> Payload:

@@ -175,11 +175,6 @@ def reencoded(event: ServerSentEvent, payload: Payload) -> bytes:
     return encode(orjson.dumps(payload), event.event)
 
 
-def as_dict(value: Any) -> Payload:
-    """`value` when it is an object, else an empty one: any field may hold any type."""
-    return value if isinstance(value, dict) else {}
-
-
 def search_query(arguments: Any) -> str | None:
     """A memory_search call's query, from its arguments as JSON text (chat, Responses) or
     as an object (Messages); None when they hold none."""

@@ -28,11 +28,11 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
-    as_dict,
     encoded,
     reencoded,
     search_query,
 )
+from proxy.formats.base import as_dict
 from proxy.http.sse import ServerSentEvent
 
 # Stream deltas by type, and the block field each one extends.
@@ -68,7 +68,7 @@ class MessagesDialect(Dialect):
         if not any(_ours(b) for b in blocks):
             return reply
         out = {**reply, "content": [b for b in blocks if not _ours(b)]}
-        if reply.get("stop_reason") == "tool_use" and not _tool_uses(out["content"]):
+        if reply.get("stop_reason") == "tool_use" and not any(b.get("type") == "tool_use" for b in out["content"]):
             out["stop_reason"] = "end_turn"
         return out
 
@@ -198,10 +198,6 @@ def _finished(block: Payload) -> Payload:
 def _blocks(reply: Payload) -> list[Payload]:
     content = reply.get("content")
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
-
-
-def _tool_uses(blocks: list[Payload]) -> bool:
-    return any(b.get("type") == "tool_use" for b in blocks)
 
 
 def _ours(block: Payload) -> bool:
