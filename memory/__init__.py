@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from memory.storage.metrics import RequestMetrics
     from memory.storage.turns import NewTurn
     from memory.storage.usage import UsageCounts, UsageRow
-    from memory.tokens import count_tokens, encoding_for_model
+    from memory.tokens import count_tokens, encoding_for_model, off_loop
     from memory.tracing import span as trace_span
 
 # public name -> (module, name in that module)
@@ -106,6 +106,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
     "mallopt": ("memory.index.heap_fill", "mallopt"),
     "count_tokens": ("memory.tokens", "count_tokens"),
+    "off_loop": ("memory.tokens", "off_loop"),
     # outages of backing services (waited out, not counted as failures)
     "Unavailable": ("memory.outages", "Unavailable"),
     "is_outage": ("memory.outages", "is_outage"),
@@ -248,6 +249,7 @@ __all__ = [
     "mallopt",
     "message_text",
     "migrate",
+    "off_loop",
     "open_database",
     "organization_memory",
     "place",

@@ -8,6 +8,7 @@ an upstream that speaks the format, or through litellm). Everything else happens
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -21,7 +22,7 @@ from starlette.responses import Response
 
 from config import Flags
 from config.flags import FlagError
-from memory import Recalled, ReplyChain
+from memory import Recalled, ReplyChain, off_loop
 from proxy.access.decision import chat_flags, identify
 from proxy.access.identity import (
     Identity,
@@ -164,10 +165,11 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         )
     if key is not None and key.token_quota is not None and state.usage is not None:
         # Admitted: hold its estimate of the quota until it ends (settled by count_usage).
-        request.state.usage_hold = await state.usage.reserve(key, estimate(
-            body, body["model"], raw_size=len(raw), route=fmt.route,
-            memory_tokens=flags.budget if flags.active else 0,
-        ))
+        request.state.usage_hold = await state.usage.reserve(key, await off_loop(
+            len(raw), functools.partial(
+                estimate, body, body["model"], raw_size=len(raw), route=fmt.route,
+                memory_tokens=flags.budget if flags.active else 0,
+            )))
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
     step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from config import ApiKey
+from memory import off_loop
 from proxy.access.identity import DEFAULT_USER, authenticate, proxy_key_sent
 from proxy.access.limits import limit_keys
 from proxy.access.ownership import check_upstream_path
@@ -134,7 +135,8 @@ async def _metered(request: Request, state: AppState, key: ApiKey | None) -> Met
     sent = MeteredBody.read(request.url.path, raw, ask_usage=state.usage is not None
                             and state.settings.usage_stream_options)
     if key is not None and key.token_quota is not None and state.usage is not None:
-        request.state.usage_hold = await state.usage.reserve(key, sent.estimate())
+        request.state.usage_hold = await state.usage.reserve(
+            key, await off_loop(len(raw), sent.estimate))
     return sent
 
 
