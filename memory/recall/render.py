@@ -76,9 +76,9 @@ class _SeenAs(dict[int, str | None]):
 _SEEN_AS = _SeenAs()
 
 
-def _seen_as(char: str) -> str:
-    """How one character reads: NFKD, then look-alikes made ASCII and invisible ones dropped."""
-    return unicodedata.normalize("NFKD", char).translate(_SEEN_AS)
+def _seen_as(text: str) -> str:
+    """How text reads: NFKD, then look-alikes made ASCII and invisible characters dropped."""
+    return unicodedata.normalize("NFKD", text).translate(_SEEN_AS)
 
 
 # Every line break str.splitlines() knows (a tokenizer may too): made "\n", which rendering
@@ -124,7 +124,7 @@ def neutralise(text: str) -> str:
     # character by character only on a hit.
     if not _OPENER.search(text):
         return text
-    if not _FENCE.search(unicodedata.normalize("NFKD", text).translate(_SEEN_AS)):
+    if not _FENCE.search(_seen_as(text)):
         return text
     seen: list[str] = []
     at: list[int] = []  # for each character of `seen`, the index of the one it came from
@@ -166,7 +166,7 @@ def speaker_label(speaker: str) -> str:
     shown = neutralise(speaker).replace("\n", " ")  # a name never starts a line
     if shown in ("user", "assistant"):
         return shown
-    seen = unicodedata.normalize("NFKD", shown).translate(_SEEN_AS).casefold()
+    seen = _seen_as(shown).casefold()
     return "@" + shown if ROLE_WORDS.intersection(_WORD.findall(seen)) else shown
 
 
