@@ -83,19 +83,16 @@ def priority(fact: LearnedItem, personal: bool) -> tuple[int, float]:
     return tier, -fact.score
 
 
+@dataclass
 class LearnedRecall:
     """Finds learned items for a query, scoped to one user."""
 
-    def __init__(
-        self, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        vectors: SharedVectors, weights: Weights, *, k: int,
-    ) -> None:
-        self.facts = facts
-        self.summaries = summaries
-        self.profiles = profiles
-        self.vectors = vectors
-        self.weights = weights
-        self.k = k
+    facts: FactStore
+    summaries: SummaryStore
+    profiles: ProfileStore
+    vectors: SharedVectors
+    weights: Weights
+    k: int = field(kw_only=True)
 
     async def gather(
         self, user_id: str, session_id: str, query: str, vector: np.ndarray | None, *,

@@ -15,7 +15,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
@@ -188,6 +188,7 @@ def excerpt_of(entry: Entry) -> tuple[str, str]:
     return entry.session, _day(entry)
 
 
+@dataclass
 class ExcerptCost:
     """What each entry adds to the excerpts of the entries taken so far, in tokens.
 
@@ -200,10 +201,9 @@ class ExcerptCost:
     separator for each further excerpt.
     """
 
-    def __init__(self, count: Callable[[str], int]) -> None:
-        self.count = count
-        self.opened: set[tuple[str, str]] = set()
-        self.days: set[str] = set()
+    count: Callable[[str], int]
+    opened: set[tuple[str, str]] = field(default_factory=set)
+    days: set[str] = field(default_factory=set)
 
     def of(self, entry: Entry, line: str) -> int:
         """The cost of `entry`, rendered as `line`, if it were taken next."""

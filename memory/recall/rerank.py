@@ -19,7 +19,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from memory import tracing
@@ -68,20 +68,17 @@ class Reranked:
     report: RerankReport
 
 
+@dataclass(kw_only=True)
 class Reranker:
     """Reorders the best fused candidates with `scorer` within `timeout_ms`.
 
     `redact` is applied to the query and to every text before it leaves the process.
     """
 
-    def __init__(
-        self, scorer: Scorer | None, *, top_n: int, timeout_ms: int,
-        redact: Callable[[str], str],
-    ) -> None:
-        self.scorer = scorer
-        self.top_n = top_n
-        self.timeout = timeout_ms / 1000
-        self.redact = redact
+    scorer: Scorer | None = field(kw_only=False)
+    top_n: int
+    timeout_ms: int
+    redact: Callable[[str], str]
 
     async def rerank(
         self, query: str, user_id: str, turns: list[Candidate], learned: Learned
@@ -116,7 +113,7 @@ class Reranker:
         assert self.scorer is not None
         documents = [self.redact(text[:MAX_DOCUMENT_CHARS]) for text in texts]
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout_ms / 1000):
                 scores = list(await self.scorer(self.redact(query), documents, user_id))
         except TimeoutError:
             raise RerankFailed(TIMEOUT) from None
