@@ -93,14 +93,21 @@ def pack_block(
         used += cost
         return True
 
+    def fill(lines: list[str], chosen: list[int], heading: str, cap: float, *,
+             first_anyway: bool = False) -> None:
+        """Take the lines not `chosen` yet, in order, within `cap` tokens (the first one
+        past it when `first_anyway`); the heading is paid with the section's first line."""
+        spent, head = 0.0, count(heading) + 1 if heading else 0
+        for i, line in enumerate(lines):
+            if i in chosen:
+                continue
+            cost = count(line) + 1 + (0 if chosen else head)
+            if take(cost, max(cap - spent, cost if first_anyway and not chosen else 0)):
+                chosen.append(i)
+                spent += cost
+
     fact_lines = [fact_line(f) for f in learned.facts]
-    spent = 0.0
-    heading = count(FACTS_HEADING) + 1
-    for i, line in enumerate(fact_lines):
-        cost = count(line) + 1 + (0 if result.facts else heading)
-        if take(cost, max(FACTS_SHARE * budget - spent, 0 if result.facts else cost)):
-            result.facts.append(i)
-            spent += cost
+    fill(fact_lines, result.facts, FACTS_HEADING, FACTS_SHARE * budget, first_anyway=True)
     if learned.profile is not None:
         lines = profile_lines(learned.profile)
         spent, cap = 0.0, PROFILE_SHARE * budget
@@ -115,12 +122,7 @@ def pack_block(
         if text and take(head + count(text) + 1, SUMMARY_SHARE * budget):
             result.summary, result.summary_index = text, index
     shared_lines = [fact_line(f) for f in learned.shared]
-    spent, heading = 0.0, count(SHARED_HEADING) + 1
-    for i, line in enumerate(shared_lines):
-        cost = count(line) + 1 + (0 if result.shared else heading)
-        if take(cost, shared_share * budget - spent):
-            result.shared.append(i)
-            spent += cost
+    fill(shared_lines, result.shared, SHARED_HEADING, shared_share * budget)
     costs = ExcerptCost(count)  # turns are shown as dated excerpts, as without learned items
     skipped = 0
     for i, entry in enumerate(entries):
@@ -132,13 +134,9 @@ def pack_block(
             costs.take(entry)
         elif (skipped := skipped + 1) >= MAX_SKIPPED:
             break
-    for i, line in enumerate(fact_lines):  # the rest of the room goes to facts
-        if i not in result.facts and take(count(line) + 1, room):
-            result.facts.append(i)
-    for i, line in enumerate(shared_lines):
-        cost = count(line) + 1 + (0 if result.shared else heading)
-        if i not in result.shared and take(cost, room):
-            result.shared.append(i)
+    # The rest of the room goes to facts (no heading counted: the final count is exact).
+    fill(fact_lines, result.facts, "", room)
+    fill(shared_lines, result.shared, SHARED_HEADING, room)
     return _finish(result, learned, [*fact_lines, *shared_lines], entries, budget, count,
                    preamble)
 

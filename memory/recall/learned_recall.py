@@ -19,6 +19,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from memory.index.shared_vectors import SharedVectors
 from memory.learning.facts import Fact, FactStore
 from memory.learning.profiles import ProfileStore, profile_vector_id
 from memory.learning.summaries import SummaryStore
-from memory.recall.ranking import Candidate, Weights, fuse
+from memory.recall.ranking import Candidate, Weights, fuse, signal_scores
 from memory.storage import facts as fact_rows
 from memory.storage import profiles as profile_rows
 from memory.storage import summaries as summary_rows
@@ -34,6 +35,7 @@ from memory.storage import summaries as summary_rows
 MIN_SIMILARITY = 0.3
 PERSONAL = frozenset({"my", "me", "mine", "myself"})
 _WORD = re.compile(r"[a-z']+")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -81,19 +83,16 @@ def priority(fact: LearnedItem, personal: bool) -> tuple[int, float]:
     return tier, -fact.score
 
 
+@dataclass
 class LearnedRecall:
     """Finds learned items for a query, scoped to one user."""
 
-    def __init__(
-        self, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        vectors: SharedVectors, weights: Weights, *, k: int,
-    ) -> None:
-        self.facts = facts
-        self.summaries = summaries
-        self.profiles = profiles
-        self.vectors = vectors
-        self.weights = weights
-        self.k = k
+    facts: FactStore
+    summaries: SummaryStore
+    profiles: ProfileStore
+    vectors: SharedVectors
+    weights: Weights
+    k: int = field(kw_only=True)
 
     async def gather(
         self, user_id: str, session_id: str, query: str, vector: np.ndarray | None, *,
@@ -110,10 +109,10 @@ class LearnedRecall:
         has_profile = await profile_rows.has_consent(db, user_id)
         facts, summaries, profile = await asyncio.gather(
             self._facts(user_id, session_id, query, vector, session_only, present)
-            if has_facts else _no_items(),
+            if has_facts else given([]),
             self._summaries(user_id, session_id, query, vector, session_only)
-            if has_summaries else _no_items(),
-            self._profile(user_id) if has_profile and not session_only else _nothing(),
+            if has_summaries else given([]),
+            self._profile(user_id) if has_profile and not session_only else given(None),
         )
         return Learned(facts, summaries, profile)
 
@@ -133,14 +132,10 @@ class LearnedRecall:
     ) -> list[LearnedItem]:
         dense, lexical = await asyncio.gather(
             self._dense(user_id, session_id if session_only else None, "fact", vector),
-            self.facts.search(user_id, query, k=self.k) if self.weights.bm25 else _empty(),
+            self.facts.search(user_id, query, k=self.k) if self.weights.bm25 else given([]),
         )
         personal = is_personal(query)
-        scores: dict[int, list[float]] = {}
-        for key, similarity in dense:
-            scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
-        for fact_id, bm25 in lexical:
-            scores.setdefault(fact_id, [0.0, 0.0])[1] = bm25
+        scores = signal_scores(dense, lexical)
         found = await self.facts.get_many(user_id, list(scores))
         if personal:
             identity, _ = await self.facts.list(user_id, category="identity", limit=50)
@@ -162,9 +157,7 @@ class LearnedRecall:
                 key, fact.source_session or "", fact.last_seen, fact.text, speaker="fact",
                 dense=dense_score, bm25=bm25,
             )
-        ranked = fuse(candidates, self.weights, session_id=session_id, query_identifiers=set(),
-                      now=time.time())
-        items = [_fact_item(by_key[c.key], c) for c in ranked]
+        items = [_fact_item(by_key[c.key], c) for c in self._fused(candidates, session_id)]
         return sorted(items, key=lambda item: priority(item, personal))
 
     async def _summaries(
@@ -175,13 +168,9 @@ class LearnedRecall:
         dense, lexical = await asyncio.gather(
             self._dense(user_id, scope, "summary", vector),
             self.summaries.search(user_id, query, k=self.k, session_id=scope)
-            if self.weights.bm25 else _empty(),
+            if self.weights.bm25 else given([]),
         )
-        scores: dict[int, list[float]] = {}
-        for key, similarity in dense:
-            scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
-        for summary_id, bm25 in lexical:
-            scores.setdefault(summary_id, [0.0, 0.0])[1] = bm25
+        scores = signal_scores(dense, lexical)
         candidates: dict[str, Candidate] = {}
         found = {}
         for summary in await self.summaries.get_many(user_id, list(scores)):
@@ -193,12 +182,10 @@ class LearnedRecall:
             candidates[key] = Candidate(key, summary.session_id, summary.created_at,
                                         summary.text, speaker="summary", dense=dense_score,
                                         bm25=bm25)
-        ranked = fuse(candidates, self.weights, session_id=session_id, query_identifiers=set(),
-                      now=time.time())
         return [
             LearnedItem("summary", c.key, c.text, "", c.session_id, c.created_at,
                         found[c.key].source_turn_ids, c.score, c.signals, c.dense)
-            for c in ranked
+            for c in self._fused(candidates, session_id)
         ]
 
     async def _profile(self, user_id: str) -> LearnedItem | None:
@@ -208,15 +195,24 @@ class LearnedRecall:
         return LearnedItem("profile", profile_vector_id(user_id), profile.render(), "", "",
                            profile.updated_at, [], 1.0)
 
+    def _fused(self, candidates: dict[str, Candidate], session_id: str) -> list[Candidate]:
+        return fuse(candidates, self.weights, session_id=session_id, query_identifiers=set(),
+                    now=time.time())
+
     async def _dense(
         self, user_id: str, session_id: str | None, source: str, vector: np.ndarray | None
     ) -> list[tuple[str, float]]:
         if vector is None:
             return []
-        where = {"user_id": user_id, "source": source}
-        if session_id is not None:
-            where["session_id"] = session_id
-        return await self.vectors.query(vector, k=self.k, where=where)
+        return await self.vectors.query(vector, k=self.k, where=owned(user_id, source, session_id))
+
+
+def owned(user_id: str, source: str, session_id: str | None) -> dict[str, str | bool]:
+    """The vector filter for one user's items of `source`, in one session when given."""
+    where: dict[str, str | bool] = {"user_id": user_id, "source": source}
+    if session_id is not None:
+        where["session_id"] = session_id
+    return where
 
 
 def _fact_item(fact: Fact, c: Candidate) -> LearnedItem:
@@ -224,13 +220,6 @@ def _fact_item(fact: Fact, c: Candidate) -> LearnedItem:
                        fact.last_seen, fact.source_turn_ids, c.score, c.signals, c.dense)
 
 
-async def _empty() -> list[tuple[int, float]]:
-    return []
-
-
-async def _nothing() -> None:
-    return None
-
-
-async def _no_items() -> list[LearnedItem]:
-    return []
+async def given(value: _T) -> _T:
+    """`value`, as an awaitable: a search that is not run, in a gather."""
+    return value

@@ -29,7 +29,7 @@ from memory.log.turn_log import TurnLog
 from memory.outages import is_outage
 from memory.recall.cache import RecallCache, cache_key
 from memory.recall.excerpt import excerpt_ranked, one_per_turn, query_terms
-from memory.recall.learned_recall import Learned, LearnedItem, LearnedRecall
+from memory.recall.learned_recall import Learned, LearnedRecall, given, owned
 from memory.recall.lexical import ChunkSearch
 from memory.recall.outcome import (
     Recalled,
@@ -52,8 +52,9 @@ from memory.recall.ranking import (
     fuse,
     lift_standing,
     lift_user,
+    signal_scores,
 )
-from memory.recall.rerank import Reranker, RerankReport
+from memory.recall.rerank import Reranker, RerankReport, elapsed_ms
 from memory.recall.speakers import SpeakerQuery
 from memory.recall.spooled import SpoolRecall, spooled_candidates
 from memory.storage import versions
@@ -126,7 +127,7 @@ class RecallPipeline:
             )
         kept = self.cache.get(key, stamp)
         if kept is not None:
-            return replace(kept, cached=True, recall_ms=_ms(started), embed_ms=0.0)
+            return replace(kept, cached=True, recall_ms=elapsed_ms(started), embed_ms=0.0)
         recalled = await self._recall(request, [])
         if recalled.rerank is None or recalled.rerank.fallback is None:
             self.cache.put(key, stamp, recalled)  # a fallback is not kept: the next try reranks
@@ -153,18 +154,16 @@ class RecallPipeline:
         started = time.perf_counter()
         query = build_query(request.messages)
         if not query or is_trivial(last_user_text(request.messages)):
-            return Recalled(skipped="trivial", recall_ms=_ms(started))
+            return Recalled(skipped="trivial", recall_ms=elapsed_ms(started))
         present = "\n".join(turn_text(m) for m in request.messages)
         # Stored turns are redacted: compare them with the redacted messages too.
         if (redacted := self.redact(present)) != present:
             present += "\n" + redacted
 
-        if not spooled:
-            return await self._search(request, query, present, spooled, started)
         try:
             return await self._search(request, query, present, spooled, started)
         except Exception as exc:
-            if not is_outage(exc):
+            if not spooled or not is_outage(exc):
                 raise
             raise SpoolRecall(self._from_spool(request, query, present, spooled, started)) from exc
 
@@ -180,7 +179,7 @@ class RecallPipeline:
                              self.settings.org_budget_share)
         return Recalled(
             packed.block, [turn_item(ranked[i]) for i in packed.turns], packed.tokens,
-            packed.truncated, len(ranked), _ms(started),
+            packed.truncated, len(ranked), elapsed_ms(started),
         )
 
     async def _search(
@@ -203,7 +202,7 @@ class RecallPipeline:
                         self.shared_vectors.refresh([request.user_id, *([org] if org else [])]),
                     )
                 vector = embedded[0]
-            embed_ms = _ms(embedding) if vector is not None else 0.0
+            embed_ms = elapsed_ms(embedding) if vector is not None else 0.0
             # Facts, summaries and the profile that match: no span of their own (they are
             # searched beside the turns; how many were found is on the rank span).
             dense, standing, learned, shared = await asyncio.gather(
@@ -214,7 +213,7 @@ class RecallPipeline:
                     session_only=session is not None, present=present,
                 ),
                 self.learned_recall.shared(org, query, vector, present=present)
-                if org is not None else _no_items(),
+                if org is not None else given([]),
             )
             # A standing statement about the query is a candidate, found or not among the best.
             found = {key for key, _ in dense}
@@ -311,7 +310,7 @@ class RecallPipeline:
         ]
         return Recalled(
             packed.block, items, packed.tokens, packed.truncated, len(ranked) + len(learned),
-            _ms(started), embed_ms,
+            elapsed_ms(started), embed_ms,
         )
 
     async def _dense(
@@ -320,11 +319,9 @@ class RecallPipeline:
         if vector is None:
             return []
         # Facts, summaries and profiles share the collection: only turn chunks here.
-        where = {"user_id": user_id, "source": "turn"} if session_id is None else {
-            "user_id": user_id, "session_id": session_id, "source": "turn",
-        }
         with tracing.span("memproxy.recall.dense_search") as span:
-            found = await self.shared_vectors.query(vector, k=k, where=where)
+            found = await self.shared_vectors.query(vector, k=k,
+                                                    where=owned(user_id, "turn", session_id))
             if span is not None:
                 span.set_attribute("memproxy.recall.candidates", len(found))
             return found
@@ -336,9 +333,7 @@ class RecallPipeline:
         with a raw cosine similarity of at least recall_standing_similarity, best first."""
         if vector is None or not self.weights.standing:
             return []
-        where: dict[str, str | bool] = {"user_id": user_id, "source": "turn", STANDING: True}
-        if session_id is not None:
-            where["session_id"] = session_id
+        where = {**owned(user_id, "turn", session_id), STANDING: True}
         found = await self.shared_vectors.query(vector, k=STANDING_CANDIDATES, where=where)
         floor = self.settings.recall_standing_similarity
         return [(key, similarity) for key, similarity in found if similarity >= floor]
@@ -355,11 +350,7 @@ class RecallPipeline:
         lexical: list[tuple[int, float]], read: list[ChunkRow],
     ) -> dict[str, Candidate]:
         """One candidate per distinct text found; `read` holds rows already read."""
-        scores: dict[int, list[float]] = {}
-        for key, similarity in dense:
-            scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
-        for chunk_id, bm25 in lexical:
-            scores.setdefault(chunk_id, [0.0, 0.0])[1] = bm25
+        scores = signal_scores(dense, lexical)
         have = {row.id for row in read}
         unread = [chunk_id for chunk_id in scores if chunk_id not in have]
         # The same text can be stored more than once (an edited history's branches, a reply
@@ -418,10 +409,6 @@ def _same_text(text: str) -> str:
     return " ".join(text.split())
 
 
-async def _no_items() -> list[LearnedItem]:
-    return []
-
-
 def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) -> None:
     """A recall span's attributes: what was asked and found (never the text)."""
     span.set_attributes({
@@ -435,5 +422,3 @@ def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) ->
     })
 
 
-def _ms(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 3)

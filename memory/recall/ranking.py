@@ -104,6 +104,18 @@ def fuse(
     return _best_first(candidates.values())
 
 
+def signal_scores(
+    dense: Iterable[tuple[str, float]], lexical: Iterable[tuple[int, float]]
+) -> dict[int, list[float]]:
+    """{item id: [dense, bm25]} from the two searches' hits (dense keys: a letter, the id)."""
+    scores: dict[int, list[float]] = {}
+    for key, similarity in dense:
+        scores.setdefault(int(key[1:]), [0.0, 0.0])[0] = similarity
+    for item_id, bm25 in lexical:
+        scores.setdefault(item_id, [0.0, 0.0])[1] = bm25
+    return scores
+
+
 def add_conversation(ranked: Sequence[Candidate], weight: float) -> list[Candidate]:
     """Lift the items of sessions that match as a whole, and re-rank.
 

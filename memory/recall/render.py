@@ -15,7 +15,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
@@ -76,9 +76,9 @@ class _SeenAs(dict[int, str | None]):
 _SEEN_AS = _SeenAs()
 
 
-def _seen_as(char: str) -> str:
-    """How one character reads: NFKD, then look-alikes made ASCII and invisible ones dropped."""
-    return unicodedata.normalize("NFKD", char).translate(_SEEN_AS)
+def _seen_as(text: str) -> str:
+    """How text reads: NFKD, then look-alikes made ASCII and invisible characters dropped."""
+    return unicodedata.normalize("NFKD", text).translate(_SEEN_AS)
 
 
 # Every line break str.splitlines() knows (a tokenizer may too): made "\n", which rendering
@@ -124,7 +124,7 @@ def neutralise(text: str) -> str:
     # character by character only on a hit.
     if not _OPENER.search(text):
         return text
-    if not _FENCE.search(unicodedata.normalize("NFKD", text).translate(_SEEN_AS)):
+    if not _FENCE.search(_seen_as(text)):
         return text
     seen: list[str] = []
     at: list[int] = []  # for each character of `seen`, the index of the one it came from
@@ -166,7 +166,7 @@ def speaker_label(speaker: str) -> str:
     shown = neutralise(speaker).replace("\n", " ")  # a name never starts a line
     if shown in ("user", "assistant"):
         return shown
-    seen = unicodedata.normalize("NFKD", shown).translate(_SEEN_AS).casefold()
+    seen = _seen_as(shown).casefold()
     return "@" + shown if ROLE_WORDS.intersection(_WORD.findall(seen)) else shown
 
 
@@ -188,6 +188,7 @@ def excerpt_of(entry: Entry) -> tuple[str, str]:
     return entry.session, _day(entry)
 
 
+@dataclass
 class ExcerptCost:
     """What each entry adds to the excerpts of the entries taken so far, in tokens.
 
@@ -200,10 +201,9 @@ class ExcerptCost:
     separator for each further excerpt.
     """
 
-    def __init__(self, count: Callable[[str], int]) -> None:
-        self.count = count
-        self.opened: set[tuple[str, str]] = set()
-        self.days: set[str] = set()
+    count: Callable[[str], int]
+    opened: set[tuple[str, str]] = field(default_factory=set)
+    days: set[str] = field(default_factory=set)
 
     def of(self, entry: Entry, line: str) -> int:
         """The cost of `entry`, rendered as `line`, if it were taken next."""

@@ -19,7 +19,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from memory import tracing
@@ -38,7 +38,7 @@ TIMEOUT = "timeout"
 ERROR = "error"
 MALFORMED = "malformed"
 
-_T = TypeVar("_T")
+_Keyed = TypeVar("_Keyed", Candidate, LearnedItem)  # both carry a `key`
 
 
 class RerankFailed(Exception):
@@ -68,20 +68,17 @@ class Reranked:
     report: RerankReport
 
 
+@dataclass(kw_only=True)
 class Reranker:
     """Reorders the best fused candidates with `scorer` within `timeout_ms`.
 
     `redact` is applied to the query and to every text before it leaves the process.
     """
 
-    def __init__(
-        self, scorer: Scorer | None, *, top_n: int, timeout_ms: int,
-        redact: Callable[[str], str],
-    ) -> None:
-        self.scorer = scorer
-        self.top_n = top_n
-        self.timeout = timeout_ms / 1000
-        self.redact = redact
+    scorer: Scorer | None = field(kw_only=False)
+    top_n: int
+    timeout_ms: int
+    redact: Callable[[str], str]
 
     async def rerank(
         self, query: str, user_id: str, turns: list[Candidate], learned: Learned
@@ -92,31 +89,31 @@ class Reranker:
         keys = [key for key, _ in best]
         if self.scorer is None or not best:
             fallback = OFF if self.scorer is None else None
-            return Reranked(turns, learned, RerankReport(keys, [], _ms(started), fallback))
+            return Reranked(turns, learned, RerankReport(keys, [], elapsed_ms(started), fallback))
         with tracing.span("memproxy.recall.rerank", {"memproxy.rerank.candidates": len(best)}) as span:
             try:
                 scores = await self._scores(query, user_id, [text for _, text in best])
             except RerankFailed as failed:
-                report = RerankReport(keys, [], _ms(started), failed.reason)
+                report = RerankReport(keys, [], elapsed_ms(started), failed.reason)
                 if span is not None:
                     span.set_attribute("memproxy.rerank.fallback", failed.reason)
                 return Reranked(turns, learned, report)
         order = [key for _, key in sorted(zip(scores, keys, strict=True), key=lambda p: -p[0])]
         rank = {key: i for i, key in enumerate(order)}
         reordered = replace(
-            learned, facts=_reorder(learned.facts, rank, _learned_key),
-            summaries=_reorder(learned.summaries, rank, _learned_key),
-            shared=_reorder(learned.shared, rank, _learned_key),
+            learned, facts=_reorder(learned.facts, rank),
+            summaries=_reorder(learned.summaries, rank),
+            shared=_reorder(learned.shared, rank),
         )
-        return Reranked(_reorder(turns, rank, _turn_key), reordered,
-                        RerankReport(keys, order, _ms(started)))
+        return Reranked(_reorder(turns, rank), reordered,
+                        RerankReport(keys, order, elapsed_ms(started)))
 
     async def _scores(self, query: str, user_id: str, texts: list[str]) -> list[float]:
         """The scorer's scores for `texts`, checked; RerankFailed on any failure."""
         assert self.scorer is not None
         documents = [self.redact(text[:MAX_DOCUMENT_CHARS]) for text in texts]
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout_ms / 1000):
                 scores = list(await self.scorer(self.redact(query), documents, user_id))
         except TimeoutError:
             raise RerankFailed(TIMEOUT) from None
@@ -141,24 +138,17 @@ def best_candidates(
     return [(key, text) for _, _, key, text in pool[:top_n]]
 
 
-def _reorder(items: list[_T], rank: dict[str, int], key_of: Callable[[_T], str]) -> list[_T]:
+def _reorder(items: list[_Keyed], rank: dict[str, int]) -> list[_Keyed]:
     """The ranked items first, in the reranker's order; the others after, as they were
     (the sort is stable)."""
     last = len(rank)
-    return sorted(items, key=lambda item: rank.get(key_of(item), last))
-
-
-def _turn_key(candidate: Candidate) -> str:
-    return candidate.key
-
-
-def _learned_key(item: LearnedItem) -> str:
-    return item.key
+    return sorted(items, key=lambda item: rank.get(item.key, last))
 
 
 def _is_score(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _ms(started: float) -> float:
+def elapsed_ms(started: float) -> float:
+    """Milliseconds since `started` (a perf_counter reading), to the microsecond."""
     return round((time.perf_counter() - started) * 1000, 3)
