@@ -57,13 +57,10 @@ class McpEndpoint:
         self.body_limit = min(body_limit, MAX_BODY_BYTES)
         # The SDK's own checks (Accept, Content-Type, the JSON-RPC envelope) stay on; the
         # size limit is ours (a JSON 413, before the SDK reads anything).
-        self.json = StreamableHTTPSessionManager(
-            self.server, json_response=True, stateless=True,
-            max_request_body_size=self.body_limit + 1,
-        )
-        self.sse = StreamableHTTPSessionManager(
-            self.server, json_response=False, stateless=True,
-            max_request_body_size=self.body_limit + 1,
+        self.json, self.sse = (
+            StreamableHTTPSessionManager(self.server, json_response=json_response, stateless=True,
+                                         max_request_body_size=self.body_limit + 1)
+            for json_response in (True, False)
         )
 
     @contextlib.asynccontextmanager
@@ -150,7 +147,8 @@ def build_server() -> Server[Any]:
             "Long-term memory shared with every AI app that goes through memproxy. Search it "
             "before answering from the user's history; save durable facts with add_memory."
         ),
-        on_list_tools=list_tools, on_call_tool=call_tool,
+        on_list_tools=lambda ctx, params: _tools(),  # every tool, one page
+        on_call_tool=call_tool,
         on_list_resources=resources.list_resources,
         on_list_resource_templates=resources.list_templates,
         on_read_resource=resources.read_resource,
@@ -159,10 +157,7 @@ def build_server() -> Server[Any]:
     return server
 
 
-async def list_tools(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListToolsResult:
-    """Every tool (one page)."""
+async def _tools() -> types.ListToolsResult:
     return types.ListToolsResult(tools=list(TOOLS.values()))
 
 
@@ -180,7 +175,7 @@ async def call_tool(
     try:
         result = await handler(who, arguments(params.name, params.arguments))
         return types.CallToolResult(
-            content=[types.TextContent(text=_json_text(result))], structured_content=result
+            content=[types.TextContent(text=orjson.dumps(result).decode())], structured_content=result
         )
     except ProxyError as exc:
         outcome = type(exc).__name__
@@ -213,7 +208,3 @@ def _account(
 
 def _error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
-
-
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()
