@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from memory.admin.record_checks import IGNORED, RECORD_SHAPES, RecordError, check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
     from memory.admin.sessions import CursorError, SessionInfo, turn_dict
-    from memory.admin.stats import MAX_METRICS_ROWS, summarize
+    from memory.admin.stats import MAX_METRICS_ROWS
     from memory.admin.usage import Hold, UsageLedger, UsageReport
     from memory.engine import Embedder, MemoryEngine, check_stores, collection_name
     from memory.index.embeddings import EmbeddingModelMissing, LocalEmbedder, find_model_dir
@@ -137,7 +137,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ClearReceipt": ("memory.admin.clearing", "ClearReceipt"),
     "check_record": ("memory.admin.record_checks", "check_record"),
     "turn_dict": ("memory.admin.sessions", "turn_dict"),
-    "summarize": ("memory.admin.stats", "summarize"),
     "backup": ("memory.admin.backup", "backup"),
     "BackupError": ("memory.admin.backup", "BackupError"),
     "BackupResult": ("memory.admin.backup", "BackupResult"),
@@ -255,7 +254,6 @@ __all__ = [
     "place",
     "placing_order",
     "redact_profile",
-    "summarize",
     "trace_span",
     "turn_dict",
     "turn_text",

@@ -17,7 +17,7 @@ from typing import Any
 
 from memory.storage import api_keys
 from memory.storage.api_keys import CHANGEABLE, StoredKey
-from memory.storage.interface import Database
+from memory.storage.interface import Connection, Database
 
 SECRET_PREFIX = "mp-"
 _PREFIX_HEX = 8
@@ -68,10 +68,7 @@ class KeyStore:
 
     async def get(self, key_id: str) -> StoredKey:
         """One key; KeyNotFound."""
-        found = await api_keys.by_id(self.db, key_id)
-        if found is None:
-            raise KeyNotFound(f"no key with id {key_id!r}")
-        return found
+        return await _existing(self.db, key_id)
 
     async def all(self) -> list[StoredKey]:
         """Every key, revoked ones too, oldest first."""
@@ -88,9 +85,7 @@ class KeyStore:
         if unknown:
             raise ValueError(f"cannot change {sorted(unknown)}")
         async with self.db.write() as tx:
-            found = await api_keys.by_id(tx, key_id)
-            if found is None:
-                raise KeyNotFound(f"no key with id {key_id!r}")
+            found = await _existing(tx, key_id)
             if found.revoked_at is not None:
                 raise KeyRevoked(f"key {key_id!r} is revoked and cannot change")
             if changes:
@@ -101,9 +96,7 @@ class KeyStore:
         """Revoke a key; KeyNotFound, KeyRevoked (revoking twice)."""
         at = time.time() if now is None else now
         async with self.db.write() as tx:
-            found = await api_keys.by_id(tx, key_id)
-            if found is None:
-                raise KeyNotFound(f"no key with id {key_id!r}")
+            found = await _existing(tx, key_id)
             if not await api_keys.revoke(tx, key_id, at):
                 raise KeyRevoked(f"key {key_id!r} is already revoked")
         return replace(found, revoked_at=at)
@@ -119,3 +112,10 @@ class KeyStore:
         if rows:
             async with self.db.write() as tx:
                 await api_keys.touch(tx, rows)
+
+
+async def _existing(db: Connection, key_id: str) -> StoredKey:
+    found = await api_keys.by_id(db, key_id)
+    if found is None:
+        raise KeyNotFound(f"no key with id {key_id!r}")
+    return found

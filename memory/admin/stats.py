@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
-import statistics
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,8 @@ class MemoryStats:
         return [row for _, row in rows], _encode(rows[-1][1]["created_at"], rows[-1][0]) if more else None
 
     async def metrics_summary(self, user_id: str, since: float, until: float) -> dict[str, Any]:
-        """What summarize() says of every row in the range, computed by the database."""
+        """Count, recall latency percentiles and injected tokens of every row in the range,
+        computed by the database."""
         totals = await metrics.totals(self.db, user_id, since, until)
         p50, p95 = [
             await metrics.latency_at(self.db, user_id, since, until, _rank(totals.latencies, pct))
@@ -109,31 +109,11 @@ class MemoryStats:
             asyncio.to_thread(self.vectors.count),
         )
         database = await self.db.size_bytes()
-        vector_files = await asyncio.to_thread(lambda: _size(_files(self.vectors_path)))
+        vector_files = await asyncio.to_thread(_size, self.vectors_path)
         return {
             "vectors": vectors, "vectors_total": total,
             "database_bytes": database, "vectors_bytes": vector_files,
         }
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Count, recall latency percentiles and injected tokens of metrics rows."""
-    latencies = sorted(r["recall_ms"] for r in rows if r["recall_ms"] is not None)
-    tokens = [int(r["injected_tokens"]) for r in rows]
-    return {
-        "requests": len(rows),
-        "recall_ms_p50": _percentile(latencies, 50),
-        "recall_ms_p95": _percentile(latencies, 95),
-        "recall_ms_max": latencies[-1] if latencies else None,
-        "injected_tokens_mean": round(statistics.fmean(tokens), 1) if tokens else None,
-        "injected_tokens_max": max(tokens) if tokens else None,
-        "truncated": sum(1 for r in rows if r["truncated"]),
-        "errors": sum(1 for r in rows if r["error"]),
-    }
-
-
-def _percentile(values: Sequence[float], pct: int) -> float | None:
-    return float(values[_rank(len(values), pct)]) if values else None
 
 
 def _rank(count: int, pct: int) -> int:
@@ -156,15 +136,10 @@ def _decode(cursor: str) -> tuple[float, int]:
     return float(match[1]), int(match[2])
 
 
-def _files(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-
-
-def _size(paths: Sequence[Path]) -> int:
+def _size(folder: Path) -> int:
+    """Bytes of the files under `folder`; a file removed while it is walked counts none."""
     total = 0
-    for path in paths:
-        try:
-            total += path.stat().st_size
-        except FileNotFoundError:
-            continue
+    for path in folder.rglob("*") if folder.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size if path.is_file() else 0
     return total

@@ -30,7 +30,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from memory.learning.learner import DEFAULT_ROUTE
 from memory.outages import is_outage
@@ -176,9 +175,5 @@ class Spooling:
 
 
 def _turns(entry: SpooledEntry) -> list[NewTurn]:
-    return [NewTurn(**_turn_fields(t)) for t in entry.entry["turns"]]
-
-
-def _turn_fields(fields: dict[str, Any]) -> dict[str, Any]:
     allowed = {f.name for f in dataclasses.fields(NewTurn)}
-    return {key: value for key, value in fields.items() if key in allowed}
+    return [NewTurn(**{k: v for k, v in t.items() if k in allowed}) for t in entry.entry["turns"]]

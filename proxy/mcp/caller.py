@@ -40,10 +40,6 @@ class McpCaller:
     # client info with a later call.
     client: str | None = None
 
-    def with_client(self, name: str) -> McpCaller:
-        """The same caller, naming its client."""
-        return dataclasses.replace(self, client=name)
-
 
 def caller_of(ctx: ServerRequestContext[Any]) -> McpCaller:
     """The caller `McpEndpoint` authorised, with the client's name for provenance."""
@@ -52,7 +48,7 @@ def caller_of(ctx: ServerRequestContext[Any]) -> McpCaller:
     if not isinstance(who, McpCaller):
         raise MCPError(INVALID_PARAMS, "no authorised caller for this request")
     name = _named_client(ctx)
-    return who if name is None else who.with_client(name)
+    return who if name is None else dataclasses.replace(who, client=name)
 
 
 def client_name(name: object) -> str | None:
@@ -63,14 +59,17 @@ def client_name(name: object) -> str | None:
 
 
 def _named_client(ctx: ServerRequestContext[Any]) -> str | None:
-    """The name a forwarding bridge passed on, else the client's own (initialize's client
-    info, or the request's on protocols without initialize)."""
-    meta = ctx.meta or {}
-    name = meta.get(FORWARDED_CLIENT_META_KEY)
-    if name is None:
-        params = ctx.session.client_params
-        name = params.client_info.name if params is not None else None
-    if name is None:
-        info = meta.get(CLIENT_INFO_META_KEY)
-        name = info.get("name") if isinstance(info, Mapping) else None
-    return client_name(name)
+    """The name a forwarding bridge passed on, else the client's own."""
+    name = (ctx.meta or {}).get(FORWARDED_CLIENT_META_KEY)
+    return client_name(local_client(ctx) if name is None else name)
+
+
+def local_client(ctx: ServerRequestContext[Any]) -> str | None:
+    """The client's name from initialize's client info, or from the request's _meta on
+    protocols without initialize (a bridge's own client info names only the bridge)."""
+    params = ctx.session.client_params
+    if params is not None:
+        return params.client_info.name
+    info = (ctx.meta or {}).get(CLIENT_INFO_META_KEY)
+    name = info.get("name") if isinstance(info, Mapping) else None
+    return name if isinstance(name, str) else None

@@ -15,26 +15,12 @@ from mcp_types import INVALID_PARAMS
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import ProxyError
 from proxy.mcp.caller import caller_of
-from proxy.mcp.schemas import PROFILE_URI, RESOURCES, TEMPLATES, NoArguments
+from proxy.mcp.schemas import PROFILE_URI, NoArguments
 from proxy.mcp.tools import read_profile, session_summary
 
 RESOURCE_NOT_FOUND = -32002  # MCP 2025-06-18 "Resources", error handling
 SESSION_PREFIX = "memproxy://sessions/"
 SUMMARY_SUFFIX = "/summary"
-
-
-async def list_resources(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListResourcesResult:
-    """The fixed resources (the profile)."""
-    return types.ListResourcesResult(resources=RESOURCES)
-
-
-async def list_templates(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListResourceTemplatesResult:
-    """The session summary template."""
-    return types.ListResourceTemplatesResult(resource_templates=TEMPLATES)
 
 
 async def read_resource(

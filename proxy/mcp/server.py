@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import mcp_types as types
 import orjson
@@ -38,15 +38,16 @@ from proxy.access.limits import limit_keys
 from proxy.http.body import read_body
 from proxy.http.errors import MemoryUnavailable, ProxyError
 from proxy.http.logs import get_logger
-from proxy.mcp import resources
 from proxy.mcp.caller import CALLER, McpCaller, caller_of, client_name
-from proxy.mcp.schemas import TOOLS
+from proxy.mcp.resources import read_resource
+from proxy.mcp.schemas import RESOURCES, TEMPLATES, TOOLS
 from proxy.mcp.tools import HANDLERS, arguments
 from proxy.state import AppState
 
 log = get_logger("mcp")
 ROUTE = "/mcp"
 MAX_BODY_BYTES = 1024 * 1024  # a tool call is a few kB; the memory API's limits are smaller
+_Result = TypeVar("_Result")
 
 
 class McpEndpoint:
@@ -57,13 +58,10 @@ class McpEndpoint:
         self.body_limit = min(body_limit, MAX_BODY_BYTES)
         # The SDK's own checks (Accept, Content-Type, the JSON-RPC envelope) stay on; the
         # size limit is ours (a JSON 413, before the SDK reads anything).
-        self.json = StreamableHTTPSessionManager(
-            self.server, json_response=True, stateless=True,
-            max_request_body_size=self.body_limit + 1,
-        )
-        self.sse = StreamableHTTPSessionManager(
-            self.server, json_response=False, stateless=True,
-            max_request_body_size=self.body_limit + 1,
+        self.json, self.sse = (
+            StreamableHTTPSessionManager(self.server, json_response=json_response, stateless=True,
+                                         max_request_body_size=self.body_limit + 1)
+            for json_response in (True, False)
         )
 
     @contextlib.asynccontextmanager
@@ -150,20 +148,22 @@ def build_server() -> Server[Any]:
             "Long-term memory shared with every AI app that goes through memproxy. Search it "
             "before answering from the user's history; save durable facts with add_memory."
         ),
-        on_list_tools=list_tools, on_call_tool=call_tool,
-        on_list_resources=resources.list_resources,
-        on_list_resource_templates=resources.list_templates,
-        on_read_resource=resources.read_resource,
+        # Every tool, resource and template in one page.
+        on_list_tools=lambda ctx, params: _answer(types.ListToolsResult(tools=list(TOOLS.values()))),
+        on_call_tool=call_tool,
+        on_list_resources=lambda ctx, params: _answer(
+            types.ListResourcesResult(resources=RESOURCES)),
+        on_list_resource_templates=lambda ctx, params: _answer(
+            types.ListResourceTemplatesResult(resource_templates=TEMPLATES)),
+        on_read_resource=read_resource,
     )
     server.middleware = []  # no OpenTelemetry span per message: nothing here exports them
     return server
 
 
-async def list_tools(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListToolsResult:
-    """Every tool (one page)."""
-    return types.ListToolsResult(tools=list(TOOLS.values()))
+async def _answer(result: _Result) -> _Result:
+    # The SDK awaits every handler; a listing has nothing to wait for.
+    return result
 
 
 async def call_tool(
@@ -180,7 +180,7 @@ async def call_tool(
     try:
         result = await handler(who, arguments(params.name, params.arguments))
         return types.CallToolResult(
-            content=[types.TextContent(text=_json_text(result))], structured_content=result
+            content=[types.TextContent(text=orjson.dumps(result).decode())], structured_content=result
         )
     except ProxyError as exc:
         outcome = type(exc).__name__
@@ -213,7 +213,3 @@ def _account(
 
 def _error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
-
-
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()

@@ -23,9 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from mcp_types import CLIENT_INFO_META_KEY
 
-from proxy.mcp.caller import FORWARDED_CLIENT_META_KEY
+from proxy.mcp.caller import FORWARDED_CLIENT_META_KEY, local_client
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CLIENT_NAME = "memproxy-mcp-stdio"
@@ -113,24 +112,8 @@ async def bridge(url: str, headers: Mapping[str, str]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def local_client(ctx: ServerRequestContext[Any]) -> str | None:
-    """The local client's name, which the server records as a memory's provenance (the
-    bridge's own client info names only the bridge)."""
-    params = ctx.session.client_params
-    if params is not None:
-        return params.client_info.name
-    info = (ctx.meta or {}).get(CLIENT_INFO_META_KEY)
-    name = info.get("name") if isinstance(info, Mapping) else None
-    return name if isinstance(name, str) else None
-
-
 def forwarding_server(remote: Client) -> Server[Any]:
     """A server whose every tool and resource is the remote server's."""
-
-    async def list_tools(
-        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        return await remote.list_tools()
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -141,26 +124,14 @@ def forwarding_server(remote: Client) -> Server[Any]:
             params.name, params.arguments, meta=cast(types.RequestParamsMeta, meta)
         )
 
-    async def list_resources(
-        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
-        return await remote.list_resources()
-
-    async def list_templates(
-        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourceTemplatesResult:
-        return await remote.list_resource_templates()
-
-    async def read_resource(
-        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
-        return await remote.read_resource(params.uri)
-
     server: Server[Any] = Server(
         "memproxy", version="1", title="memproxy memory (stdio)",
         instructions=remote.instructions,
-        on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-        on_list_resource_templates=list_templates, on_read_resource=read_resource,
+        on_list_tools=lambda ctx, params: remote.list_tools(),
+        on_call_tool=call_tool,
+        on_list_resources=lambda ctx, params: remote.list_resources(),
+        on_list_resource_templates=lambda ctx, params: remote.list_resource_templates(),
+        on_read_resource=lambda ctx, params: remote.read_resource(params.uri),
     )
     server.middleware = []
     return server

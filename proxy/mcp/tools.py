@@ -12,7 +12,7 @@ the server turns into a tool result marked as an error: nothing is stored.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from memory import (
     ClearExpired,
@@ -198,21 +198,18 @@ def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> d
     }
 
 
-def _target(who: McpCaller, shared: bool, action: str) -> tuple[str, bool]:
+def _target(who: McpCaller, shared: bool, action: Literal["read", "write"]) -> tuple[str, bool]:
     """The memory a call reads or changes: the caller's, or (`shared`) its organisation's,
     once `decide` allows it."""
-    if shared:
-        if who.org_id is None:
-            raise InvalidRequest(
-                "shared memory needs an organisation: an org key or X-Memory-Org-Id",
-                param="shared",
-            )
-        decide(who.principal, who.settings, user_id=None, org_id=who.org_id,
-               action="write" if action == "write" else "read")
-        return organization_memory(who.org_id), True
-    decide(who.principal, who.settings, user_id=who.user_id, org_id=None,
-           action="write" if action == "write" else "read")
-    return who.user_id, False
+    if not shared:
+        decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action=action)
+        return who.user_id, False
+    if who.org_id is None:
+        raise InvalidRequest(
+            "shared memory needs an organisation: an org key or X-Memory-Org-Id", param="shared"
+        )
+    decide(who.principal, who.settings, user_id=None, org_id=who.org_id, action=action)
+    return organization_memory(who.org_id), True
 
 
 HANDLERS: dict[str, Tool] = {
