@@ -138,13 +138,11 @@ class Upstream:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.default = Target(settings.upstream_base_url.rstrip("/"), settings.upstream_api_key)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.upstream_connect_timeout,
-            sock_read=settings.upstream_timeout,
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
+                                        sock_read=settings.upstream_timeout)
         self.client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=settings.upstream_max_connections, limit_per_host=0),
-            timeout=self._timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             # Send only what the client sent: no invented Accept, encodings or content type.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             trace_configs=[_tracing()],  # tells open() whether a connection was pooled
