@@ -132,3 +132,27 @@ def test_responses_to_an_anthropic_route_are_translated(
     assert response.output_text == "Bonjour from Claude"
     sent = upstream.history[-1]
     assert sent.path == "/v1/messages" and sent.headers["x-api-key"] == "sk-ant-route"
+
+
+async def test_a_learning_call_through_litellm_sends_its_own_key_and_trace(
+    upstream: ScriptedUpstream,
+) -> None:
+    from proxy.upstream.client import Target
+    from proxy.upstream.litellm_transport import close_clients, complete_text
+
+    target = Target(upstream.base_url, "sk-route", "openai", name="via-litellm-*")
+    traceparent = f"00-{'1' * 32}-{'2' * 16}-01"
+    try:
+        text, reply = await complete_text(
+            target, "via-litellm-model", [{"role": "user", "content": "learn me"}], "sk-learning",
+            timeout=30, trace={"traceparent": traceparent},
+        )
+    finally:
+        await close_clients()
+    assert text == "echo: learn me"
+    assert reply["choices"][0]["message"]["content"] == "echo: learn me"
+    sent = upstream.history[-1]
+    assert sent.headers["authorization"] == "Bearer sk-learning"  # the call's key, not the route's
+    assert sent.headers["traceparent"] == traceparent
+    assert sent.json == {"model": "via-litellm-model", "temperature": 0,
+                         "messages": [{"role": "user", "content": "learn me"}]}

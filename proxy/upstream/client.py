@@ -138,13 +138,11 @@ class Upstream:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.default = Target(settings.upstream_base_url.rstrip("/"), settings.upstream_api_key)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.upstream_connect_timeout,
-            sock_read=settings.upstream_timeout,
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
+                                        sock_read=settings.upstream_timeout)
         self.client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=settings.upstream_max_connections, limit_per_host=0),
-            timeout=self._timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             # Send only what the client sent: no invented Accept, encodings or content type.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             trace_configs=[_tracing()],  # tells open() whether a connection was pooled
@@ -178,14 +176,14 @@ class Upstream:
             response = await self._request(method, url, headers, content, reuse)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if not reuse.reused or isinstance(exc, aiohttp.ClientConnectorError) or not isinstance(content, bytes):
-                raise _mapped(exc) from None
+                raise map_transport_error(exc, sending=True) from None
             log.info("stale upstream connection, sending again", extra={"error": _describe(exc)})
             try:
                 response = await self._request(method, url, headers, content, _Reuse())
             except (TimeoutError, aiohttp.ClientError) as again:
-                raise _mapped(again) from None
+                raise map_transport_error(again, sending=True) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _mapped(exc) from None
+            raise map_transport_error(exc, sending=True) from None
         return UpstreamResponse(response)
 
     async def _request(
@@ -234,15 +232,6 @@ def _tracing() -> aiohttp.TraceConfig:
     trace = aiohttp.TraceConfig()
     trace.on_connection_reuseconn.append(_on_reuse)
     return trace
-
-
-def _mapped(exc: Exception) -> ProxyError:
-    """Our error for a transport failure while sending a request."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamConnectTimeout(f"upstream timed out connecting: {_describe(exc)}")
-    if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"upstream timed out: {_describe(exc)}")
-    return UpstreamUnreachable(f"upstream unreachable: {_describe(exc)}")
 
 
 def is_upstream_outage(exc: ProxyError) -> bool:
@@ -327,10 +316,8 @@ async def read_body(response: UpstreamReply, *, limit: int | None = None) -> byt
             if limit is not None and size >= limit:
                 break
         return b"".join(parts)
-    except TimeoutError as exc:
-        raise UpstreamTimeout(f"upstream timed out: {_describe(exc)}") from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}") from None
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise map_transport_error(exc) from None
 
 
 def forward_headers(
@@ -410,13 +397,17 @@ def contained_path(path: str) -> str:
                    " backslashes and their percent-encodings are refused)", code="invalid_path")
 
 
-def map_transport_error(exc: Exception) -> ProxyError:
-    """A transport failure during a body read, as our error (ours pass through as they are)."""
+def map_transport_error(exc: Exception, *, sending: bool = False) -> ProxyError:
+    """A transport failure as our error (ours pass through as they are): while `sending`
+    the request, or during a body read."""
     if isinstance(exc, ProxyError):
         return exc
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectTimeout(f"upstream timed out connecting: {_describe(exc)}")
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream timed out: {_describe(exc)}")
-    return UpstreamUnreachable(f"upstream failed mid-response: {_describe(exc)}")
+    failed = "unreachable" if sending else "failed mid-response"
+    return UpstreamUnreachable(f"upstream {failed}: {_describe(exc)}")
 
 
 def anthropic_target(base_url: str, api_key: str | None) -> Target:

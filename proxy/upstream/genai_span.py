@@ -18,9 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from proxy.http.sse import ReplyTee, SSEDecoder, event_payload
+from proxy.http.sse import ReplyTee, SSEDecoder, event_payload, json_object
 from proxy.upstream.captured_messages import captured_messages
 from proxy.upstream.client import Target, UpstreamHeaders, UpstreamReply
 
@@ -214,7 +212,7 @@ class TracedReply:
 
     def _objects(self) -> list[dict[str, Any]]:
         if not self._stream:
-            found = _json(b"".join(self._head))
+            found = json_object(b"".join(self._head))
             return [found] if found is not None else []
         if self._tailed <= _TAIL_CHUNKS:  # all of it is here
             return _objects_in(b"".join(self._head) + b"".join(self._tail))
@@ -287,12 +285,4 @@ def _server(base_url: str) -> dict[str, str | int]:
 def _objects_in(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects the whole SSE events in `data` carry (`[DONE]` is none)."""
     return [found for event in SSEDecoder().feed(data) if (found := event_payload(event)) is not None]
-
-
-def _json(data: bytes) -> dict[str, Any] | None:
-    try:
-        found = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return found if isinstance(found, dict) else None
 

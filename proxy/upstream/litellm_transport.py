@@ -13,8 +13,10 @@ an address: litellm's texts carry the host and port it tried.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Set
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -100,43 +102,18 @@ async def _call(
         raise to_proxy_error(exc, target) from None
 
 
-async def open_chat(
+async def _open(
+    function: Callable[..., Awaitable[Any]], events: Callable[[Any], AsyncIterator[bytes]],
     target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
     trace: Mapping[str, str] | None = None,
 ) -> LitellmReply:
-    """Send a chat completion through litellm; the answer in OpenAI's chat format."""
-    result = await _call(litellm.acompletion, target, body, allowed, timeout, trace)
-    if not body.get("stream"):
-        return LitellmReply(_once(orjson.dumps(result.model_dump(exclude_none=True))),
-                            "application/json", target)
-    return LitellmReply(_chat_events(result), "text/event-stream", target, close=_closer(result))
-
-
-async def open_responses(
-    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
-    trace: Mapping[str, str] | None = None,
-) -> LitellmReply:
-    """Send a Responses API request through litellm; the answer in the Responses format."""
-    result = await _call(litellm.aresponses, target, body, allowed, timeout, trace)
+    """Send a request through litellm's `function`; the answer in its API format, a stream's
+    events made SSE bytes by `events`."""
+    result = await _call(function, target, body, allowed, timeout, trace)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
-    return LitellmReply(_named_events(result), "text/event-stream", target, close=_closer(result))
+    return LitellmReply(events(result), "text/event-stream", target, close=_closer(result))
 
-
-async def open_messages(
-    target: Target, body: dict[str, Any], allowed: Set[str], *, timeout: float,
-    trace: Mapping[str, str] | None = None,
-) -> LitellmReply:
-    """Send an Anthropic Messages request through litellm; the answer in that format."""
-    result = await _call(litellm.anthropic_messages, target, body, allowed, timeout, trace)
-    if not body.get("stream"):
-        return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
-    # litellm streams these as the SSE bytes Anthropic sends.
-    return LitellmReply(_bytes(result), "text/event-stream", target, close=_closer(result))
-
-
-# Each API format's opener, by its route (`ApiFormat.open_litellm`).
-OPENERS = {"chat": open_chat, "responses": open_responses, "messages": open_messages}
 
 async def _bytes(stream: Any) -> AsyncIterator[bytes]:
     async for chunk in stream:
@@ -160,6 +137,15 @@ async def _named_events(stream: Any) -> AsyncIterator[bytes]:
         data = _plain(event)
         name = data.get("type") if isinstance(data, dict) else None
         yield encode(orjson.dumps(data), name if isinstance(name, str) else None)
+
+
+# Each API format's opener, by its route (`ApiFormat.open_litellm`): chat completions, the
+# Responses API, and Anthropic Messages (litellm streams these as the SSE bytes Anthropic sends).
+OPENERS = {
+    "chat": functools.partial(_open, litellm.acompletion, _chat_events),
+    "responses": functools.partial(_open, litellm.aresponses, _named_events),
+    "messages": functools.partial(_open, litellm.anthropic_messages, _bytes),
+}
 
 
 def _plain(value: Any) -> Any:
@@ -186,14 +172,9 @@ async def complete_text(
     """One non-streaming completion through litellm (memory's learning calls): its text,
     and the reply as a chat completion (for its span). `trace`: the Trace Context headers
     of memproxy's CLIENT span, the only headers it adds."""
-    extra = {"extra_headers": dict(trace)} if trace else {}
-    try:
-        result = await litellm.acompletion(
-            model=_model_name(target, model), messages=messages, api_key=api_key, api_base=target.base_url or None,
-            timeout=timeout, temperature=0, **extra,
-        )
-    except Exception as exc:  # litellm raises its own tree; map it
-        raise to_proxy_error(exc, target) from None
+    body = {"model": model, "messages": messages, "temperature": 0}
+    result = await _call(litellm.acompletion, replace(target, api_key=api_key), body, body.keys(),
+                         timeout, trace)
     reply = result.model_dump(exclude_none=True)
     return reply_text(reply) or "", reply
 

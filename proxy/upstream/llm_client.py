@@ -188,9 +188,7 @@ class LLMClient:
         self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
         trace: Mapping[str, str] | None,
     ) -> tuple[str, dict[str, Any]]:
-        headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
-        if key:
-            headers.append(("authorization", f"Bearer {key}"))
+        headers = [("authorization", f"Bearer {key}")] if key else []
         body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
         content = await self._send(target, "/v1/chat/completions", headers, body, key, trace)
         return _reply_text(content)
@@ -200,10 +198,7 @@ class LLMClient:
         trace: Mapping[str, str] | None,
     ) -> tuple[str, dict[str, Any]]:
         """The same question as Anthropic Messages: system prompts go to `system`."""
-        headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
-                   ("anthropic-version", ANTHROPIC_VERSION)]
-        if key:
-            headers.append(("x-api-key", key))
+        headers = [("anthropic-version", ANTHROPIC_VERSION), *([("x-api-key", key)] if key else [])]
         system = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
         turns = [{"role": m["role"], "content": str(m["content"])}
                  for m in messages if m["role"] != "system"]
@@ -216,8 +211,8 @@ class LLMClient:
         self, target: Target, path: str, headers: list[tuple[str, str]], body: bytes,
         key: str | None, trace: Mapping[str, str] | None,
     ) -> bytes:
-        if trace:
-            headers = [*headers, *trace.items()]
+        headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
+                   *headers, *(trace or {}).items()]
         response = await self.upstream.open("POST", url_for(target, path), headers, body)
         try:
             content = await read_body(response, limit=MAX_ANSWER_BYTES)
