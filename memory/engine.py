@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from memory.learning.learner import DEFAULT_ROUTE, EXTRACT_JOB, LLM, SUMMARY_JOB
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.log.spooling import Spooled, Spooling
-from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog, counted, new_turns
+from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog, counted_turns, new_turns
 from memory.outages import is_outage
 from memory.recall.learned_recall import LearnedRecall
 from memory.recall.outcome import Recalled, RecallRequest
@@ -54,7 +55,7 @@ from memory.storage.injections import Injection
 from memory.storage.metrics import RequestMetrics
 from memory.storage.spool import SpoolFile
 from memory.storage.turns import NewTurn
-from memory.tokens import ensure_offline_tiktoken, load_encodings
+from memory.tokens import count_tokens, ensure_offline_tiktoken, load_encodings, off_loop
 
 log = logging.getLogger("memproxy.memory")
 
@@ -278,8 +279,7 @@ class MemoryEngine:
         the session's later requests put it back (placed_blocks).
         """
         now = time.time()
-        turns, at = new_turns(messages, model=model, request_id=request_id, now=now)
-        turns = await counted(turns)
+        turns, at = await counted_turns(messages, model=model, request_id=request_id, now=now)
         if not turns:
             return after
         spooling = self.spooling
@@ -312,7 +312,7 @@ class MemoryEngine:
     ) -> dict[int, Injection]:
         """{index into `messages`: the block kept with that stored turn} for the request's
         messages that earlier requests of the session injected a block at."""
-        turns, at = new_turns(messages, model="", request_id=None, now=0.0)
+        turns, at = new_turns(messages, model="", request_id=None, now=0.0, count=False)
         try:
             ids = await self.log.locate(user_id, session_id, turns, after=after)
         except Exception as exc:
@@ -382,10 +382,11 @@ class MemoryEngine:
         """Store the assistant's reply after the turn it answers (spooled after it when that
         turn was spooled, or when the database is unreachable); its learning jobs go through
         `route`, the way in that served the conversation."""
-        [turn] = await counted([NewTurn(
+        turn = NewTurn(
             role="assistant", content=text, created_at=time.time(), model=model,
+            tokens=await off_loop(len(text), functools.partial(count_tokens, text, model)),
             request_id=request_id, incomplete=incomplete,
-        )])
+        )
         spooling = self.spooling
         if isinstance(after, Spooled) or (spooling is not None and spooling.active):
             assert spooling is not None  # only a spool makes a Spooled

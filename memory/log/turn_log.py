@@ -8,6 +8,7 @@ The SQL is memory.storage.turns'; this module decides which turns of a request a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,26 +26,35 @@ INDEX_JOB = "index"  # the job that chunks, embeds and indexes new turns (memory
 
 
 def new_turns(
+    messages: Sequence[Mapping[str, Any]], *, model: str, request_id: str | None, now: float,
+    count: bool = True,
+) -> tuple[list[NewTurn], list[int]]:
+    """The turns memory keeps of `messages`, and the index of the message each came from."""
+    return _turns(_said(messages), model, request_id, now, count)
+
+
+async def counted_turns(
     messages: Sequence[Mapping[str, Any]], *, model: str, request_id: str | None, now: float
 ) -> tuple[list[NewTurn], list[int]]:
-    """The turns memory keeps of `messages` (their tokens not counted yet: `counted`), and
-    the index of the message each came from."""
-    turns: list[NewTurn] = []
-    at: list[int] = []
-    for i, m in enumerate(messages):
-        if m.get("role") in TURN_ROLES and (text := turn_text(m)):
-            turns.append(NewTurn(role=m["role"], content=text, name=m.get("name"),
-                                 created_at=now, model=model, request_id=request_id))
-            at.append(i)
-    return turns, at
+    """`new_turns`, counted off the event loop when the messages are long (memory.tokens)."""
+    said = _said(messages)
+    work = functools.partial(_turns, said, model, request_id, now, True)
+    return await off_loop(sum(len(text) for _, _, text in said), work)
 
 
-async def counted(turns: Sequence[NewTurn]) -> list[NewTurn]:
-    """The turns with their tokens counted for their model (off the event loop when long)."""
-    def count() -> list[NewTurn]:
-        return [replace(t, tokens=count_tokens(t.content, t.model or "")) for t in turns]
+def _said(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any], str]]:
+    return [(i, m, text) for i, m in enumerate(messages)
+            if m.get("role") in TURN_ROLES and (text := turn_text(m))]
 
-    return await off_loop(sum(len(t.content) for t in turns), count)
+
+def _turns(
+    said: Sequence[tuple[int, Mapping[str, Any], str]], model: str, request_id: str | None,
+    now: float, count: bool,
+) -> tuple[list[NewTurn], list[int]]:
+    turns = [NewTurn(role=m["role"], content=text, name=m.get("name"), created_at=now,
+                     model=model, tokens=count_tokens(text, model) if count else 0,
+                     request_id=request_id) for _, m, text in said]
+    return turns, [i for i, _, _ in said]
 
 
 @dataclass(frozen=True, slots=True)
