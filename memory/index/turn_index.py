@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from config import Settings
 from memory.index.chunking import chunk_text
+from memory.index.embeddings import Embed
 from memory.index.heap_fill import release_free_heap
 from memory.index.shared_vectors import SharedVectors
 from memory.index.standing import STANDING, is_standing
@@ -31,7 +30,7 @@ class TurnIndexer:
 
     def __init__(
         self, settings: Settings, log: TurnLog, shared_vectors: SharedVectors,
-        embed: Callable[[Sequence[str]], Awaitable[np.ndarray]],
+        embed: Embed,
     ) -> None:
         self.settings = settings
         self.log = log

@@ -44,7 +44,7 @@ from memory.storage.fts import search_terms
 
 __all__ = [
     "CATEGORIES", "DAY", "MAX_CLIENT_CHARS", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",
-    "Fact", "FactError", "FactNotFound", "FactStore", "facts_by_id", "queue_sync",
+    "Fact", "FactError", "FactNotFound", "FactStore", "queue_sync",
 ]
 
 
@@ -288,8 +288,3 @@ class FactStore:
         if fact is None:
             raise FactNotFound(f"no fact {fact_id}", "fact_id")
         return fact
-
-
-async def facts_by_id(db: Database, ids: Sequence[int]) -> list[Fact]:
-    """Facts with these ids, any user (for background jobs)."""
-    return await facts.get_many(db, None, ids)

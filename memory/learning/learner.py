@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from config import Settings
+from memory.index.embeddings import Embed
 from memory.index.learned_vectors import fact_metadata
 from memory.index.shared_vectors import SharedVectors
 from memory.jobs.worker import JobFailed
@@ -63,9 +64,6 @@ class LLM(Protocol):
     async def __call__(
         self, model: str, messages: list[dict[str, Any]], *, user_id: str, route: str
     ) -> str: ...
-
-
-Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
 
 
 class Learner:

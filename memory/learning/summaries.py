@@ -18,7 +18,7 @@ from memory.storage import summaries
 from memory.storage.database import Database
 from memory.storage.summaries import NewSummary, Summary
 
-__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summaries_by_id", "summary_lock"]
+__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summary_lock"]
 
 SUMMARY_KEYS = ("facts", "preferences", "decisions", "todos", "entities")
 
@@ -105,8 +105,3 @@ class SummaryStore:
     ) -> builtins.list[tuple[int, float]]:
         """Best `k` (summary_id, bm25) among current summaries in scope, best first."""
         return await summaries.search(self.db, user_id, query, k=k, session_id=session_id)
-
-
-async def summaries_by_id(db: Database, ids: Sequence[int]) -> list[Summary]:
-    """Summaries with these ids, any user (for background jobs)."""
-    return await summaries.get_many(db, None, ids)
