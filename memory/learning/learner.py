@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -66,20 +67,17 @@ class LLM(Protocol):
     ) -> str: ...
 
 
+@dataclass(eq=False)
 class Learner:
     """Schedules and runs the learning jobs of every user."""
 
-    def __init__(
-        self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
-        vectors: SharedVectors, embed: Embed,
-    ) -> None:
-        self.settings = settings
-        self.log = log
-        self.facts = facts
-        self.summaries = summaries
-        self.vectors = vectors
-        self.embed = embed
-        self.llm: LLM | None = None
+    settings: Settings
+    log: TurnLog
+    facts: FactStore
+    summaries: SummaryStore
+    vectors: SharedVectors
+    embed: Embed
+    llm: LLM | None = field(default=None, init=False)
 
     async def queue_after_reply(
         self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str,
