@@ -13,7 +13,7 @@ character of the input, in order. Split code blocks are not re-fenced, for the s
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
@@ -68,7 +68,7 @@ def chunk_text(text: str, *, max_tokens: int, count: Count, max_chunks: int = 0)
         return [Chunk(0, "code" if kinds == {"code"} else "prose", whole, count(whole))]
     pieces: list[tuple[Kind, str]] = []
     for kind, segment in segments:
-        tidy = _tidy_code if kind == "code" else _tidy_prose
+        tidy = _tidy_code if kind == "code" else str.strip
         levels = _CODE_LEVELS if kind == "code" else _PROSE_LEVELS
         units = _code_units(segment, max_tokens, count) if kind == "code" else [segment]
         fitted = [part for unit in units for part in _fit(unit, levels, max_tokens, count, tidy)]
@@ -137,7 +137,7 @@ def _split_characters(text: str, max_tokens: int, count: Count, tidy: Tidy) -> l
     parts: list[str] = []
     rest, size = text, 1
     while rest:
-        size = _furthest_fit(len(rest), _prefix_fits(rest, max_tokens, count, tidy), size)
+        size = _furthest_fit(rest, lambda prefix: count(tidy(prefix)) <= max_tokens, size)
         parts.append(rest[:size])
         rest = rest[size:]
     return parts
@@ -150,7 +150,7 @@ def _pack(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> list[s
     while start < len(units):
         # Counted as joined, not summed: BPE counts are not additive across boundaries.
         rest = units[start:]
-        taken = _furthest_fit(len(rest), _run_fits(rest, max_tokens, count, tidy), taken)
+        taken = _furthest_fit(rest, lambda joined: count(tidy(joined)) <= max_tokens, taken)
         text = tidy("".join(rest[:taken]))
         if text:
             packed.append(text)
@@ -158,18 +158,9 @@ def _pack(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> list[s
     return packed
 
 
-def _prefix_fits(text: str, max_tokens: int, count: Count, tidy: Tidy) -> Callable[[int], bool]:
-    """Return a test of whether the first n characters of `text` fit the cap."""
-    return lambda n: count(tidy(text[:n])) <= max_tokens
-
-
-def _run_fits(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> Callable[[int], bool]:
-    """Return a test of whether the first n units, joined, fit the cap."""
-    return lambda n: count(tidy("".join(units[:n]))) <= max_tokens
-
-
-def _furthest_fit(limit: int, fits: Callable[[int], bool], hint: int) -> int:
-    """Return n in 1..limit with fits(n) and not fits(n + 1), searching outward from `hint`.
+def _furthest_fit(units: Sequence[str], fits_text: Callable[[str], bool], hint: int) -> int:
+    """Return n in 1..len(units) with fits(n) and not fits(n + 1), searching outward from
+    `hint`, where fits(n) tells whether the first n units (characters or pieces), joined, fit.
 
     Consecutive chunks tend to take about as much as the previous one, so galloping from
     that hint costs a few counts per chunk instead of one count per unit, which would be
@@ -177,6 +168,10 @@ def _furthest_fit(limit: int, fits: Callable[[int], bool], hint: int) -> int:
     may not be the very largest that fits. fits(1) is assumed: a lone unit or character over
     a cap of a few tokens has to stand alone.
     """
+    def fits(n: int) -> bool:
+        return fits_text(units[:n] if isinstance(units, str) else "".join(units[:n]))
+
+    limit = len(units)
     hint = min(max(hint, 1), limit)
     low, high, step = 1, limit + 1, 1  # fits(low) holds; high is the first known misfit
     if hint == 1 or fits(hint):
@@ -193,11 +188,6 @@ def _furthest_fit(limit: int, fits: Callable[[int], bool], hint: int) -> int:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
-
-
-def _tidy_prose(text: str) -> str:
-    """Trim surrounding whitespace."""
-    return text.strip()
 
 
 def _tidy_code(text: str) -> str:

@@ -15,7 +15,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,6 +53,7 @@ ARCHIVE_SHA256 = "913d7300ceae3b2dbc2c50d1de4baacab4be7b9380491c27fab7418616a16e
 SETTING_NAME = "MEMPROXY_EMBEDDING_MODEL_DIR"
 
 Vectors = npt.NDArray[np.float32]
+Embed = Callable[[Sequence[str]], Awaitable[Vectors]]  # texts in, one unit vector a row out
 
 log = logging.getLogger(f"memproxy.{__name__}")  # under memproxy: configure_logging formats it
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -27,15 +28,15 @@ from memory.storage.database import Database
 SEEN_KEPT = 4096  # users whose generation last given to the index is remembered
 
 
+@dataclass(eq=False)
 class SharedVectors:
     """A VectorIndex whose writes bump, and whose searches check, vector generations."""
 
-    def __init__(self, db: Database, index: VectorIndex) -> None:
-        self.db = db
-        self.index = index
-        # The generation last given to the index per user: an unchanged one needs no call,
-        # which would wait for the index's lock behind any write in progress.
-        self._seen: OrderedDict[str, int] = OrderedDict()
+    db: Database
+    index: VectorIndex
+    # The generation last given to the index per user: an unchanged one needs no call,
+    # which would wait for the index's lock behind any write in progress.
+    _seen: OrderedDict[str, int] = field(default_factory=OrderedDict, init=False)
 
     async def add(
         self, ids: Sequence[str], vectors: npt.NDArray[np.float32], metadatas: Sequence[Metadata]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from config import Settings
 from memory.index.chunking import chunk_text
+from memory.index.embeddings import Embed
 from memory.index.heap_fill import release_free_heap
 from memory.index.shared_vectors import SharedVectors
 from memory.index.standing import STANDING, is_standing
@@ -26,21 +26,18 @@ CHUNK_COUNT_MODEL = "gpt-4"  # chunk caps are model-agnostic: cl100k_base
 RELEASE_OVER_CHARS = 64_000
 
 
+@dataclass(eq=False)
 class TurnIndexer:
     """The handlers of index jobs (one job, or a batch of them)."""
 
-    def __init__(
-        self, settings: Settings, log: TurnLog, shared_vectors: SharedVectors,
-        embed: Callable[[Sequence[str]], Awaitable[np.ndarray]],
-    ) -> None:
-        self.settings = settings
-        self.log = log
-        self.shared_vectors = shared_vectors
-        self.embed = embed
-        # Index jobs embed one at a time, each on embedding_threads threads: measured on 2
-        # cores, nearly as fast as two jobs of one thread each (27 vs 29 turns/s, the same CPU
-        # per turn), while a query's embedding still gets both cores when they are free.
-        self._indexing = asyncio.Lock()
+    settings: Settings
+    log: TurnLog
+    shared_vectors: SharedVectors
+    embed: Embed
+    # Index jobs embed one at a time, each on embedding_threads threads: measured on 2
+    # cores, nearly as fast as two jobs of one thread each (27 vs 29 turns/s, the same CPU
+    # per turn), while a query's embedding still gets both cores when they are free.
+    _indexing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def index_job(self, payload: dict[str, Any]) -> None:
         await self.index_jobs([payload])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from memory.learning.fact_model import (
@@ -44,27 +45,20 @@ from memory.storage.fts import search_terms
 
 __all__ = [
     "CATEGORIES", "DAY", "MAX_CLIENT_CHARS", "MAX_PAGE", "MAX_TEXT_CHARS", "SOURCES", "SYNC_JOB",
-    "Fact", "FactError", "FactNotFound", "FactStore", "facts_by_id", "queue_sync",
+    "Fact", "FactError", "FactNotFound", "FactStore", "queue_sync",
 ]
 
 
+@dataclass(eq=False)
 class FactStore:
     """Facts of every user, always read and written scoped to one user."""
 
-    def __init__(
-        self,
-        db: Database,
-        *,
-        lifetimes_days: Mapping[str, float] | None = None,
-        max_pinned: int = 10,
-        redact: Callable[[str], str] = keep,
-        notify: Callable[[], None] | None = None,
-    ) -> None:
-        self.db = db
-        self.lifetimes_days = dict(lifetimes_days or {})
-        self.max_pinned = max_pinned
-        self.redact = redact
-        self._notify = notify or (lambda: None)
+    db: Database
+    _: KW_ONLY
+    lifetimes_days: Mapping[str, float] = field(default_factory=dict)
+    max_pinned: int = 10
+    redact: Callable[[str], str] = keep
+    notify: Callable[[], None] = lambda: None
 
     async def add(
         self,
@@ -102,7 +96,7 @@ class FactStore:
                 created_at=now, updated_at=now, client=client,
             ))
             await queue_sync(tx, facts=[fact_id])
-        self._notify()
+        self.notify()
         return await self._must_get(user_id, fact_id)
 
     async def get(self, user_id: str, fact_id: int) -> Fact | None:
@@ -217,7 +211,7 @@ class FactStore:
             ))
             await facts.close(tx, fact_id, superseded_by=new_id, now=now)
             await queue_sync(tx, facts=[fact_id, new_id])
-        self._notify()
+        self.notify()
         return await self._must_get(user_id, new_id)
 
     async def merge(
@@ -245,7 +239,7 @@ class FactStore:
         async with self.db.write() as tx:
             deleted = await facts.delete_chain(tx, user_id, fact_id)
             await queue_sync(tx, facts=deleted)
-        self._notify()
+        self.notify()
         return bool(deleted)
 
     async def set_pinned(self, user_id: str, fact_id: int, pinned: bool) -> Fact:
@@ -261,7 +255,7 @@ class FactStore:
                 await self._check_pin_room(tx, user_id)
             await facts.set_pinned(tx, fact_id, pinned, now)
             await queue_sync(tx, facts=[fact_id])  # an expired fact pinned comes back
-        self._notify()
+        self.notify()
         return await self._must_get(user_id, fact_id)
 
     async def history(self, user_id: str, fact_id: int) -> builtins.list[Fact]:
@@ -288,8 +282,3 @@ class FactStore:
         if fact is None:
             raise FactNotFound(f"no fact {fact_id}", "fact_id")
         return fact
-
-
-async def facts_by_id(db: Database, ids: Sequence[int]) -> list[Fact]:
-    """Facts with these ids, any user (for background jobs)."""
-    return await facts.get_many(db, None, ids)

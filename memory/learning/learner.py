@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from config import Settings
+from memory.index.embeddings import Embed
 from memory.index.learned_vectors import fact_metadata
 from memory.index.shared_vectors import SharedVectors
 from memory.jobs.worker import JobFailed
@@ -65,23 +67,17 @@ class LLM(Protocol):
     ) -> str: ...
 
 
-Embed = Callable[[Sequence[str]], Awaitable[np.ndarray]]
-
-
+@dataclass(eq=False)
 class Learner:
     """Schedules and runs the learning jobs of every user."""
 
-    def __init__(
-        self, settings: Settings, log: TurnLog, facts: FactStore, summaries: SummaryStore,
-        vectors: SharedVectors, embed: Embed,
-    ) -> None:
-        self.settings = settings
-        self.log = log
-        self.facts = facts
-        self.summaries = summaries
-        self.vectors = vectors
-        self.embed = embed
-        self.llm: LLM | None = None
+    settings: Settings
+    log: TurnLog
+    facts: FactStore
+    summaries: SummaryStore
+    vectors: SharedVectors
+    embed: Embed
+    llm: LLM | None = field(default=None, init=False)
 
     async def queue_after_reply(
         self, tx: Transaction, user_id: str, session_id: str, turn_id: int, model: str,

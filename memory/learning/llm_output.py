@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory.learning.facts import CATEGORIES
+from memory.learning.summaries import SUMMARY_KEYS
 
 MAX_FACT_CHARS = 500
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",\s*([\]}])")
-SUMMARY_LISTS = ("facts", "preferences", "decisions", "todos", "entities")
 
 
 class MalformedOutput(ValueError):
@@ -83,7 +83,7 @@ def validate_summary(value: Any) -> SummaryDraft:
     if not isinstance(text, str) or not text.strip():
         raise MalformedOutput("`text` must be a non-empty string")
     data: dict[str, list[str]] = {}
-    for key in SUMMARY_LISTS:
+    for key in SUMMARY_KEYS:
         items = value.get(key, [])
         if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
             raise MalformedOutput(f"`{key}` must be an array of strings")

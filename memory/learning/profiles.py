@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from memory.learning.facts import FactError, queue_sync
@@ -52,16 +52,14 @@ def profile_vector_id(user_id: str) -> str:
     return "p" + owner_token(user_id)[1:]
 
 
+@dataclass(eq=False)
 class ProfileStore:
     """Profiles and consent, per user."""
 
-    def __init__(
-        self, db: Database, *, redact: Callable[[str], str] = keep,
-        notify: Callable[[], None] | None = None,
-    ) -> None:
-        self.db = db
-        self.redact = redact
-        self._notify = notify or (lambda: None)
+    db: Database
+    _: KW_ONLY
+    redact: Callable[[str], str] = keep
+    notify: Callable[[], None] = lambda: None
 
     async def consent(self, user_id: str) -> bool:
         """Whether the user allows a profile to be kept and used (default: no)."""
@@ -76,7 +74,7 @@ class ProfileStore:
                 await profiles.delete(tx, user_id)
                 await queue_sync(tx, profiles=[user_id])
         if not on:
-            self._notify()
+            self.notify()
 
     async def get(self, user_id: str) -> Profile | None:
         """The user's profile, or None."""
@@ -106,7 +104,7 @@ class ProfileStore:
                 raise ConsentRequired("turn consent on before writing a profile", "consent")
             await profiles.put(tx, user_id, fields, text, now)
             await queue_sync(tx, profiles=[user_id])
-        self._notify()
+        self.notify()
         profile = await self.get(user_id)
         assert profile is not None
         return profile
@@ -116,7 +114,7 @@ class ProfileStore:
         async with self.db.write() as tx:
             deleted = await profiles.delete(tx, user_id)
             await queue_sync(tx, profiles=[user_id])
-        self._notify()
+        self.notify()
         return deleted > 0
 
 

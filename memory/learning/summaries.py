@@ -11,6 +11,7 @@ import builtins
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import KW_ONLY, dataclass
 
 from memory.learning.facts import FactError, queue_sync
 from memory.redact import keep
@@ -18,7 +19,7 @@ from memory.storage import summaries
 from memory.storage.database import Database
 from memory.storage.summaries import NewSummary, Summary
 
-__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summaries_by_id", "summary_lock"]
+__all__ = ["SUMMARY_KEYS", "Summary", "SummaryStore", "summary_lock"]
 
 SUMMARY_KEYS = ("facts", "preferences", "decisions", "todos", "entities")
 
@@ -30,16 +31,14 @@ def summary_lock(db: Database, user_id: str, session_id: str) -> AbstractAsyncCo
     return db.hold(f"summary:{user_id}\n{session_id}")
 
 
+@dataclass(eq=False)
 class SummaryStore:
     """Summaries of every user, always read and written scoped to one user."""
 
-    def __init__(
-        self, db: Database, *, redact: Callable[[str], str] = keep,
-        notify: Callable[[], None] | None = None,
-    ) -> None:
-        self.db = db
-        self.redact = redact
-        self._notify = notify or (lambda: None)
+    db: Database
+    _: KW_ONLY
+    redact: Callable[[str], str] = keep
+    notify: Callable[[], None] = lambda: None
 
     async def list(
         self, user_id: str, session_id: str | None = None, *, include_history: bool = False
@@ -87,7 +86,7 @@ class SummaryStore:
             ))
             old = await summaries.supersede_others(tx, user_id, session_id, new_id)
             await queue_sync(tx, summaries=[new_id, *old])
-        self._notify()
+        self.notify()
         summary = await self.get(user_id, new_id)
         assert summary is not None
         return summary
@@ -97,7 +96,7 @@ class SummaryStore:
         async with self.db.write() as tx:
             deleted = await summaries.delete(tx, user_id, summary_id=summary_id)
             await queue_sync(tx, summaries=deleted)
-        self._notify()
+        self.notify()
         return bool(deleted)
 
     async def search(
@@ -105,8 +104,3 @@ class SummaryStore:
     ) -> builtins.list[tuple[int, float]]:
         """Best `k` (summary_id, bm25) among current summaries in scope, best first."""
         return await summaries.search(self.db, user_id, query, k=k, session_id=session_id)
-
-
-async def summaries_by_id(db: Database, ids: Sequence[int]) -> list[Summary]:
-    """Summaries with these ids, any user (for background jobs)."""
-    return await summaries.get_many(db, None, ids)
