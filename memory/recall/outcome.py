@@ -4,7 +4,7 @@ only what a stable injection has not shown yet, and the items the answer lists."
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -72,9 +72,14 @@ class Recalled:
     cached: bool = False  # reused from the recall cache
     rerank: RerankReport | None = None  # when rerank was asked for: what it did
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view (dry runs and the search API)."""
-        return asdict(self)
+    def as_dict(self, redact: Callable[[str], str] = str) -> dict[str, Any]:
+        """JSON-ready view (dry runs and the search API), its texts passed through `redact`:
+        text stored before a secret's shape was known leaves redacted (docs/security.md)."""
+        view = asdict(self)
+        view["block"] = redact(self.block)
+        for item in view["items"]:
+            item["text"] = redact(item["text"])
+        return view
 
 
 def shared_memory(request: RecallRequest) -> str | None:

@@ -441,7 +441,9 @@ def _dry_run(call: Call, recalled: Recalled | None, step: MemoryStep) -> Respons
         "session_id": call.identity.session_id,
         "placement": call.flags.placement,
         "budget": step.flags.budget,  # in tool mode the pre-fetch's
-        **(recalled.as_dict() if recalled is not None else {"block": "", "items": [], "tokens": 0}),
+        **(recalled.as_dict(step.state.memory.redact)
+           if recalled is not None and step.state.memory is not None
+           else {"block": "", "items": [], "tokens": 0}),
         "errors": step.errors,
     }
     return Response(orjson.dumps(payload), 200, {**call.headers, **step.headers()},

@@ -39,7 +39,7 @@ async def search(request: Request, who: Caller) -> Response:
     return respond({
         "object": "memory.search", "query": query, "user_id": who.user_id,
         "session_id": session_id, "scope": scope, "budget": budget, "model": model,
-        **recalled.as_dict(),
+        **recalled.as_dict(who.memory.redact),
     })
 
 

@@ -14,6 +14,7 @@ import string
 from dataclasses import dataclass
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -366,7 +367,7 @@ async def test_text_stored_unredacted_leaves_redacted_through_export_and_mcp(
 ) -> None:
     """A turn, a fact and a profile stored while redaction was off (or before a shape was
     known) are redacted on the way out: the export, the memory API's reads and MCP's
-    listings and profile resource run the redactor again."""
+    listings and profile resource, a search and a dry run run the redactor again."""
     mp_key = issue37_shapes(seed=13)[0].secret
     before = start_proxy(memory=True, redact="off")
     assert chat(before, f"the key is {mp_key}", session="old", headers=ALICE).status == 200
@@ -390,10 +391,16 @@ async def test_text_stored_unredacted_leaves_redacted_through_export_and_mcp(
         fact = api.get(f"/facts/{facts['data'][0]['id']}").json()
         turns = api.get("/turns", params={"session_id": "old"}).json()
         profile_read = api.get("/profile").json()
+        found = api.post("/search", json={"query": "what is the key", "scope": "user"}).json()
+    async with httpx.AsyncClient(timeout=30) as http:
+        dry = (await http.post(f"{proxy.base_url}/chat/completions", headers={
+            **ALICE, "X-Memory-Dry-Run": "on", "X-Memory-Scope": "user"}, json={
+            "model": "gpt-4o", "messages": [{"role": "user", "content": "what is the key"}]})).json()
     assert [r for r in records if r["type"] == "turn"] and [r for r in records if r["type"] == "fact"]
     assert facts["data"] and turns["data"] and profile_read["profile"]
+    assert found["items"] and dry["items"], (found, dry)  # the key's turn and fact are recalled
     shown = json.dumps([records, listed, searched["items"], facts, fact, turns, profile_read,
-                        [c.model_dump() for c in profile]])
+                        [c.model_dump() for c in profile], found, dry])
     assert mp_key not in shown and placeholder("memproxy_key") in shown
 
 
