@@ -20,244 +20,157 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from memory.admin.api_keys import SECRET_PREFIX, KeyNotFound, KeyRevoked, KeyStore
+if TYPE_CHECKING:  # what mypy reads; at run time each name is imported on first use
+    from memory.admin.api_keys import SECRET_PREFIX as SECRET_PREFIX
+    from memory.admin.api_keys import KeyNotFound as KeyNotFound
+    from memory.admin.api_keys import KeyRevoked as KeyRevoked
+    from memory.admin.api_keys import KeyStore as KeyStore
     from memory.admin.api_keys import digest as key_digest
-    from memory.admin.backup import BackupError, BackupResult, backup
-    from memory.admin.clearing import ClearExpired, ClearNotFound, ClearReceipt
-    from memory.admin.migrate import MigrateError, MigrateResult, migrate
-    from memory.admin.rates import SharedBuckets
-    from memory.admin.record_checks import IGNORED, RECORD_SHAPES, RecordError, check_record
+    from memory.admin.backup import BackupError as BackupError
+    from memory.admin.backup import BackupResult as BackupResult
+    from memory.admin.backup import backup as backup
+    from memory.admin.clearing import ClearExpired as ClearExpired
+    from memory.admin.clearing import ClearNotFound as ClearNotFound
+    from memory.admin.clearing import ClearReceipt as ClearReceipt
+    from memory.admin.migrate import MigrateError as MigrateError
+    from memory.admin.migrate import MigrateResult as MigrateResult
+    from memory.admin.migrate import migrate as migrate
+    from memory.admin.rates import SharedBuckets as SharedBuckets
+    from memory.admin.record_checks import IGNORED as IGNORED
+    from memory.admin.record_checks import RECORD_SHAPES as RECORD_SHAPES
+    from memory.admin.record_checks import RecordError as RecordError
+    from memory.admin.record_checks import check_record as check_record
     from memory.admin.sessions import MAX_PAGE as MAX_SESSIONS_PAGE
-    from memory.admin.sessions import CursorError, SessionInfo, turn_dict
-    from memory.admin.stats import MAX_METRICS_ROWS
-    from memory.admin.usage import Hold, UsageLedger, UsageReport
-    from memory.engine import Embedder, MemoryEngine, check_stores, collection_name
-    from memory.index.embeddings import EmbeddingModelMissing, LocalEmbedder, find_model_dir
-    from memory.index.heap_fill import mallopt
-    from memory.index.vectors import VectorIndex
-    from memory.learning.fact_model import (
-        CATEGORIES,
-        MAX_CLIENT_CHARS,
-        MAX_TEXT_CHARS,
-        FactError,
-        FactNotFound,
-    )
+    from memory.admin.sessions import CursorError as CursorError
+    from memory.admin.sessions import SessionInfo as SessionInfo
+    from memory.admin.sessions import turn_dict as turn_dict
+    from memory.admin.stats import MAX_METRICS_ROWS as MAX_METRICS_ROWS
+    from memory.admin.usage import Hold as Hold
+    from memory.admin.usage import UsageLedger as UsageLedger
+    from memory.admin.usage import UsageReport as UsageReport
+    from memory.engine import Embedder as Embedder
+    from memory.engine import MemoryEngine as MemoryEngine
+    from memory.engine import check_stores as check_stores
+    from memory.engine import collection_name as collection_name
+    from memory.index.embeddings import EmbeddingModelMissing as EmbeddingModelMissing
+    from memory.index.embeddings import LocalEmbedder as LocalEmbedder
+    from memory.index.embeddings import find_model_dir as find_model_dir
+    from memory.index.heap_fill import mallopt as mallopt
+    from memory.index.vectors import VectorIndex as VectorIndex
+    from memory.learning.fact_model import CATEGORIES as CATEGORIES
+    from memory.learning.fact_model import MAX_CLIENT_CHARS as MAX_CLIENT_CHARS
     from memory.learning.fact_model import MAX_PAGE as MAX_FACTS_PAGE
+    from memory.learning.fact_model import MAX_TEXT_CHARS as MAX_TEXT_CHARS
     from memory.learning.fact_model import SOURCES as FACT_SOURCES
-    from memory.learning.profiles import ConsentRequired
-    from memory.log.messages import message_text, turn_text
-    from memory.log.spooling import Spooled
-    from memory.log.turn_log import INDEX_JOB, ReplyChain, TurnLog
-    from memory.outages import CannotOpen, Unavailable, is_outage
-    from memory.recall.inject import Placed, inject, place, placing_order
-    from memory.recall.lexical import ChunkSearch
-    from memory.recall.outcome import Recalled, RecalledItem, RecallRequest
-    from memory.recall.query import build_query, for_embedding
-    from memory.recall.rerank import RerankFailed, RerankReport
+    from memory.learning.fact_model import FactError as FactError
+    from memory.learning.fact_model import FactNotFound as FactNotFound
+    from memory.learning.profiles import ConsentRequired as ConsentRequired
+    from memory.log.messages import message_text as message_text
+    from memory.log.messages import turn_text as turn_text
+    from memory.log.spooling import Spooled as Spooled
+    from memory.log.turn_log import INDEX_JOB as INDEX_JOB
+    from memory.log.turn_log import ReplyChain as ReplyChain
+    from memory.log.turn_log import TurnLog as TurnLog
+    from memory.outages import CannotOpen as CannotOpen
+    from memory.outages import Unavailable as Unavailable
+    from memory.outages import is_outage as is_outage
+    from memory.recall.inject import Placed as Placed
+    from memory.recall.inject import inject as inject
+    from memory.recall.inject import place as place
+    from memory.recall.inject import placing_order as placing_order
+    from memory.recall.lexical import ChunkSearch as ChunkSearch
+    from memory.recall.outcome import Recalled as Recalled
+    from memory.recall.outcome import RecalledItem as RecalledItem
+    from memory.recall.outcome import RecallRequest as RecallRequest
+    from memory.recall.query import build_query as build_query
+    from memory.recall.query import for_embedding as for_embedding
+    from memory.recall.rerank import RerankFailed as RerankFailed
+    from memory.recall.rerank import RerankReport as RerankReport
     from memory.recall.rerank import Scorer as RerankScorer
-    from memory.recall.spooled import SpoolRecall
+    from memory.recall.spooled import SpoolRecall as SpoolRecall
     from memory.recall.unsaved_blocks import Stamp as UnsavedStamp
-    from memory.redact import Redactor, redact_profile
-    from memory.scopes import organization_memory
-    from memory.storage.api_keys import StoredKey
+    from memory.redact import Redactor as Redactor
+    from memory.redact import redact_profile as redact_profile
+    from memory.scopes import organization_memory as organization_memory
+    from memory.storage.api_keys import StoredKey as StoredKey
     from memory.storage.bulk_copy import Batch as CopiedBatch
-    from memory.storage.database import Database, SQLiteDatabase, open_database
-    from memory.storage.facts import Fact
-    from memory.storage.injections import Injection
-    from memory.storage.metrics import RequestMetrics
-    from memory.storage.turns import NewTurn
-    from memory.storage.usage import UsageCounts, UsageRow
-    from memory.tokens import count_tokens, encoding_for_model, off_loop
+    from memory.storage.database import Database as Database
+    from memory.storage.database import SQLiteDatabase as SQLiteDatabase
+    from memory.storage.database import open_database as open_database
+    from memory.storage.facts import Fact as Fact
+    from memory.storage.injections import Injection as Injection
+    from memory.storage.metrics import RequestMetrics as RequestMetrics
+    from memory.storage.turns import NewTurn as NewTurn
+    from memory.storage.usage import UsageCounts as UsageCounts
+    from memory.storage.usage import UsageRow as UsageRow
+    from memory.tokens import count_tokens as count_tokens
+    from memory.tokens import encoding_for_model as encoding_for_model
+    from memory.tokens import off_loop as off_loop
     from memory.tracing import span as trace_span
 
+# module -> the public names it gives, "public=own" where the facade renames one
+_MODULES: dict[str, str] = {
+    # the engine and one request's recall
+    "memory.engine": "MemoryEngine Embedder collection_name check_stores",
+    "memory.recall.outcome": "RecallRequest Recalled RecalledItem",
+    "memory.recall.spooled": "SpoolRecall",
+    # the rerank stage's scorer, which the proxy gives (memory/recall/rerank.py)
+    "memory.recall.rerank": "RerankScorer=Scorer RerankFailed RerankReport",
+    "memory.recall.unsaved_blocks": "UnsavedStamp=Stamp",
+    "memory.storage.metrics": "RequestMetrics",
+    "memory.log.spooling": "Spooled",
+    "memory.recall.inject": "inject place Placed placing_order",
+    "memory.scopes": "organization_memory",
+    "memory.storage.injections": "Injection",
+    "memory.log.messages": "message_text turn_text",
+    "memory.index.embeddings": "LocalEmbedder EmbeddingModelMissing find_model_dir",
+    "memory.index.vectors": "VectorIndex",
+    # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
+    "memory.index.heap_fill": "mallopt",
+    "memory.tokens": "count_tokens off_loop encoding_for_model",
+    # outages of backing services (waited out, not counted as failures)
+    "memory.outages": "CannotOpen Unavailable is_outage",
+    "memory.redact": "Redactor redact_profile",
+    # spans of the proxy's steps, through the OpenTelemetry API (memory/tracing.py)
+    "memory.tracing": "trace_span=span",
+    # the management API's records, limits and errors
+    "memory.storage.facts": "Fact",
+    "memory.learning.fact_model": (
+        "CATEGORIES MAX_TEXT_CHARS MAX_CLIENT_CHARS FACT_SOURCES=SOURCES MAX_FACTS_PAGE=MAX_PAGE"
+        " FactError FactNotFound"
+    ),
+    "memory.admin.sessions": "MAX_SESSIONS_PAGE=MAX_PAGE SessionInfo CursorError turn_dict",
+    "memory.admin.stats": "MAX_METRICS_ROWS",
+    "memory.learning.profiles": "ConsentRequired",
+    "memory.admin.record_checks": "RecordError IGNORED RECORD_SHAPES check_record",
+    "memory.admin.clearing": "ClearExpired ClearNotFound ClearReceipt",
+    "memory.admin.backup": "backup BackupError BackupResult",
+    "memory.admin.migrate": "migrate MigrateError MigrateResult",
+    "memory.storage.bulk_copy": "CopiedBatch=Batch",
+    # proxy keys kept in the database (docs/keys.md)
+    "memory.admin.api_keys": "KeyStore KeyNotFound KeyRevoked SECRET_PREFIX key_digest=digest",
+    "memory.storage.api_keys": "StoredKey",
+    # usage per day, key and user (docs/usage.md)
+    "memory.admin.usage": "UsageLedger Hold UsageReport",
+    "memory.admin.rates": "SharedBuckets",
+    "memory.storage.usage": "UsageCounts UsageRow",
+    # the parts, for benchmarks that time one of them alone
+    "memory.storage.database": "Database SQLiteDatabase open_database",
+    "memory.log.turn_log": "TurnLog ReplyChain INDEX_JOB",
+    "memory.storage.turns": "NewTurn",
+    "memory.recall.lexical": "ChunkSearch",
+    "memory.recall.query": "build_query for_embedding",
+}
 # public name -> (module, name in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
-    # the engine and one request's recall
-    "MemoryEngine": ("memory.engine", "MemoryEngine"),
-    "Embedder": ("memory.engine", "Embedder"),
-    "RecallRequest": ("memory.recall.outcome", "RecallRequest"),
-    "Recalled": ("memory.recall.outcome", "Recalled"),
-    "SpoolRecall": ("memory.recall.spooled", "SpoolRecall"),
-    # the rerank stage's scorer, which the proxy gives (memory/recall/rerank.py)
-    "RerankScorer": ("memory.recall.rerank", "Scorer"),
-    "RerankFailed": ("memory.recall.rerank", "RerankFailed"),
-    "RerankReport": ("memory.recall.rerank", "RerankReport"),
-    "UnsavedStamp": ("memory.recall.unsaved_blocks", "Stamp"),
-    "RecalledItem": ("memory.recall.outcome", "RecalledItem"),
-    "RequestMetrics": ("memory.storage.metrics", "RequestMetrics"),
-    "ReplyChain": ("memory.log.turn_log", "ReplyChain"),
-    "Spooled": ("memory.log.spooling", "Spooled"),
-    "collection_name": ("memory.engine", "collection_name"),
-    "inject": ("memory.recall.inject", "inject"),
-    "organization_memory": ("memory.scopes", "organization_memory"),
-    "place": ("memory.recall.inject", "place"),
-    "Placed": ("memory.recall.inject", "Placed"),
-    "placing_order": ("memory.recall.inject", "placing_order"),
-    "Injection": ("memory.storage.injections", "Injection"),
-    "message_text": ("memory.log.messages", "message_text"),
-    "turn_text": ("memory.log.messages", "turn_text"),
-    "LocalEmbedder": ("memory.index.embeddings", "LocalEmbedder"),
-    "CannotOpen": ("memory.outages", "CannotOpen"),
-    "check_stores": ("memory.engine", "check_stores"),
-    "EmbeddingModelMissing": ("memory.index.embeddings", "EmbeddingModelMissing"),
-    "find_model_dir": ("memory.index.embeddings", "find_model_dir"),
-    "VectorIndex": ("memory.index.vectors", "VectorIndex"),
-    # glibc's mallopt, for the proxy's cap on malloc arenas (proxy/http/serving.py)
-    "mallopt": ("memory.index.heap_fill", "mallopt"),
-    "count_tokens": ("memory.tokens", "count_tokens"),
-    "off_loop": ("memory.tokens", "off_loop"),
-    # outages of backing services (waited out, not counted as failures)
-    "Unavailable": ("memory.outages", "Unavailable"),
-    "is_outage": ("memory.outages", "is_outage"),
-    "encoding_for_model": ("memory.tokens", "encoding_for_model"),
-    "Redactor": ("memory.redact", "Redactor"),
-    "redact_profile": ("memory.redact", "redact_profile"),
-    # spans of the proxy's steps, through the OpenTelemetry API (memory/tracing.py)
-    "trace_span": ("memory.tracing", "span"),
-    # the management API's records, limits and errors
-    "Fact": ("memory.storage.facts", "Fact"),
-    "CATEGORIES": ("memory.learning.fact_model", "CATEGORIES"),
-    "MAX_TEXT_CHARS": ("memory.learning.fact_model", "MAX_TEXT_CHARS"),
-    "MAX_CLIENT_CHARS": ("memory.learning.fact_model", "MAX_CLIENT_CHARS"),
-    "FACT_SOURCES": ("memory.learning.fact_model", "SOURCES"),
-    "MAX_FACTS_PAGE": ("memory.learning.fact_model", "MAX_PAGE"),
-    "MAX_SESSIONS_PAGE": ("memory.admin.sessions", "MAX_PAGE"),
-    "SessionInfo": ("memory.admin.sessions", "SessionInfo"),
-    "MAX_METRICS_ROWS": ("memory.admin.stats", "MAX_METRICS_ROWS"),
-    "FactError": ("memory.learning.fact_model", "FactError"),
-    "FactNotFound": ("memory.learning.fact_model", "FactNotFound"),
-    "ConsentRequired": ("memory.learning.profiles", "ConsentRequired"),
-    "CursorError": ("memory.admin.sessions", "CursorError"),
-    "RecordError": ("memory.admin.record_checks", "RecordError"),
-    "IGNORED": ("memory.admin.record_checks", "IGNORED"),
-    "RECORD_SHAPES": ("memory.admin.record_checks", "RECORD_SHAPES"),
-    "ClearExpired": ("memory.admin.clearing", "ClearExpired"),
-    "ClearNotFound": ("memory.admin.clearing", "ClearNotFound"),
-    "ClearReceipt": ("memory.admin.clearing", "ClearReceipt"),
-    "check_record": ("memory.admin.record_checks", "check_record"),
-    "turn_dict": ("memory.admin.sessions", "turn_dict"),
-    "backup": ("memory.admin.backup", "backup"),
-    "BackupError": ("memory.admin.backup", "BackupError"),
-    "BackupResult": ("memory.admin.backup", "BackupResult"),
-    "migrate": ("memory.admin.migrate", "migrate"),
-    "MigrateError": ("memory.admin.migrate", "MigrateError"),
-    "MigrateResult": ("memory.admin.migrate", "MigrateResult"),
-    "CopiedBatch": ("memory.storage.bulk_copy", "Batch"),
-    # proxy keys kept in the database (docs/keys.md)
-    "KeyStore": ("memory.admin.api_keys", "KeyStore"),
-    "KeyNotFound": ("memory.admin.api_keys", "KeyNotFound"),
-    "KeyRevoked": ("memory.admin.api_keys", "KeyRevoked"),
-    "SECRET_PREFIX": ("memory.admin.api_keys", "SECRET_PREFIX"),
-    "StoredKey": ("memory.storage.api_keys", "StoredKey"),
-    "key_digest": ("memory.admin.api_keys", "digest"),
-    # usage per day, key and user (docs/usage.md)
-    "UsageLedger": ("memory.admin.usage", "UsageLedger"),
-    "Hold": ("memory.admin.usage", "Hold"),
-    "SharedBuckets": ("memory.admin.rates", "SharedBuckets"),
-    "UsageReport": ("memory.admin.usage", "UsageReport"),
-    "UsageCounts": ("memory.storage.usage", "UsageCounts"),
-    "UsageRow": ("memory.storage.usage", "UsageRow"),
-    # the parts, for benchmarks that time one of them alone
-    "Database": ("memory.storage.database", "Database"),
-    "SQLiteDatabase": ("memory.storage.database", "SQLiteDatabase"),
-    "open_database": ("memory.storage.database", "open_database"),
-    "TurnLog": ("memory.log.turn_log", "TurnLog"),
-    "NewTurn": ("memory.storage.turns", "NewTurn"),
-    "INDEX_JOB": ("memory.log.turn_log", "INDEX_JOB"),
-    "ChunkSearch": ("memory.recall.lexical", "ChunkSearch"),
-    "build_query": ("memory.recall.query", "build_query"),
-    "for_embedding": ("memory.recall.query", "for_embedding"),
+    public: (module, own or public)
+    for module, names in _MODULES.items()
+    for public, _, own in (name.partition("=") for name in names.split())
 }
-
-__all__ = [
-    "CATEGORIES",
-    "FACT_SOURCES",
-    "IGNORED",
-    "INDEX_JOB",
-    "MAX_CLIENT_CHARS",
-    "MAX_FACTS_PAGE",
-    "MAX_METRICS_ROWS",
-    "MAX_SESSIONS_PAGE",
-    "MAX_TEXT_CHARS",
-    "RECORD_SHAPES",
-    "SECRET_PREFIX",
-    "BackupError",
-    "BackupResult",
-    "CannotOpen",
-    "ChunkSearch",
-    "ClearExpired",
-    "ClearNotFound",
-    "ClearReceipt",
-    "ConsentRequired",
-    "CopiedBatch",
-    "CursorError",
-    "Database",
-    "Embedder",
-    "EmbeddingModelMissing",
-    "Fact",
-    "FactError",
-    "FactNotFound",
-    "Hold",
-    "Injection",
-    "KeyNotFound",
-    "KeyRevoked",
-    "KeyStore",
-    "LocalEmbedder",
-    "MemoryEngine",
-    "MigrateError",
-    "MigrateResult",
-    "NewTurn",
-    "Placed",
-    "RecallRequest",
-    "Recalled",
-    "RecalledItem",
-    "RecordError",
-    "Redactor",
-    "ReplyChain",
-    "RequestMetrics",
-    "RerankFailed",
-    "RerankReport",
-    "RerankScorer",
-    "SQLiteDatabase",
-    "SessionInfo",
-    "SharedBuckets",
-    "SpoolRecall",
-    "Spooled",
-    "StoredKey",
-    "TurnLog",
-    "Unavailable",
-    "UnsavedStamp",
-    "UsageCounts",
-    "UsageLedger",
-    "UsageReport",
-    "UsageRow",
-    "VectorIndex",
-    "backup",
-    "build_query",
-    "check_record",
-    "check_stores",
-    "collection_name",
-    "count_tokens",
-    "encoding_for_model",
-    "find_model_dir",
-    "for_embedding",
-    "inject",
-    "is_outage",
-    "key_digest",
-    "mallopt",
-    "message_text",
-    "migrate",
-    "off_loop",
-    "open_database",
-    "organization_memory",
-    "place",
-    "placing_order",
-    "redact_profile",
-    "trace_span",
-    "turn_dict",
-    "turn_text",
-]
+__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:  # mypy exports an import that renames only when __all__ names it
+    __all__ += ["FACT_SOURCES", "MAX_FACTS_PAGE", "MAX_SESSIONS_PAGE", "CopiedBatch",
+                "RerankScorer", "UnsavedStamp", "key_digest", "trace_span"]
 
 
 def __getattr__(name: str) -> Any:

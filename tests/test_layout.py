@@ -58,10 +58,31 @@ def test_proxy_and_scripts_import_memory_only_through_its_facade() -> None:
     assert offenders == []
 
 
+def typed_exports() -> tuple[list[str], list[str], list[str]]:
+    """What memory/__init__.py's TYPE_CHECKING blocks give mypy: the names imported, those
+    imported under a new name (`X as Y`), and the names added to __all__ (mypy exports an
+    import that renames only when __all__ names it)."""
+    tree = ast.parse((MEMORY / "__init__.py").read_text())
+    imported, renamed, added = [], [], []
+    for block in (node for node in tree.body if isinstance(node, ast.If)):
+        for node in block.body:
+            if isinstance(node, ast.ImportFrom):
+                imported += [alias.asname or alias.name for alias in node.names]
+                renamed += [alias.asname for alias in node.names
+                            if alias.asname not in (None, alias.name)]
+            elif isinstance(node, ast.AugAssign) and isinstance(node.value, ast.List):
+                added += [ast.literal_eval(item) for item in node.value.elts]
+    return imported, renamed, added
+
+
 def test_the_facade_exports_exactly_what_it_lists() -> None:
     for name in memory.__all__:
         assert getattr(memory, name) is not None, name
     assert sorted(memory._EXPORTS) == sorted(memory.__all__)
+    # What mypy reads (the TYPE_CHECKING blocks) exports the same names as the run-time table.
+    imported, renamed, added = typed_exports()
+    assert sorted(imported) == sorted(memory.__all__)
+    assert renamed and sorted(renamed) == sorted(added)
     # A name it does not list is an AttributeError, and a subpackage still imports.
     try:
         memory.Store  # noqa: B018
