@@ -146,7 +146,7 @@ class MemoryEngine:
             return
         self.spooling = Spooling(
             await SpoolFile.open(self.settings.spool_path), max_turns=self.settings.spool_max_turns,
-            replay=self._replay_spooled, backoff_max=self.settings.job_outage_backoff_max_seconds,
+            replay=self._append_path, backoff_max=self.settings.job_outage_backoff_max_seconds,
             redact=self.redact, share=self.settings.spool_max_turns_per_user,
         )
         self.recaller.spooled = self._spooled_turns
@@ -192,17 +192,13 @@ class MemoryEngine:
         try:
             # The first recall after a start waited 2.3 s for these (counting its block).
             await asyncio.to_thread(load_encodings)
-            cache_bytes = settings.vector_cache_mb * 1024 * 1024
-            if settings.chroma_url:
-                vectors = await asyncio.to_thread(
-                    VectorIndex.connect, settings.chroma_url, collection_name(settings),
-                    cache_bytes=cache_bytes,
-                )
-            else:
-                vectors = await asyncio.to_thread(
-                    VectorIndex.open, settings.vectors_path, collection_name(settings),
-                    cache_bytes=cache_bytes,
-                )
+            open_vectors = (functools.partial(VectorIndex.connect, settings.chroma_url)
+                            if settings.chroma_url
+                            else functools.partial(VectorIndex.open, settings.vectors_path))
+            vectors = await asyncio.to_thread(
+                open_vectors, collection_name(settings),
+                cache_bytes=settings.vector_cache_mb * 1024 * 1024,
+            )
             if embedder is None:
                 embedder = _local_embedder(settings)
         except BaseException:
@@ -419,12 +415,6 @@ class MemoryEngine:
         )
         if result.new_ids:
             self.worker.notify()
-
-    async def _replay_spooled(
-        self, user_id: str, session_id: str, turns: list[NewTurn], after: int | None,
-        reply: bool, model: str, route: str,
-    ) -> None:
-        await self._append_path(user_id, session_id, turns, after, reply, model, route)
 
     async def record(self, row: RequestMetrics) -> None:
         """Keep one per-request metrics row."""
