@@ -486,3 +486,28 @@ async def test_vector_writes_move_the_recall_stamp_except_a_sessions_own_turn_ve
         assert await versions.bump_vectors(tx, {"ada"}, {("ada", "s2")}) == {"ada": 2}
     assert await versions.stamp(db, "ada", "s1") != before
     assert await versions.vector_generations(db, ["ada", "bob"]) == {"ada": 2, "bob": 0}
+
+
+async def test_hold_serializes_holders_of_one_key_and_no_other(store: Storage) -> None:
+    # hold() (memory.storage.interface): two holders of one key take turns, while a holder
+    # of another key gets in meanwhile; a key is held again once every holder has left.
+    events: list[tuple[str, int]] = []
+    first_in, other_in = asyncio.Event(), asyncio.Event()
+
+    async def holder(number: int) -> None:
+        async with store.db.hold("facts:alice"):
+            events.append(("in", number))
+            first_in.set()
+            await asyncio.wait_for(other_in.wait(), timeout=10)
+            events.append(("out", number))
+
+    async def other_key() -> None:
+        await first_in.wait()
+        async with store.db.hold("facts:bob"):
+            other_in.set()
+
+    await asyncio.wait_for(asyncio.gather(holder(1), holder(2), other_key()), timeout=30)
+    assert events in ([("in", 1), ("out", 1), ("in", 2), ("out", 2)],
+                      [("in", 2), ("out", 2), ("in", 1), ("out", 1)])
+    await asyncio.wait_for(holder(3), timeout=10)
+    assert events[-2:] == [("in", 3), ("out", 3)]

@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import sqlite3
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -91,7 +92,8 @@ class SQLiteDatabase:
         self._readers = readers
         self._next_reader = itertools.cycle(range(len(readers)))
         self._write_lock = asyncio.Lock()
-        self._held: dict[str, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
+        # A key's lock lives while a holder or waiter refers to it, then leaves the map.
+        self._held: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @classmethod
     async def open(cls, path: Path, *, readers: int = 4) -> SQLiteDatabase:
@@ -169,17 +171,8 @@ class SQLiteDatabase:
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
         """A lock on `key` until the block ends (in this process: one process owns the file)."""
-        lock, holders = self._held.get(key) or (asyncio.Lock(), 0)
-        self._held[key] = (lock, holders + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, holders = self._held[key]
-            if holders == 1:
-                del self._held[key]
-            else:
-                self._held[key] = (lock, holders - 1)
+        async with self._held.setdefault(key, asyncio.Lock()):
+            yield
 
 
 async def fetch_in(
