@@ -17,6 +17,7 @@ truly differ a table function switches on `conn.dialect`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -117,10 +118,8 @@ class SQLiteDatabase:
         """Close every connection; safe to call twice."""
         for reader in self._readers:
             await reader.close()
-        try:
+        with contextlib.suppress(ValueError):  # already closed
             await self._writer.execute("PRAGMA optimize")
-        except ValueError:  # already closed
-            pass
         await self._writer.close()
 
     async def check(self) -> None:
@@ -239,13 +238,13 @@ async def _when_unlocked(statement: Callable[[], Awaitable[_T]]) -> _T:
     """Run a statement that takes the write lock, again while another process (a backup, a
     sqlite3 shell) holds that lock past the busy timeout: a statement refused as "locked"
     changed nothing, so trying again is safe, and a turn is not lost to a long lock."""
-    for attempt in itertools.count(1):
+    for _ in range(_LOCKED_ATTEMPTS - 1):
         try:
             return await statement()
         except sqlite3.OperationalError as exc:
-            if attempt >= _LOCKED_ATTEMPTS or "locked" not in str(exc):
+            if "locked" not in str(exc):
                 raise
-    raise AssertionError("unreachable")
+    return await statement()
 
 
 def _prepare_database(path: Path) -> str:
