@@ -231,15 +231,13 @@ MIGRATIONS: list[Migration] = [
 
 def apply(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
     """Apply the migrations not yet recorded, in order, and return their names."""
-    _check_names(migrations)
+    names = [name for name, _ in migrations]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate migration names in {names}")
     conn.execute(
         "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
     )
-    newly_applied = []
-    for name, step in migrations:
-        if _apply_one(conn, name, step):
-            newly_applied.append(name)
-    return newly_applied
+    return [name for name, step in migrations if _apply_one(conn, name, step)]
 
 
 def applied(conn: sqlite3.Connection) -> list[str]:
@@ -298,9 +296,3 @@ def split_statements(script: str) -> Iterator[str]:
 
 def _strip_comments(sql: str) -> str:
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
-
-
-def _check_names(migrations: Sequence[Migration]) -> None:
-    names = [name for name, _ in migrations]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate migration names in {names}")
