@@ -126,12 +126,12 @@ async def copy_tables(
     """Copy every table's rows after `done` (from begin()) into `dest`, in batches; return
     how many rows each table gained. `on_batch` is told after each commit (an error it
     raises stops the copy there, as an interruption would)."""
-    gained: dict[str, int] = {}
-    for table in TABLES:
-        gained[table] = await _copy_table(
+    gained = {
+        table: await _copy_table(
             source, dest, table, source_name=source_name, after=done.get(table, 0),
             batch_size=batch_size, on_batch=on_batch,
-        )
+        ) for table in TABLES
+    }
     await _reset_sequences(dest)
     return gained
 
