@@ -100,6 +100,12 @@ def _closed(conn: asyncpg.Connection) -> bool:
         return True
 
 
+async def _roll_back(conn: asyncpg.Connection, transaction: Any) -> None:
+    if not _closed(conn):
+        with contextlib.suppress(Exception):  # the release resets it anyway
+            await transaction.rollback()
+
+
 @asynccontextmanager
 async def _unavailable_when_lost() -> AsyncIterator[None]:
     try:
@@ -209,9 +215,7 @@ class PostgresDatabase:
             try:
                 yield PostgresTransaction(conn)
             except BaseException:
-                if not _closed(conn):
-                    with contextlib.suppress(Exception):  # the release resets it anyway
-                        await transaction.rollback()
+                await _roll_back(conn, transaction)
                 raise
             else:
                 await transaction.commit()
@@ -229,9 +233,7 @@ class PostgresDatabase:
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
                 return conn, transaction
             except BaseException as exc:
-                if not _closed(conn):
-                    with contextlib.suppress(Exception):
-                        await transaction.rollback()
+                await _roll_back(conn, transaction)
                 await self._pool.release(conn)
                 if attempt == 2 or not connection_lost(exc):
                     raise
