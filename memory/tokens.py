@@ -85,9 +85,8 @@ async def off_loop(chars: int, work: Callable[[], T]) -> T:
 
 def count_tokens(text: str, model: str) -> int:
     """Count the tokens of `text` as `model` would see them."""
-    if len(text) <= CACHED_TEXT_CHARS:
-        return _count_cached(text, encoding_for_model(model).name)
-    return _count(text, encoding_for_model(model).name)
+    count = _count_cached if len(text) <= CACHED_TEXT_CHARS else _count
+    return count(text, encoding_for_model(model).name)
 
 
 # Recall counts the same remembered lines again and again (a user's best memories come back

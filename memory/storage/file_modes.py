@@ -48,8 +48,7 @@ def private_database(path: Path) -> None:
     """Create a SQLite database file 0600 before SQLite opens it (its WAL and SHM then
     take that mode), and tighten the files of one that exists."""
     private_dir(path.parent)
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY, PRIVATE_FILE)
-    os.close(fd)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, PRIVATE_FILE))
     for file in (path, *(path.with_name(path.name + end) for end in SQLITE_SIDECARS)):
         private_file(file)
 
