@@ -222,23 +222,22 @@ class PostgresDatabase:
             finally:
                 await self._pool.release(conn)
 
-    async def _begin(self) -> tuple[asyncpg.Connection, Any]:
+    async def _begin(self, *, again: bool = True) -> tuple[asyncpg.Connection, Any]:
         """A pooled connection in a write transaction holding the write lock; a connection
         found dead on the way is replaced once (none of the caller's statements ran yet)."""
-        for attempt in (1, 2):
-            conn = await self._pool.acquire()
-            transaction = conn.transaction()
-            try:
-                await transaction.start()
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
-                return conn, transaction
-            except BaseException as exc:
-                await _roll_back(conn, transaction)
-                await self._pool.release(conn)
-                if attempt == 2 or not connection_lost(exc):
-                    raise
-                await _drop_stale(self._pool)
-        raise AssertionError("unreachable")
+        conn = await self._pool.acquire()
+        transaction = conn.transaction()
+        try:
+            await transaction.start()
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
+            return conn, transaction
+        except BaseException as exc:
+            await _roll_back(conn, transaction)
+            await self._pool.release(conn)
+            if not again or not connection_lost(exc):
+                raise
+        await _drop_stale(self._pool)
+        return await self._begin(again=False)
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[PostgresTransaction]:
