@@ -253,20 +253,16 @@ async def recorded(conn: Connection) -> int:
 
 
 def _apply_one(conn: sqlite3.Connection, name: str, step: MigrationStep) -> bool:
-    # IMMEDIATE takes the write lock before the check, so two processes starting at
-    # once cannot both decide to run the same migration.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with conn:  # commits at the end; rolls back on any exception, or when the commit fails
+        # IMMEDIATE takes the write lock before the check, so two processes starting at
+        # once cannot both decide to run the same migration.
+        conn.execute("BEGIN IMMEDIATE")
         done = conn.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone()
         if done is None:
             _run_step(conn, step)
             conn.execute(
                 "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (name, time.time())
             )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     return done is None
 
 
