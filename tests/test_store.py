@@ -20,6 +20,7 @@ from memory.storage import metrics, migrations, versions
 from memory.storage.fts import match_expression
 from memory.storage.jobs import LEASE_SECONDS
 from memory.storage.metrics import RequestMetrics
+from memory.storage.postgres import numbered
 from memory.storage.turns import NewTurn
 from tests.support.sql import POSTINGS_FROM_ROWS
 from tests.support.storage import Storage
@@ -511,3 +512,14 @@ async def test_hold_serializes_holders_of_one_key_and_no_other(store: Storage) -
                       [("in", 2), ("out", 2), ("in", 1), ("out", 1)])
     await asyncio.wait_for(holder(3), timeout=10)
     assert events[-2:] == [("in", 3), ("out", 3)]
+
+
+def test_placeholders_are_numbered_for_postgresql_outside_quotes_and_comments() -> None:
+    # memory.storage.postgres runs the table modules' `?` SQL as `$n`: a `?` in a string, a
+    # quoted name or a comment is text, also in a quote that is never closed.
+    sql = "SELECT ?, '?', \"a?\" -- why?\n, ? FROM t WHERE x = 'it''s ?' AND y = ?"
+    assert numbered(sql) == (
+        "SELECT $1, '?', \"a?\" -- why?\n, $2 FROM t WHERE x = 'it''s ?' AND y = $3"
+    )
+    assert numbered("SELECT ? -- ?") == "SELECT $1 -- ?"
+    assert numbered("SELECT ?, 'open ?") == "SELECT $1, 'open ?"

@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -43,6 +45,8 @@ _WRITE_LOCK = 7_305_210_412
 # Any fixed int4: the namespace of hold()'s locks (two-key advisory locks, apart from the above).
 _KEY_LOCKS = 730_521
 _T = TypeVar("_T")
+# A quote or comment (to its end, or the text's when it has none), or a placeholder.
+_QUOTED_OR_MARK = re.compile(r"'[^']*'?|\"[^\"]*\"?|--[^\n]*\n?|\?")
 # Long enough for a few turns of the event loop: they read what the server said on the
 # connections it closed. Spent only after a connection was found lost.
 _SETTLE_SECONDS = 0.02
@@ -269,20 +273,5 @@ class PostgresDatabase:
 @functools.lru_cache(maxsize=1024)
 def numbered(sql: str) -> str:
     """`sql` with its `?` placeholders renumbered `$1..$n`; `?` in quotes or comments stays."""
-    out: list[str] = []
-    count = 0
-    quote: str | None = None  # the character that ends the quote or comment we are in
-    for at, char in enumerate(sql):
-        if quote is not None:
-            if char == quote:
-                quote = None
-        elif char in ("'", '"'):
-            quote = char
-        elif sql.startswith("--", at):
-            quote = "\n"
-        elif char == "?":
-            count += 1
-            out.append(f"${count}")
-            continue
-        out.append(char)
-    return "".join(out)
+    count = itertools.count(1)
+    return _QUOTED_OR_MARK.sub(lambda m: f"${next(count)}" if m[0] == "?" else m[0], sql)
