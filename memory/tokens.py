@@ -53,7 +53,8 @@ def litellm_tokenizers_dir() -> Path | None:
 
 def encoding_name_for_model(model: str) -> str:
     """Return the tiktoken encoding name to count tokens for `model`."""
-    name = _bare_model_name(model)
+    # Without provider prefixes ("openai/", "azure/gpt-4o"), in lower case.
+    name = model.strip().lower().rsplit("/", 1)[-1]
     if _O200K_MODEL.match(name):
         return "o200k_base"
     try:
@@ -100,8 +101,3 @@ def _count(text: str, encoding: str) -> int:
 
 
 _count_cached = functools.lru_cache(maxsize=16384)(_count)
-
-
-def _bare_model_name(model: str) -> str:
-    """Strip provider prefixes ("openai/", "azure/gpt-4o") and normalise case."""
-    return model.strip().lower().rsplit("/", 1)[-1]
