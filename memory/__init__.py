@@ -169,8 +169,16 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # mypy exports an import that renames only when __all__ names it
-    __all__ += ["FACT_SOURCES", "MAX_FACTS_PAGE", "MAX_SESSIONS_PAGE", "CopiedBatch",
-                "RerankScorer", "UnsavedStamp", "key_digest", "trace_span"]
+    __all__ += [
+        "FACT_SOURCES",
+        "MAX_FACTS_PAGE",
+        "MAX_SESSIONS_PAGE",
+        "CopiedBatch",
+        "RerankScorer",
+        "UnsavedStamp",
+        "key_digest",
+        "trace_span",
+    ]
 
 
 def __getattr__(name: str) -> Any:
