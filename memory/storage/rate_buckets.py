@@ -13,19 +13,14 @@ from __future__ import annotations
 from memory.storage.database import Connection, Transaction, first
 
 
-def _refilled(dialect: str) -> str:
-    """The bucket's level now: its stored level plus the refill since, at most capacity.
-    Parameters, in order: capacity, now, per-second rate."""
-    least, greatest = ("LEAST", "GREATEST") if dialect == "postgres" else ("MIN", "MAX")
-    return (f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated) * ?)")
-
-
 async def take(
     tx: Transaction, bucket: str, *, per_minute: float, capacity: float, now: float
 ) -> float | None:
     """Take one request from `bucket`; None when taken, else its level (below 1) now."""
-    level = _refilled(tx.dialect)
-    greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
+    least, greatest = ("LEAST", "GREATEST") if tx.dialect == "postgres" else ("MIN", "MAX")
+    # The bucket's level now: its stored level plus the refill since, at most capacity.
+    # Parameters, in order: capacity, now, per-second rate.
+    level = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated) * ?)"
     rate = per_minute / 60.0
     taken = await tx.fetch(
         "INSERT INTO rate_buckets (bucket, tokens, updated) VALUES (?, ?, ?)"
