@@ -25,7 +25,3 @@ class SharedBuckets:
         """Forget buckets idle since `full_before` (full again: a new one starts full)."""
         async with self.db.autocommit() as tx:
             return await rate_buckets.sweep(tx, full_before)
-
-    async def level(self, bucket: str) -> float | None:
-        """A bucket's level as of its last take (None: no such bucket)."""
-        return await rate_buckets.level(self.db, bucket)

@@ -10,7 +10,7 @@ instead of draining the bucket.
 
 from __future__ import annotations
 
-from memory.storage.database import Connection, Transaction, first
+from memory.storage.database import Transaction
 
 
 async def take(
@@ -40,8 +40,3 @@ async def sweep(tx: Transaction, full_before: float) -> int:
     """Delete buckets untouched since `full_before` (full again by now: a new one starts
     full); how many went."""
     return await tx.change("DELETE FROM rate_buckets WHERE updated < ?", (full_before,))
-
-
-async def level(conn: Connection, bucket: str) -> float | None:
-    """A bucket's stored level (None: no row), as of its last take."""
-    return await first(conn, float, "SELECT tokens FROM rate_buckets WHERE bucket = ?", (bucket,))
