@@ -34,9 +34,3 @@ async def take(
     found = await tx.fetch(f"SELECT {level} FROM rate_buckets WHERE bucket = ?",
                            (capacity, now, rate, bucket))
     return float(found[0][0]) if found else 0.0
-
-
-async def sweep(tx: Transaction, full_before: float) -> int:
-    """Delete buckets untouched since `full_before` (full again by now: a new one starts
-    full); how many went."""
-    return await tx.change("DELETE FROM rate_buckets WHERE updated < ?", (full_before,))
