@@ -20,12 +20,3 @@ class SharedBuckets:
         async with self.db.autocommit() as tx:
             return await rate_buckets.take(tx, bucket, per_minute=per_minute,
                                            capacity=capacity, now=now)
-
-    async def sweep(self, full_before: float) -> int:
-        """Forget buckets idle since `full_before` (full again: a new one starts full)."""
-        async with self.db.autocommit() as tx:
-            return await rate_buckets.sweep(tx, full_before)
-
-    async def level(self, bucket: str) -> float | None:
-        """A bucket's level as of its last take (None: no such bucket)."""
-        return await rate_buckets.level(self.db, bucket)

@@ -84,7 +84,3 @@ class UsageLedger:
         async with self.db.write() as tx:
             await reservations.remove(tx, hold_id)
             await usage.add(tx, [row])
-
-    async def holds(self, key_id: str, now: float) -> int:
-        """How many live reservations `key_id` has."""
-        return await reservations.count(self.db, key_id, now)

@@ -9,10 +9,10 @@ holds 256 random bits, so a plain digest cannot be reversed or guessed). Revokin
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
-from memory.storage.database import Connection, Row, Transaction, column
+from memory.storage.database import Connection, Row, Transaction, column, marks
 
 # What PATCH may change (memory.admin.api_keys checks the values).
 CHANGEABLE = frozenset({"expires_at", "rate_limit", "token_quota", "org_writer"})
@@ -52,12 +52,8 @@ def _key(row: Row) -> StoredKey:
 
 async def insert(tx: Transaction, key: StoredKey) -> None:
     """Store a new key."""
-    await tx.change(
-        f"INSERT INTO api_keys ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (key.id, key.digest, key.prefix, key.user_id, key.org_id, int(key.org_writer),
-         key.expires_at, key.rate_limit, key.token_quota, key.created_at, key.last_used_at,
-         key.revoked_at),
-    )
+    values = [int(v) if isinstance(v, bool) else v for v in astuple(key)]  # org_writer 0/1
+    await tx.change(f"INSERT INTO api_keys ({_COLUMNS}) VALUES ({marks(len(values))})", values)
 
 
 async def by_digest(conn: Connection, digest: str) -> StoredKey | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, asdict, dataclass, fields
 from typing import Any
 
 from memory.storage import pg_search
@@ -21,7 +21,7 @@ from memory.storage.database import (
     equal_to,
     first,
     in_values,
-    only_row,
+    marks,
     scalar,
 )
 from memory.storage.fts import match_expression, owner_token, search_terms
@@ -69,9 +69,7 @@ class Fact:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__} | {
-            "active": self.active
-        }
+        return asdict(self) | {"active": self.active}
 
 
 _COLUMNS = ", ".join(f.name for f in fields(Fact))
@@ -107,20 +105,16 @@ class NewFact:
 
 async def insert(tx: Transaction, fact: NewFact) -> int:
     """Store one fact version and return its id."""
-    rows = await tx.fetch(
-        "INSERT INTO facts (chain_id, user_id, text, category, confidence, importance,"
-        " mentions, source, source_session, source_turn_ids, pinned, first_seen, last_seen,"
-        " expires_at, version, previous_id, valid_from, valid_to, created_at, updated_at,"
-        " owner, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " RETURNING id",
-        (fact.chain_id or 0, fact.user_id, fact.text, fact.category, float(fact.confidence),
-         int(fact.importance), fact.mentions, fact.source, fact.source_session,
-         json.dumps(sorted(set(fact.source_turn_ids))), int(fact.pinned), fact.first_seen,
-         fact.last_seen, fact.expires_at, fact.version, fact.previous_id, fact.valid_from,
-         fact.valid_to, fact.created_at, fact.updated_at, owner_token(fact.user_id),
-         fact.client),
-    )  # fmt: skip
-    fact_id = int(only_row(rows, "insert returned no id")[0])
+    row = {f.name: getattr(fact, f.name) for f in fields(fact)} | {
+        "chain_id": fact.chain_id or 0,
+        "confidence": float(fact.confidence),
+        "importance": int(fact.importance),
+        "source_turn_ids": json.dumps(sorted(set(fact.source_turn_ids))),
+        "pinned": int(fact.pinned),
+        "owner": owner_token(fact.user_id),
+    }
+    sql = f"INSERT INTO facts ({', '.join(row)}) VALUES ({marks(len(row))}) RETURNING id"
+    fact_id = await scalar(tx, int, sql, list(row.values()))
     if fact.chain_id is None:
         await tx.change("UPDATE facts SET chain_id = id WHERE id = ?", (fact_id,))
     return fact_id
@@ -293,12 +287,11 @@ async def first_version(
 
 async def current_exists(conn: Connection, user_id: str, text: str, category: str) -> bool:
     """Whether a current version has this text and category."""
-    rows = await conn.fetch(
+    sql = (
         "SELECT 1 FROM facts WHERE user_id = ? AND text = ? AND category = ?"
-        " AND valid_to IS NULL LIMIT 1",
-        (user_id, text, category),
+        " AND valid_to IS NULL LIMIT 1"
     )
-    return bool(rows)
+    return bool(await conn.fetch(sql, (user_id, text, category)))
 
 
 async def session_chains(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory import tracing
-from memory.storage.database import Connection, Transaction, first, marks, only_row, scalar
+from memory.storage.database import Connection, Transaction, first, marks, scalar
 
 STATUSES = ("queued", "running", "done", "dead")
 # How long a claim holds a job on PostgreSQL unless renewed (the default of the setting
@@ -93,19 +93,18 @@ async def enqueue(
         payload = {**payload, tracing.QUEUED_BY: queued_by}
     # Only the owner's jobs ready by then: a job delayed into the future (a retry's backoff)
     # must not push the owner's jobs that are ready now behind it.
-    last = await tx.fetch(
-        "SELECT MAX(fair_at) FROM jobs WHERE owner = ? AND status IN ('queued', 'running')"
-        " AND run_after <= ?",
+    last = await first(
+        tx, float, "SELECT MAX(fair_at) FROM jobs WHERE owner = ?"
+        " AND status IN ('queued', 'running') AND run_after <= ?",
         (owner, ready),
     )
-    fair_at = ready if last[0][0] is None else max(ready, float(last[0][0]) + FAIR_STEP)
-    inserted = await tx.fetch(
-        "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
+    fair_at = ready if last is None else max(ready, last + FAIR_STEP)
+    return await scalar(
+        tx, int, "INSERT INTO jobs (kind, payload, status, attempts, max_attempts, run_after,"
         " created_at, updated_at, owner, fair_at)"
-        " VALUES (?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?) RETURNING id, attempts",
+        " VALUES (?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?) RETURNING id",
         (kind, json.dumps(payload), max_attempts, ready, now, now, owner, fair_at),
     )  # fmt: skip
-    return int(only_row(inserted, "insert returned no id")[0])
 
 
 async def claim(

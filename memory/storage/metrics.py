@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.storage.database import Connection, Transaction, marks
+from memory.storage.database import Connection, Transaction, equal_to, marks
 
 # What a metrics row holds besides its user: take_rows returns rows with these keys.
 ROW_FIELDS = (
@@ -16,6 +16,10 @@ ROW_FIELDS = (
     "truncated", "recall_ms", "embed_ms", "error",
 )
 _FIELDS = tuple(name.removesuffix("_json") for name in ROW_FIELDS)  # as page() shows them
+_INSERT = (
+    f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
+    f" VALUES (?, {marks(len(ROW_FIELDS))})"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +42,9 @@ class RequestMetrics:
 async def insert(tx: Transaction, row: RequestMetrics) -> None:
     """Store one request's memory metrics."""
     await tx.change(
-        "INSERT INTO request_metrics (created_at, user_id, session_id, request_id, model,"
-        " items_json, injected_tokens, truncated, recall_ms, embed_ms, error)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _INSERT,
         (
-            row.created_at, row.user_id, row.session_id, row.request_id, row.model,
+            row.user_id, row.created_at, row.session_id, row.request_id, row.model,
             json.dumps(dict(row.items), sort_keys=True), row.injected_tokens,
             int(row.truncated), row.recall_ms, row.embed_ms, row.error,
         ),
@@ -73,13 +75,12 @@ async def page(
         " ORDER BY created_at, id LIMIT ?",
         (*params, limit),
     )
-    found = []
-    for row in rows:
-        item = dict(zip(_FIELDS, row[1:], strict=True))
-        item["items"] = json.loads(item["items"])
-        item["truncated"] = bool(item["truncated"])
-        found.append((int(row[0]), item))
-    return found
+    return [(int(row[0]), _shown(row[1:])) for row in rows]
+
+
+def _shown(values: Sequence[Any]) -> dict[str, Any]:
+    item = dict(zip(_FIELDS, values, strict=True))
+    return item | {"items": json.loads(item["items"]), "truncated": bool(item["truncated"])}
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,9 @@ async def take_rows(
     tx: Transaction, user_id: str, session_id: str | None = None
 ) -> list[dict[str, Any]]:
     """Delete the user's metrics rows (or one session's) in `tx`; return them, oldest first."""
-    scope, params = ("", (user_id,)) if session_id is None else (
-        " AND session_id = ?", (user_id, session_id))
+    where, params = equal_to(user_id=user_id, session_id=session_id)
     rows = await tx.fetch(
-        f"DELETE FROM request_metrics WHERE user_id = ?{scope}"
-        f" RETURNING id, {', '.join(ROW_FIELDS)}", params,
+        f"DELETE FROM request_metrics WHERE {where} RETURNING id, {', '.join(ROW_FIELDS)}", params
     )
     rows.sort(key=lambda row: int(row[0]))
     return [dict(zip(ROW_FIELDS, row[1:], strict=True)) for row in rows]
@@ -140,8 +139,4 @@ async def take_rows(
 async def put_rows(tx: Transaction, user_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert rows take_rows returned, for `user_id` (undoing a clear)."""
     if rows:
-        await tx.change_many(
-            f"INSERT INTO request_metrics (user_id, {', '.join(ROW_FIELDS)})"
-            f" VALUES (?, {marks(len(ROW_FIELDS))})",
-            [(user_id, *(row[f] for f in ROW_FIELDS)) for row in rows],
-        )
+        await tx.change_many(_INSERT, [(user_id, *(row[f] for f in ROW_FIELDS)) for row in rows])

@@ -12,10 +12,8 @@ from memory.storage.database import Connection, Transaction, column
 
 async def has_consent(conn: Connection, user_id: str) -> bool:
     """Whether the user's consent to a profile is on (default: no)."""
-    rows = await conn.fetch(
-        "SELECT 1 FROM consent WHERE user_id = ? AND profile = 1", (user_id,)
-    )
-    return bool(rows)
+    sql = "SELECT 1 FROM consent WHERE user_id = ? AND profile = 1"
+    return bool(await conn.fetch(sql, (user_id,)))
 
 
 async def set_consent(tx: Transaction, user_id: str, on: bool, now: float) -> None:

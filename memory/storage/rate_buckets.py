@@ -10,22 +10,17 @@ instead of draining the bucket.
 
 from __future__ import annotations
 
-from memory.storage.database import Connection, Transaction, first
-
-
-def _refilled(dialect: str) -> str:
-    """The bucket's level now: its stored level plus the refill since, at most capacity.
-    Parameters, in order: capacity, now, per-second rate."""
-    least, greatest = ("LEAST", "GREATEST") if dialect == "postgres" else ("MIN", "MAX")
-    return (f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated) * ?)")
+from memory.storage.database import Transaction
 
 
 async def take(
     tx: Transaction, bucket: str, *, per_minute: float, capacity: float, now: float
 ) -> float | None:
     """Take one request from `bucket`; None when taken, else its level (below 1) now."""
-    level = _refilled(tx.dialect)
-    greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
+    least, greatest = ("LEAST", "GREATEST") if tx.dialect == "postgres" else ("MIN", "MAX")
+    # The bucket's level now: its stored level plus the refill since, at most capacity.
+    # Parameters, in order: capacity, now, per-second rate.
+    level = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated) * ?)"
     rate = per_minute / 60.0
     taken = await tx.fetch(
         "INSERT INTO rate_buckets (bucket, tokens, updated) VALUES (?, ?, ?)"
@@ -39,14 +34,3 @@ async def take(
     found = await tx.fetch(f"SELECT {level} FROM rate_buckets WHERE bucket = ?",
                            (capacity, now, rate, bucket))
     return float(found[0][0]) if found else 0.0
-
-
-async def sweep(tx: Transaction, full_before: float) -> int:
-    """Delete buckets untouched since `full_before` (full again by now: a new one starts
-    full); how many went."""
-    return await tx.change("DELETE FROM rate_buckets WHERE updated < ?", (full_before,))
-
-
-async def level(conn: Connection, bucket: str) -> float | None:
-    """A bucket's stored level (None: no row), as of its last take."""
-    return await first(conn, float, "SELECT tokens FROM rate_buckets WHERE bucket = ?", (bucket,))

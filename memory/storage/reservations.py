@@ -7,7 +7,7 @@ the reservation back when it ends (docs/usage.md, "Quotas"). Each row expires on
 
 from __future__ import annotations
 
-from memory.storage.database import Connection, Transaction, scalar
+from memory.storage.database import Transaction, scalar
 
 
 async def held(tx: Transaction, key_id: str, now: float) -> int:
@@ -28,9 +28,3 @@ async def add(tx: Transaction, hold_id: str, key_id: str, tokens: int, expires_a
 async def remove(tx: Transaction, hold_id: str) -> bool:
     """Give a reservation back; False when it was gone (expired and swept)."""
     return await tx.change("DELETE FROM usage_reservations WHERE id = ?", (hold_id,)) > 0
-
-
-async def count(conn: Connection, key_id: str, now: float) -> int:
-    """How many live reservations `key_id` has (for tests and the admin's eye)."""
-    sql = "SELECT COUNT(*) FROM usage_reservations WHERE key_id = ? AND expires_at > ?"
-    return await scalar(conn, int, sql, (key_id, now))

@@ -123,8 +123,7 @@ class SpoolFile:
 
     async def first(self) -> SpooledEntry | None:
         """The oldest entry still waiting, if any."""
-        rows = await self._select(" ORDER BY id LIMIT 1", ())
-        return rows[0] if rows else None
+        return next(iter(await self._select(" ORDER BY id LIMIT 1", ())), None)
 
     async def of_session(self, user_id: str, session_id: str) -> list[SpooledEntry]:
         """The entries of one session still waiting, oldest first."""

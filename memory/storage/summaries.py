@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, asdict, dataclass, fields
 from typing import Any
 
 from memory.storage import pg_search
@@ -20,7 +20,7 @@ from memory.storage.database import (
     column,
     equal_to,
     in_values,
-    only_row,
+    marks,
     scalar,
 )
 from memory.storage.fts import match_expression, owner_token, search_terms, session_token
@@ -49,7 +49,7 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return asdict(self)
 
 
 _COLUMNS = ", ".join(f.name for f in fields(Summary))
@@ -73,16 +73,14 @@ class NewSummary:
 
 async def insert(tx: Transaction, summary: NewSummary) -> int:
     """Store one summary and return its id."""
-    rows = await tx.fetch(
-        "INSERT INTO summaries (user_id, session_id, text, data, source_turn_ids,"
-        " last_turn_id, user_turns, tokens, created_at, owner, sess)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (summary.user_id, summary.session_id, summary.text, json.dumps(summary.data),
-         json.dumps(sorted(set(summary.source_turn_ids))), summary.last_turn_id,
-         summary.user_turns, summary.tokens, summary.created_at, owner_token(summary.user_id),
-         session_token(summary.user_id, summary.session_id)),
-    )  # fmt: skip
-    return int(only_row(rows, "insert returned no id")[0])
+    row = {f.name: getattr(summary, f.name) for f in fields(summary)} | {
+        "data": json.dumps(summary.data),
+        "source_turn_ids": json.dumps(sorted(set(summary.source_turn_ids))),
+        "owner": owner_token(summary.user_id),
+        "sess": session_token(summary.user_id, summary.session_id),
+    }
+    sql = f"INSERT INTO summaries ({', '.join(row)}) VALUES ({marks(len(row))}) RETURNING id"
+    return await scalar(tx, int, sql, list(row.values()))
 
 
 async def supersede_others(

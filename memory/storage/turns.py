@@ -160,9 +160,9 @@ async def insert(
     """Store one turn and return its id."""
     # No ON CONFLICT needed: BEGIN IMMEDIATE plus the write lock mean nobody can insert
     # between the lookup and this statement; the unique index still guards against bugs.
-    inserted = await tx.fetch(
-        "INSERT INTO turns (user_id, session_id, parent_id, position, content_hash, role, name,"
-        " content, created_at, model, tokens, request_id, incomplete)"
+    return await scalar(
+        tx, int, "INSERT INTO turns (user_id, session_id, parent_id, position, content_hash,"
+        " role, name, content, created_at, model, tokens, request_id, incomplete)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             user_id, session_id, parent_id, position, digest, turn.role, turn.name,
@@ -170,7 +170,6 @@ async def insert(
             int(turn.incomplete),
         ),
     )  # fmt: skip
-    return int(only_row(inserted, "insert returned no id")[0])
 
 
 async def get_many(conn: Connection, ids: Sequence[int]) -> list[Turn]:

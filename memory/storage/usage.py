@@ -8,7 +8,7 @@ the same rows: an upsert that sums, never a read-modify-write.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from memory.storage.database import Connection, Transaction, equal_to, marks
@@ -28,7 +28,7 @@ class UsageCounts:
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,4 @@ async def tokens_since(conn: Connection, key_ids: Sequence[str], first_day: str)
         f" WHERE key_id IN ({marks(len(key_ids))}) AND day >= ? GROUP BY key_id",
         (*key_ids, first_day),
     )
-    used = {key: 0 for key in key_ids}
-    used.update({str(r[0]): int(r[1]) for r in found})
-    return used
+    return dict.fromkeys(key_ids, 0) | {str(r[0]): int(r[1]) for r in found}

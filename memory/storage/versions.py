@@ -26,13 +26,11 @@ async def stamp(conn: Connection, user_id: str, session_id: str) -> tuple[int, i
         " WHERE user_id = ? AND session_id IN ('', ?)",
         (user_id, session_id, user_id, session_id),
     )
-    counts = {(int(row[0]), str(row[1])): int(row[2]) for row in rows}
-
-    def besides_session(table: int) -> int:
-        own = counts.get((table, session_id), 0) if session_id else 0
-        return counts.get((table, ""), 0) - own
-
-    return besides_session(0), besides_session(1)
+    # Row '' counts every write; a row of `session_id` (none when it is '') is subtracted.
+    totals = [0, 0]
+    for table, session, count in rows:
+        totals[int(table)] += int(count) if session == "" else -int(count)
+    return totals[0], totals[1]
 
 
 async def vector_generations(conn: Connection, user_ids: Sequence[str]) -> dict[str, int]:
