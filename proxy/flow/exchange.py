@@ -60,7 +60,6 @@ from proxy.upstream.client import (
 from proxy.upstream.client import (
     read_body as read_upstream_body,
 )
-from proxy.upstream.llm_client import learning_route
 
 # How much of a continued conversation recall reads (it is already in the model's context).
 CHAIN_TURNS = 40
@@ -152,7 +151,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         continued=chain.session_id if chain is not None else None,
     )
     call = Call(
-        fmt, parsed, raw, Identity(user_id, session_id, org_id), flags,
+        fmt, parsed, Identity(user_id, session_id, org_id), flags,
         fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
@@ -171,7 +170,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
                 memory_tokens=flags.budget if flags.active else 0,
             )))
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
-    step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
+    step = MemoryStep(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:
         step.failed("chain", chain_error)
     if refused is not None:
@@ -238,26 +237,6 @@ async def _chain(
     if elsewhere:
         raise previous_response_not_found(reply_id)
     return chain, None
-
-
-def _memory_step(
-    state: AppState, call: Call, chain: ReplyChain | None, flags: Flags
-) -> MemoryStep:
-    context: list[Mapping[str, Any]] = []
-    after = None
-    # A session named in a header may differ from the chain's: then the turns start there.
-    if chain is not None and chain.session_id == call.identity.session_id:
-        context = [{"role": t.role, "content": t.content, "name": t.name} for t in chain.turns]
-        after = chain.last_turn_id
-    # Stable injection needs the whole conversation in the request, as sent: not with a
-    # stored chain before it, nor when compaction may rewrite it.
-    stable = flags.injection == "stable" and chain is None and not flags.compact
-    return MemoryStep(
-        state, call.identity, flags, call.request_id, model=call.body["model"],
-        messages=call.parsed.conversation, context=context, after=after, stable=stable,
-        first_placement=call.fmt.first_placement(call.body, flags.placement),
-        route=learning_route(call.target),
-    )
 
 
 async def _send(
