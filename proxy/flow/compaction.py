@@ -60,7 +60,11 @@ async def compact(
 ) -> dict[str, Any] | None:
     """`body` with its middle replaced, or None when it fits or cannot be compacted."""
     fmt, model, memory = call.fmt, call.body["model"], state.memory
-    window = _window(call, model)
+    window = call.target.context_window
+    if not window:  # the route's figure, else litellm's (which loads litellm on first use)
+        from proxy.upstream.litellm_transport import context_window
+
+        window = context_window(model, call.target.provider)
     if memory is None or window is None:
         return None
     before = conversation_tokens(fmt.conversation(body), model) + block_tokens
@@ -104,11 +108,3 @@ async def _compacted(
         return None
     return call.fmt.compacted(body, span, f"{HEADING}\n{summary}")
 
-
-def _window(call: Call, model: str) -> int | None:
-    """The model's context window in tokens: the route's figure, else litellm's."""
-    if call.target.context_window:
-        return call.target.context_window
-    from proxy.upstream.litellm_transport import context_window
-
-    return context_window(model, call.target.provider)
