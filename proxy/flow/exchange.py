@@ -8,7 +8,6 @@ an upstream that speaks the format, or through litellm). Everything else happens
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
@@ -107,16 +106,15 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         state.metrics.observe(fmt.route, status, elapsed)
         log = get_logger(fmt.route)
         if log.isEnabledFor(logging.INFO):
-            fields = _log_fields(request, status, elapsed)
+            fields = _log_fields(call, status, elapsed)
             if state.tracing is not None:  # the line joins the request's trace
                 fields.update(state.tracing.log_ids())
             log.info(fmt.route, extra=fields)
 
 
-def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]:
+def _log_fields(call: Call | None, status: int, elapsed: float) -> dict[str, Any]:
     """What one request's log line says: ids and figures, never keys or message text."""
     fields: dict[str, Any] = {"status": status, "ms": round(elapsed * 1000, 2)}
-    call: Call | None = getattr(request.state, "call", None)
     if call is not None:
         fields.update(
             request_id=call.request_id, model=call.body["model"], user_id=call.identity.user_id,
@@ -165,7 +163,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     if key is not None and key.token_quota is not None and state.usage is not None:
         # Admitted: hold its estimate of the quota until it ends (settled by count_usage).
         request.state.usage_hold = await state.usage.reserve(key, await off_loop(
-            len(raw), functools.partial(
+            len(raw), partial(
                 estimate, body, body["model"], raw_size=len(raw), route=fmt.route,
                 memory_tokens=flags.budget if flags.active else 0,
             )))
@@ -290,7 +288,11 @@ async def _relay(
         if state.usage is not None:
             count_error(call, content)
         return Response(content, upstream.status_code, await _out_headers(call, upstream, step))
-    reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
+    # A successful reply's body must be a JSON object (else 502, RFC 9110 15.6.3), checked
+    # even when not remembered: the SDKs need it.
+    if (reply_body := json_object(content)) is None:
+        raise UpstreamError("upstream returned a body that is not a JSON object",
+                            code="upstream_invalid_response")
     reply = call.fmt.read_reply(reply_body) if step.writing else None
     if state.usage is not None:  # counted only where usage is kept (the memory database)
         seen = call.fmt.read_usage(reply_body)
@@ -390,15 +392,6 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
             yield out
     if out := tap.end():
         yield out
-
-
-def _json_object(content: bytes) -> dict[str, Any]:
-    """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
-    reply = json_object(content)
-    if reply is None:
-        raise UpstreamError("upstream returned a body that is not a JSON object",
-                            code="upstream_invalid_response")
-    return reply
 
 
 def _before_malformed(fmt: ApiFormat, events: bytes) -> bytes:
