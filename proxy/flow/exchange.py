@@ -179,7 +179,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     step.lend_client_key(request.headers, call.target)
     step.check_room()  # the turns are stored once the upstream answered (_relay)
     # Without a change the client's own bytes go out: nothing re-encoded.
-    payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
+    payload, body = await _outgoing(call, step) or (raw, body)
     call.sent, call.sent_size = body, len(payload)  # a reply without usage counts this prompt
     if recalled is not None and recalled.items:
         call.tally.memory_tokens = recalled.tokens  # as X-Memory-Injected-Tokens says
@@ -191,20 +191,18 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
             upstream = await _send(request, state, call, payload, body)
         else:
             upstream = await tool.open(partial(_send, request, state, call), body, step)
-        return await _relay(state, call, upstream, step)
+        return await _relay(call, upstream, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
         raise
 
 
-async def _outgoing(
-    state: AppState, call: Call, step: MemoryStep, recalled: Recalled | None
-) -> tuple[bytes, dict[str, Any]] | None:
+async def _outgoing(call: Call, step: MemoryStep) -> tuple[bytes, dict[str, Any]] | None:
     """The bytes and body to send when memory changes the request (compaction, the
     block); None when it goes as sent."""
-    body = call.body
+    body, recalled = call.body, step.recalled
     if call.flags.compact:
-        body = await compact(state, call, step, body, recalled.tokens if recalled else 0) or body
+        body = await compact(call, step, recalled.tokens if recalled else 0) or body
     if step.placed:
         body = call.fmt.place(body, step.placed)
     elif step.placed is None and recalled is not None and recalled.items:
@@ -271,21 +269,19 @@ async def _open(
     )
 
 
-async def _relay(
-    state: AppState, call: Call, upstream: UpstreamReply, step: MemoryStep
-) -> Response | RelayResponse:
+async def _relay(call: Call, upstream: UpstreamReply, step: MemoryStep) -> Response | RelayResponse:
     """Relay the reply (streamed or whole) and remember what it said."""
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         if upstream.status_code < 300:
             step.start_remembering()  # the stream has started: a cut keeps the user's turn
-        return _relay_stream(state, call, upstream, await _out_headers(call, upstream, step), step)
+        return _relay_stream(call, upstream, await _out_headers(call, upstream, step), step)
     try:
         content = await read_upstream_body(upstream)
     finally:
         await upstream.aclose()
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)  # not an answer: nothing is stored
-        if state.usage is not None:
+        if step.state.usage is not None:
             count_error(call, content)
         return Response(content, upstream.status_code, await _out_headers(call, upstream, step))
     # A successful reply's body must be a JSON object (else 502, RFC 9110 15.6.3), checked
@@ -294,7 +290,7 @@ async def _relay(
         raise UpstreamError("upstream returned a body that is not a JSON object",
                             code="upstream_invalid_response")
     reply = call.fmt.read_reply(reply_body) if step.writing else None
-    if state.usage is not None:  # counted only where usage is kept (the memory database)
+    if step.state.usage is not None:  # counted only where usage is kept (the memory database)
         seen = call.fmt.read_usage(reply_body)
         count_reply(
             call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
@@ -319,13 +315,12 @@ async def _out_headers(call: Call, upstream: UpstreamReply, step: MemoryStep) ->
 
 
 def _relay_stream(
-    state: AppState, call: Call, upstream: UpstreamReply, headers: dict[str, str],
-    step: MemoryStep,
+    call: Call, upstream: UpstreamReply, headers: dict[str, str], step: MemoryStep
 ) -> RelayResponse:
     # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
     # checks) it only when it remembers the reply; otherwise the bytes go through as sent,
     # but for the usage tap's byte search (proxy/formats/usage.py).
-    fmt = call.fmt
+    fmt, state = call.fmt, step.state
     tee = fmt.tee() if step.writing else None
     tap = fmt.usage_tap(strip=call.strip_usage) if state.usage is not None else None
     # Counted, a stream keeps its first bytes: if its usage never comes, its text is counted.
