@@ -20,7 +20,6 @@ class Call:
 
     fmt: ApiFormat
     parsed: Parsed
-    raw: bytes  # the body as sent
     identity: Identity
     flags: Flags
     target: Target

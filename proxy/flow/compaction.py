@@ -23,7 +23,6 @@ from proxy.formats.shape import Shape
 if TYPE_CHECKING:
     from proxy.flow.call import Call
     from proxy.flow.memory_step import MemoryStep
-    from proxy.state import AppState
 
 HEADING = ("Summary of the earlier part of this conversation (memproxy replaced those "
            "messages with it to fit the context window):")
@@ -55,13 +54,15 @@ def conversation_tokens(messages: Sequence[Mapping[str, Any]], model: str) -> in
     return count_tokens("\n".join(turn_text(m) for m in messages), model)
 
 
-async def compact(
-    state: AppState, call: Call, step: MemoryStep, body: dict[str, Any], block_tokens: int
-) -> dict[str, Any] | None:
-    """`body` with its middle replaced, or None when it fits or cannot be compacted."""
-    fmt, model, memory = call.fmt, call.body["model"], state.memory
-    window = _window(call, model)
-    if memory is None or window is None:
+async def compact(call: Call, step: MemoryStep, block_tokens: int) -> dict[str, Any] | None:
+    """The call's body with its middle replaced, or None when it fits or cannot be compacted."""
+    state, fmt, body, model = step.state, call.fmt, call.body, step.model
+    window = call.target.context_window
+    if not window:  # the route's figure, else litellm's (which loads litellm on first use)
+        from proxy.upstream.litellm_transport import context_window
+
+        window = context_window(model, call.target.provider)
+    if state.memory is None or window is None:
         return None
     before = conversation_tokens(fmt.conversation(body), model) + block_tokens
     shape = fmt.compaction_shape(body)
@@ -71,7 +72,7 @@ async def compact(
     if span is None:
         return None
     with trace_span("memproxy.compaction") as traced:
-        compacted = await _compacted(state, call, step, body, span, model)
+        compacted = await _compacted(call, step, span)
         after = conversation_tokens(fmt.conversation(compacted), model) + block_tokens \
             if compacted is not None else before
         if traced is not None:
@@ -86,29 +87,19 @@ async def compact(
     return compacted
 
 
-async def _compacted(
-    state: AppState, call: Call, step: MemoryStep, body: dict[str, Any], span: tuple[int, int],
-    model: str,
-) -> dict[str, Any] | None:
-    """`body` with `span` replaced by the session's summary (None without one)."""
-    assert state.memory is not None
+async def _compacted(call: Call, step: MemoryStep, span: tuple[int, int]) -> dict[str, Any] | None:
+    """The call's body with `span` replaced by the session's summary (None without one)."""
+    memory = step.state.memory
+    assert memory is not None
     try:
-        summary = await state.memory.session_summary(
+        summary = await memory.session_summary(
             call.identity.user_id, call.identity.session_id, through=await step.answered_turn(),
-            model=model, route=step.route,
+            model=step.model, route=step.route,
         )
     except Exception as exc:  # memory never breaks the chat: it goes through uncompacted
         step.failed("compact", exc)
         return None
     if not summary:
         return None
-    return call.fmt.compacted(body, span, f"{HEADING}\n{summary}")
+    return call.fmt.compacted(call.body, span, f"{HEADING}\n{summary}")
 
-
-def _window(call: Call, model: str) -> int | None:
-    """The model's context window in tokens: the route's figure, else litellm's."""
-    if call.target.context_window:
-        return call.target.context_window
-    from proxy.upstream.litellm_transport import context_window
-
-    return context_window(model, call.target.provider)

@@ -8,7 +8,6 @@ an upstream that speaks the format, or through litellm). Everything else happens
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
@@ -60,7 +59,6 @@ from proxy.upstream.client import (
 from proxy.upstream.client import (
     read_body as read_upstream_body,
 )
-from proxy.upstream.llm_client import learning_route
 
 # How much of a continued conversation recall reads (it is already in the model's context).
 CHAIN_TURNS = 40
@@ -108,16 +106,15 @@ async def handle(request: Request, fmt: ApiFormat) -> Response | RelayResponse:
         state.metrics.observe(fmt.route, status, elapsed)
         log = get_logger(fmt.route)
         if log.isEnabledFor(logging.INFO):
-            fields = _log_fields(request, status, elapsed)
+            fields = _log_fields(call, status, elapsed)
             if state.tracing is not None:  # the line joins the request's trace
                 fields.update(state.tracing.log_ids())
             log.info(fmt.route, extra=fields)
 
 
-def _log_fields(request: Request, status: int, elapsed: float) -> dict[str, Any]:
+def _log_fields(call: Call | None, status: int, elapsed: float) -> dict[str, Any]:
     """What one request's log line says: ids and figures, never keys or message text."""
     fields: dict[str, Any] = {"status": status, "ms": round(elapsed * 1000, 2)}
-    call: Call | None = getattr(request.state, "call", None)
     if call is not None:
         fields.update(
             request_id=call.request_id, model=call.body["model"], user_id=call.identity.user_id,
@@ -152,7 +149,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
         continued=chain.session_id if chain is not None else None,
     )
     call = Call(
-        fmt, parsed, raw, Identity(user_id, session_id, org_id), flags,
+        fmt, parsed, Identity(user_id, session_id, org_id), flags,
         fmt.target(state.upstream, body["model"], request.headers),
         request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex[:20]}",
     )
@@ -166,12 +163,12 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     if key is not None and key.token_quota is not None and state.usage is not None:
         # Admitted: hold its estimate of the quota until it ends (settled by count_usage).
         request.state.usage_hold = await state.usage.reserve(key, await off_loop(
-            len(raw), functools.partial(
+            len(raw), partial(
                 estimate, body, body["model"], raw_size=len(raw), route=fmt.route,
                 memory_tokens=flags.budget if flags.active else 0,
             )))
     tool = MemoryTool.plan(state, call)  # X-Memory-Mode: tool; its recall is the pre-fetch
-    step = _memory_step(state, call, chain, tool.prefetch if tool is not None else call.flags)
+    step = MemoryStep(state, call, chain, tool.prefetch if tool is not None else call.flags)
     if chain_error is not None:
         step.failed("chain", chain_error)
     if refused is not None:
@@ -182,7 +179,7 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
     step.lend_client_key(request.headers, call.target)
     step.check_room()  # the turns are stored once the upstream answered (_relay)
     # Without a change the client's own bytes go out: nothing re-encoded.
-    payload, body = await _outgoing(state, call, step, recalled) or (raw, body)
+    payload, body = await _outgoing(call, step) or (raw, body)
     call.sent, call.sent_size = body, len(payload)  # a reply without usage counts this prompt
     if recalled is not None and recalled.items:
         call.tally.memory_tokens = recalled.tokens  # as X-Memory-Injected-Tokens says
@@ -194,20 +191,18 @@ async def _handle(request: Request, state: AppState, fmt: ApiFormat) -> Response
             upstream = await _send(request, state, call, payload, body)
         else:
             upstream = await tool.open(partial(_send, request, state, call), body, step)
-        return await _relay(state, call, upstream, step)
+        return await _relay(call, upstream, step)
     except ProxyError:
         step.remember_reply(None, incomplete=True)
         raise
 
 
-async def _outgoing(
-    state: AppState, call: Call, step: MemoryStep, recalled: Recalled | None
-) -> tuple[bytes, dict[str, Any]] | None:
+async def _outgoing(call: Call, step: MemoryStep) -> tuple[bytes, dict[str, Any]] | None:
     """The bytes and body to send when memory changes the request (compaction, the
     block); None when it goes as sent."""
-    body = call.body
+    body, recalled = call.body, step.recalled
     if call.flags.compact:
-        body = await compact(state, call, step, body, recalled.tokens if recalled else 0) or body
+        body = await compact(call, step, recalled.tokens if recalled else 0) or body
     if step.placed:
         body = call.fmt.place(body, step.placed)
     elif step.placed is None and recalled is not None and recalled.items:
@@ -238,26 +233,6 @@ async def _chain(
     if elsewhere:
         raise previous_response_not_found(reply_id)
     return chain, None
-
-
-def _memory_step(
-    state: AppState, call: Call, chain: ReplyChain | None, flags: Flags
-) -> MemoryStep:
-    context: list[Mapping[str, Any]] = []
-    after = None
-    # A session named in a header may differ from the chain's: then the turns start there.
-    if chain is not None and chain.session_id == call.identity.session_id:
-        context = [{"role": t.role, "content": t.content, "name": t.name} for t in chain.turns]
-        after = chain.last_turn_id
-    # Stable injection needs the whole conversation in the request, as sent: not with a
-    # stored chain before it, nor when compaction may rewrite it.
-    stable = flags.injection == "stable" and chain is None and not flags.compact
-    return MemoryStep(
-        state, call.identity, flags, call.request_id, model=call.body["model"],
-        messages=call.parsed.conversation, context=context, after=after, stable=stable,
-        first_placement=call.fmt.first_placement(call.body, flags.placement),
-        route=learning_route(call.target),
-    )
 
 
 async def _send(
@@ -294,26 +269,28 @@ async def _open(
     )
 
 
-async def _relay(
-    state: AppState, call: Call, upstream: UpstreamReply, step: MemoryStep
-) -> Response | RelayResponse:
+async def _relay(call: Call, upstream: UpstreamReply, step: MemoryStep) -> Response | RelayResponse:
     """Relay the reply (streamed or whole) and remember what it said."""
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         if upstream.status_code < 300:
             step.start_remembering()  # the stream has started: a cut keeps the user's turn
-        return _relay_stream(state, call, upstream, await _out_headers(call, upstream, step), step)
+        return _relay_stream(call, upstream, await _out_headers(call, upstream, step), step)
     try:
         content = await read_upstream_body(upstream)
     finally:
         await upstream.aclose()
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)  # not an answer: nothing is stored
-        if state.usage is not None:
+        if step.state.usage is not None:
             count_error(call, content)
         return Response(content, upstream.status_code, await _out_headers(call, upstream, step))
-    reply_body = _json_object(content)  # checked even when not remembered: the SDKs need it
+    # A successful reply's body must be a JSON object (else 502, RFC 9110 15.6.3), checked
+    # even when not remembered: the SDKs need it.
+    if (reply_body := json_object(content)) is None:
+        raise UpstreamError("upstream returned a body that is not a JSON object",
+                            code="upstream_invalid_response")
     reply = call.fmt.read_reply(reply_body) if step.writing else None
-    if state.usage is not None:  # counted only where usage is kept (the memory database)
+    if step.state.usage is not None:  # counted only where usage is kept (the memory database)
         seen = call.fmt.read_usage(reply_body)
         count_reply(
             call, seen.input_tokens if seen else None, seen.output_tokens if seen else None,
@@ -338,13 +315,12 @@ async def _out_headers(call: Call, upstream: UpstreamReply, step: MemoryStep) ->
 
 
 def _relay_stream(
-    state: AppState, call: Call, upstream: UpstreamReply, headers: dict[str, str],
-    step: MemoryStep,
+    call: Call, upstream: UpstreamReply, headers: dict[str, str], step: MemoryStep
 ) -> RelayResponse:
     # Reading the stream costs about as much CPU as relaying it, so memproxy reads (and
     # checks) it only when it remembers the reply; otherwise the bytes go through as sent,
     # but for the usage tap's byte search (proxy/formats/usage.py).
-    fmt = call.fmt
+    fmt, state = call.fmt, step.state
     tee = fmt.tee() if step.writing else None
     tap = fmt.usage_tap(strip=call.strip_usage) if state.usage is not None else None
     # Counted, a stream keeps its first bytes: if its usage never comes, its text is counted.
@@ -411,15 +387,6 @@ async def _tapped(source: AsyncIterator[bytes], tap: UsageTap) -> AsyncIterator[
             yield out
     if out := tap.end():
         yield out
-
-
-def _json_object(content: bytes) -> dict[str, Any]:
-    """A successful reply's body, which must be a JSON object (else 502, RFC 9110 15.6.3)."""
-    reply = json_object(content)
-    if reply is None:
-        raise UpstreamError("upstream returned a body that is not a JSON object",
-                            code="upstream_invalid_response")
-    return reply
 
 
 def _before_malformed(fmt: ApiFormat, events: bytes) -> bytes:

@@ -18,18 +18,20 @@ from memory import (
     Placed,
     Recalled,
     RecallRequest,
+    ReplyChain,
     RequestMetrics,
     Spooled,
     SpoolRecall,
     UnsavedStamp,
     organization_memory,
 )
-from proxy.access.identity import Identity, presented_key, proxy_key_sent
+from proxy.access.identity import presented_key, proxy_key_sent
+from proxy.flow.call import Call
 from proxy.http.errors import MemoryUnavailable
 from proxy.http.logs import get_logger
 from proxy.state import AppState
 from proxy.upstream.client import Target
-from proxy.upstream.llm_client import OPENAI_ROUTE
+from proxy.upstream.llm_client import learning_route
 
 log = get_logger("memory")
 # How long a reply waits, at most, for its request's turns to be committed before it starts.
@@ -39,10 +41,10 @@ STORE_WAIT_SECONDS = 2.0
 class MemoryStep:
     """The recall and remember steps of one request.
 
-    `messages` is the request's conversation as chat messages. A request that sends only
-    its new messages and names the reply it continues (`previous_response_id`) passes the
-    stored conversation before them as `context` (recall reads it; it is not stored again)
-    and the stored reply's turn id as `after` (the new turns go on from it).
+    `messages` is the request's conversation as chat messages. For a request that sends only
+    its new messages and names the reply it continues (`previous_response_id`), `chain` is
+    the stored conversation before them: it becomes `context` (recall reads it; it is not
+    stored again), and the stored reply's turn id `after` (the new turns go on from it).
 
     `route`: how this conversation reaches its model (`proxy.upstream.llm_client.learning_route`),
     recorded with its learning jobs so they ask the model the same way.
@@ -53,26 +55,29 @@ class MemoryStep:
     of a conversation goes where `first_placement` says, the others before their turn.
     """
 
-    def __init__(
-        self, state: AppState, identity: Identity, flags: Flags, request_id: str, *,
-        model: str, messages: Sequence[Mapping[str, Any]],
-        context: Sequence[Mapping[str, Any]] = (), after: int | None = None,
-        stable: bool = False, first_placement: str = "system", route: str = OPENAI_ROUTE,
-    ) -> None:
+    def __init__(self, state: AppState, call: Call, chain: ReplyChain | None, flags: Flags) -> None:
         self.state = state
-        self.identity = identity
+        self.identity = call.identity
         self.flags = flags
-        self.request_id = request_id
-        self.model = model
-        self.messages = messages
-        self.context = context
-        self.after = after
+        self.request_id = call.request_id
+        self.model: str = call.body["model"]
+        self.messages = call.parsed.conversation
+        self.context: Sequence[Mapping[str, Any]] = ()
+        self.after: int | None = None
+        # A session named in a header may differ from the chain's: then the turns start there.
+        if chain is not None and chain.session_id == call.identity.session_id:
+            self.context = [
+                {"role": t.role, "content": t.content, "name": t.name} for t in chain.turns
+            ]
+            self.after = chain.last_turn_id
         self.errors: list[str] = []
         self.recalled: Recalled | None = None
-        self.stable = stable
-        self.first_placement = first_placement
-        self.route = route  # the way in its learning jobs take (proxy.upstream.llm_client)
-        self._users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        # Stable injection needs the whole conversation in the request, as sent: not with a
+        # stored chain before it, nor when compaction may rewrite it.
+        self.stable = flags.injection == "stable" and chain is None and not flags.compact
+        self.first_placement = call.fmt.first_placement(call.body, flags.placement)
+        self.route = learning_route(call.target)  # the way in its learning jobs take
+        self._users = [i for i, m in enumerate(self.messages) if m.get("role") == "user"]
         # Stable injection: every block of the request at its place (None: fresh injection).
         self.placed: list[Placed] | None = None
         # Writing off: the session's blocks live in this process (memory.recall.unsaved_blocks);
