@@ -24,6 +24,7 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
+    dicts,
     encoded,
     search_query,
 )
@@ -59,19 +60,19 @@ class ChatDialect(Dialect):
     def searches(self, reply: Payload) -> list[Search]:
         """Choice 0's memory_search calls."""
         return [Search(_str(c.get("id")), search_query(as_dict(c.get("function")).get("arguments")))
-                for c in _calls(_message(reply)) if _name(c) == TOOL_NAME]
+                for c in dicts(_message(reply).get("tool_calls")) if _name(c) == TOOL_NAME]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The assistant message with memory_search's calls only, then a tool message each."""
         message = _message(reply)
-        ours = [c for c in _calls(message) if _name(c) == TOOL_NAME]
+        ours = [c for c in dicts(message.get("tool_calls")) if _name(c) == TOOL_NAME]
         said = {"role": "assistant", "content": message.get("content"), "tool_calls": ours}
         return [said, *({"role": "tool", "tool_call_id": search.id, "content": text}
                         for search, text in answers)]
 
     def without_ours(self, reply: Payload) -> Payload:
         """Choice 0 without memory_search's calls (finish_reason stop when none is left)."""
-        calls = _calls(_message(reply))
+        calls = dicts(_message(reply).get("tool_calls"))
         if not calls:
             return reply
         theirs = [c for c in calls if _name(c) != TOOL_NAME]
@@ -210,11 +211,6 @@ def _message(reply: Payload) -> Payload:
     first = choices[0] if isinstance(choices, list) and choices else None
     message = first.get("message") if isinstance(first, dict) else None
     return message if isinstance(message, dict) else {}
-
-
-def _calls(message: Payload) -> list[Payload]:
-    calls = message.get("tool_calls")
-    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
 def _name(tool_or_call: Any) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from proxy.formats.base import as_list
 from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
 
 Payload = dict[str, Any]
@@ -173,6 +174,12 @@ def encoded(event: ServerSentEvent) -> bytes:
 def reencoded(event: ServerSentEvent, payload: Payload) -> bytes:
     """An event with its data replaced by `payload`."""
     return encode(orjson.dumps(payload), event.event)
+
+
+def dicts(value: Any) -> list[Payload]:
+    """The objects an array holds (none when `value` is not an array): a reply's calls,
+    blocks or items, any of which may be malformed."""
+    return [item for item in as_list(value) if isinstance(item, dict)]
 
 
 def search_query(arguments: Any) -> str | None:

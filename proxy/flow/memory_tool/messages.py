@@ -28,6 +28,7 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
+    dicts,
     encoded,
     reencoded,
     search_query,
@@ -35,9 +36,10 @@ from proxy.flow.memory_tool.dialect import (
 from proxy.formats.base import as_dict
 from proxy.http.sse import ServerSentEvent
 
-# Stream deltas by type, and the block field each one extends.
-DELTA_FIELDS = {"text_delta": ("text", "text"), "input_json_delta": ("partial_json", "input"),
-                "thinking_delta": ("thinking", "thinking"), "signature_delta": ("signature", "signature")}
+# Stream deltas by type, and the field each one carries and extends in its block: a tool use's
+# input arrives as JSON text, gathered in `partial_json` until the block is whole (`_finished`).
+DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json",
+                "thinking_delta": "thinking", "signature_delta": "signature"}
 
 
 class MessagesDialect(Dialect):
@@ -52,19 +54,19 @@ class MessagesDialect(Dialect):
 
     def searches(self, reply: Payload) -> list[Search]:
         """The message's memory_search tool_use blocks."""
-        return [Search(str(b.get("id") or ""), search_query(b.get("input"))) for b in _blocks(reply)
-                if _ours(b)]
+        return [Search(str(b.get("id") or ""), search_query(b.get("input")))
+                for b in dicts(reply.get("content")) if _ours(b)]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The assistant message without the client's tool uses, then the tool results."""
-        kept = [b for b in _blocks(reply) if b.get("type") != "tool_use" or _ours(b)]
+        kept = [b for b in dicts(reply.get("content")) if b.get("type") != "tool_use" or _ours(b)]
         results = [{"type": "tool_result", "tool_use_id": search.id, "content": text}
                    for search, text in answers]
         return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
 
     def without_ours(self, reply: Payload) -> Payload:
         """The message without memory_search's blocks (end_turn when no tool use is left)."""
-        blocks = _blocks(reply)
+        blocks = dicts(reply.get("content"))
         if not any(_ours(b) for b in blocks):
             return reply
         out = {**reply, "content": [b for b in blocks if not _ours(b)]}
@@ -176,12 +178,9 @@ class MessagesRound(StreamRound):
 
 def _extend(block: Payload, delta: Payload) -> None:
     """Add a stream delta to the block it belongs to."""
-    source, target = DELTA_FIELDS.get(str(delta.get("type")), (None, None))
-    if source is not None and target is not None and isinstance(delta.get(source), str):
-        if target == "input":  # a tool use's input arrives as JSON text
-            block["partial_json"] = str(block.get("partial_json") or "") + delta[source]
-        else:
-            block[target] = str(block.get(target) or "") + delta[source]
+    field = DELTA_FIELDS.get(str(delta.get("type")))
+    if field is not None and isinstance(delta.get(field), str):
+        block[field] = str(block.get(field) or "") + delta[field]
 
 
 def _finished(block: Payload) -> Payload:
@@ -193,11 +192,6 @@ def _finished(block: Payload) -> Payload:
         except orjson.JSONDecodeError:
             out["input"] = {}
     return out
-
-
-def _blocks(reply: Payload) -> list[Payload]:
-    content = reply.get("content")
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def _ours(block: Payload) -> bool:
