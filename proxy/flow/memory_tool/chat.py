@@ -151,8 +151,7 @@ class ChatRound(StreamRound):
         return bool(calls) or bool(choice.get("finish_reason"))
 
     def _gather(self, delta: Payload) -> None:
-        index = delta.get("index", 0)
-        call = self._calls.setdefault(index if isinstance(index, int) else 0, {
+        call = self._calls.setdefault(_index(delta), {
             "id": "", "type": "function", "function": {"name": "", "arguments": ""},
         })
         if isinstance(delta.get("id"), str):
@@ -195,8 +194,7 @@ def _rewritten(
 
 
 def _choice0(payload: Payload) -> Payload | None:
-    choices = payload.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
+    first = (as_list(payload.get("choices")) or [None])[0]
     return first if isinstance(first, dict) and first.get("index", 0) == 0 else None
 
 
@@ -207,16 +205,13 @@ def _index(call: Any) -> int:
 
 def _message(reply: Payload) -> Payload:
     """Choice 0's message ({} when the reply has none)."""
-    choices = reply.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    message = first.get("message") if isinstance(first, dict) else None
-    return message if isinstance(message, dict) else {}
+    first = (as_list(reply.get("choices")) or [None])[0]
+    return as_dict(as_dict(first).get("message"))
 
 
 def _name(tool_or_call: Any) -> str | None:
     """The function name of a tool definition or a tool call."""
-    function = tool_or_call.get("function") if isinstance(tool_or_call, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
+    name = as_dict(as_dict(tool_or_call).get("function")).get("name")
     return name if isinstance(name, str) else None
 
 
