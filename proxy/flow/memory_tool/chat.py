@@ -117,7 +117,7 @@ class ChatRound(StreamRound):
     def end(self) -> bytes:
         """The held events as the client gets them, once the round is the last."""
         usage_before = self.usage_before
-        kept = sorted(i for i, call in self._calls.items() if not self._is_ours(call))
+        kept = sorted(i for i, call in self._calls.items() if _name(call) != TOOL_NAME)
         renumber = {old: new for new, old in enumerate(kept)}
         stripped = len(kept) < len(self._calls)
         out = []
@@ -127,9 +127,6 @@ class ChatRound(StreamRound):
             elif (rewritten := _rewritten(payload, renumber, stripped, usage_before)) is not None:
                 out.append(encode(orjson.dumps(rewritten)))
         return b"".join(out)
-
-    def _is_ours(self, call: Payload) -> bool:
-        return bool(call["function"]["name"] == TOOL_NAME)
 
     def _holds(self, event: ServerSentEvent, payload: Payload | None) -> bool:
         if payload is None:
