@@ -14,7 +14,8 @@ A later round's `message_start` is not sent: the client sees one message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import count
 from typing import Any, ClassVar
 
 import orjson
@@ -85,8 +86,8 @@ class MessagesRound(StreamRound):
     def __init__(self, previous: MessagesRound | None, usage_before: Payload | None) -> None:
         super().__init__(usage_before)
         self.first = previous is None
-        # The client's number for the next block: rounds go on from the blocks it has.
-        self.next_index: int = previous.next_index if previous is not None else 0
+        # The client's numbers for the next blocks: rounds go on from the blocks it has.
+        self.numbering: Iterator[int] = previous.numbering if previous is not None else count()
         self._blocks: dict[int, Payload] = {}  # upstream index -> the block rebuilt
         self._numbers: dict[int, int] = {}  # upstream index -> the client's index
         self._stop_reason: Any = None
@@ -113,13 +114,11 @@ class MessagesRound(StreamRound):
         client_uses = any(b.get("type") == "tool_use" for b in self._blocks.values() if not _ours(b))
         out = []
         for event, payload in self._held:
-            if payload is None:
-                out.append(encoded(event))
-            elif payload.get("type") == "message_delta":
+            if payload is not None and payload.get("type") == "message_delta":
                 out.append(self._message_delta(event, payload, client_uses))
-            elif isinstance(index := payload.get("index"), int):
+            elif payload is not None and isinstance(index := payload.get("index"), int):
                 if index not in self._numbers:
-                    self._numbers[index] = self._take_number()
+                    self._numbers[index] = next(self.numbering)
                 out.append(self._numbered(event, payload))
             else:
                 out.append(encoded(event))
@@ -148,12 +147,8 @@ class MessagesRound(StreamRound):
         if block.get("type") == "tool_use":
             return "hold"  # the client's: after the round, unless the round searched
         if kind == "content_block_start":
-            self._numbers[index] = self._take_number()
+            self._numbers[index] = next(self.numbering)
         return "renumber"
-
-    def _take_number(self) -> int:
-        self.next_index += 1
-        return self.next_index - 1
 
     def _numbered(self, event: ServerSentEvent, payload: Payload) -> bytes:
         index = payload["index"]
