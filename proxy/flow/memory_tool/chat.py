@@ -102,10 +102,7 @@ class ChatRound(StreamRound):
         self._calls: dict[int, Payload] = {}  # index -> the call gathered from its deltas
 
     def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
-        if self._holds(event, payload):
-            self._held.append((event, payload))
-            return b""
-        return encoded(event)
+        return self._hold(event, payload) if self._holds(event, payload) else encoded(event)
 
     def reply(self) -> Payload:
         """The round as a chat.completion: choice 0's text and tool calls, the usage."""

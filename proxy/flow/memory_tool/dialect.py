@@ -57,6 +57,11 @@ class StreamRound(ABC):
         """Take upstream bytes; return the whole events that go to the client now."""
         return b"".join(self._take(event, event_payload(event)) for event in self._decoder.feed(chunk))
 
+    def _hold(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """Keep an event back until the round ends: nothing goes to the client now."""
+        self._held.append((event, payload))
+        return b""
+
     @abstractmethod
     def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
         """One event (`payload`: its data as a JSON object): what goes to the client now."""

@@ -93,16 +93,6 @@ class MessagesRound(StreamRound):
         self._stop_reason: Any = None
         self._usage: Payload = {}
 
-    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
-        verdict = self._read(payload) if payload is not None else "relay"
-        if verdict == "hold":
-            self._held.append((event, payload))
-        elif verdict == "relay":
-            return encoded(event)
-        elif verdict == "renumber" and payload is not None:
-            return self._numbered(event, payload)
-        return b""
-
     def reply(self) -> Payload:
         """The round as a whole message: its blocks in order, stop reason and usage."""
         blocks = [_finished(b) for _, b in sorted(self._blocks.items())]
@@ -124,31 +114,33 @@ class MessagesRound(StreamRound):
                 out.append(encoded(event))
         return b"".join(out)
 
-    def _read(self, payload: Payload) -> str:
-        """What happens to one event: relay, renumber (a block), hold or drop."""
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """What happens to one event: relayed, renumbered (a block), held or dropped."""
+        if payload is None:
+            return encoded(event)
         kind, index = payload.get("type"), payload.get("index")
         if kind == "message_start":
             self._usage = {**as_dict(as_dict(payload.get("message")).get("usage"))}
-            return "relay" if self.first else "drop"
+            return encoded(event) if self.first else b""
         if kind in ("message_delta", "message_stop"):
             if kind == "message_delta":
                 self._stop_reason = as_dict(payload.get("delta")).get("stop_reason")
                 self._usage.update(as_dict(payload.get("usage")))
-            return "hold"
+            return self._hold(event, payload)
         if not isinstance(index, int) or not str(kind).startswith("content_block"):
-            return "relay"  # ping, error, anything new
+            return encoded(event)  # ping, error, anything new
         if kind == "content_block_start":
             self._blocks[index] = {**as_dict(payload.get("content_block"))}
         block = self._blocks.setdefault(index, {})
         if kind == "content_block_delta":
             _extend(block, as_dict(payload.get("delta")))
         if _ours(block):
-            return "drop"
+            return b""  # memory_search's: the client never sees it
         if block.get("type") == "tool_use":
-            return "hold"  # the client's: after the round, unless the round searched
+            return self._hold(event, payload)  # the client's: after the round, unless the round searched
         if kind == "content_block_start":
             self._numbers[index] = next(self.numbering)
-        return "renumber"
+        return self._numbered(event, payload)
 
     def _numbered(self, event: ServerSentEvent, payload: Payload) -> bytes:
         index = payload["index"]
