@@ -78,7 +78,6 @@ class MemoryTool:
     rounds: int
     prefetch: Flags  # the request's flags with the pre-fetched block's budget
     headers: dict[str, str]  # the request's response headers
-    searches: int = 0
 
     @classmethod
     def plan(cls, state: AppState, call: Call) -> MemoryTool | None:
@@ -117,38 +116,12 @@ class MemoryTool:
                 return _WholeReply(reply, content)  # exchange reports what is wrong with it
             ours = self.dialect.searches(whole)
             if not ours or loop.last:
-                self.headers["X-Memory-Tool-Searches"] = str(self.searches)
+                self.headers["X-Memory-Tool-Searches"] = str(loop.searches)
                 if not ours and loop.usage is None:
                     return _WholeReply(reply, content)  # untouched: the upstream's bytes
                 return _WholeReply(reply, orjson.dumps(self.dialect.final(whole, loop.usage)))
             await loop.answer(whole, ours)
             reply = await loop.send_round()
-
-    async def _search(
-        self, query: str | None, sent: list[dict[str, Any]], step: MemoryStep
-    ) -> str:
-        """Recall for one call's query, as the tool's answer (never raises)."""
-        if query is None:
-            return BAD_CALL
-        self.searches += 1
-        counted = step.state.metrics.memory_tool_searches
-        # The conversation as sent so far (pre-fetched block and earlier answers included):
-        # recall leaves out what it already holds.
-        asked = [*step.context, *sent, {"role": "user", "content": query}]
-        try:
-            # Its recall's spans go under the round's (docs/tracing.md).
-            with trace_span("memproxy.memory_tool.search", {"memproxy.memory_tool.search": self.searches}):
-                recalled = await self.memory.recall(RecallRequest(
-                    step.identity.user_id, step.identity.session_id, asked, step.model,
-                    self.budget, step.flags.scope, org_id=step.identity.org_id,
-                    rerank=step.flags.rerank,
-                ))
-        except Exception as exc:  # memory never breaks the chat: the model goes on without it
-            step.failed(TOOL_NAME, exc)
-            counted.labels("failed").inc()
-            return FAILED
-        counted.labels("found" if recalled.block else "nothing").inc()
-        return recalled.block or NO_MATCH
 
 
 @dataclasses.dataclass
@@ -163,6 +136,7 @@ class _Loop:
     messages: list[Any]
     usage: dict[str, Any] | None = None
     round: int = 0
+    searches: int = 0  # memory_search calls answered with a recall
 
     @property
     def last(self) -> bool:
@@ -183,13 +157,37 @@ class _Loop:
         of the next round."""
         sent = self.tool.conversation(self._body(offer=False))
         answers = [
-            await self.tool._search(search.query, sent, self.step)
-            if i < MAX_SEARCHES_PER_ROUND else SKIPPED
+            await self._search(search.query, sent) if i < MAX_SEARCHES_PER_ROUND else SKIPPED
             for i, search in enumerate(ours)
         ]
         self.messages += self.tool.dialect.followup(reply, list(zip(ours, answers, strict=True)))
         self.usage = add_usage(self.usage, reply.get("usage"))
         self.round += 1
+
+    async def _search(self, query: str | None, sent: list[dict[str, Any]]) -> str:
+        """Recall for one call's query, as the tool's answer (never raises)."""
+        if query is None:
+            return BAD_CALL
+        self.searches += 1
+        step = self.step
+        counted = step.state.metrics.memory_tool_searches
+        # The conversation as sent so far (pre-fetched block and earlier answers included):
+        # recall leaves out what it already holds.
+        asked = [*step.context, *sent, {"role": "user", "content": query}]
+        try:
+            # Its recall's spans go under the round's (docs/tracing.md).
+            with trace_span("memproxy.memory_tool.search", {"memproxy.memory_tool.search": self.searches}):
+                recalled = await self.tool.memory.recall(RecallRequest(
+                    step.identity.user_id, step.identity.session_id, asked, step.model,
+                    self.tool.budget, step.flags.scope, org_id=step.identity.org_id,
+                    rerank=step.flags.rerank,
+                ))
+        except Exception as exc:  # memory never breaks the chat: the model goes on without it
+            step.failed(TOOL_NAME, exc)
+            counted.labels("failed").inc()
+            return FAILED
+        counted.labels("found" if recalled.block else "nothing").inc()
+        return recalled.block or NO_MATCH
 
 
 class _Rounds:
