@@ -24,6 +24,7 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
+    dicts,
     encoded,
     search_query,
 )
@@ -59,19 +60,19 @@ class ChatDialect(Dialect):
     def searches(self, reply: Payload) -> list[Search]:
         """Choice 0's memory_search calls."""
         return [Search(_str(c.get("id")), search_query(as_dict(c.get("function")).get("arguments")))
-                for c in _calls(_message(reply)) if _name(c) == TOOL_NAME]
+                for c in dicts(_message(reply).get("tool_calls")) if _name(c) == TOOL_NAME]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The assistant message with memory_search's calls only, then a tool message each."""
         message = _message(reply)
-        ours = [c for c in _calls(message) if _name(c) == TOOL_NAME]
+        ours = [c for c in dicts(message.get("tool_calls")) if _name(c) == TOOL_NAME]
         said = {"role": "assistant", "content": message.get("content"), "tool_calls": ours}
         return [said, *({"role": "tool", "tool_call_id": search.id, "content": text}
                         for search, text in answers)]
 
     def without_ours(self, reply: Payload) -> Payload:
         """Choice 0 without memory_search's calls (finish_reason stop when none is left)."""
-        calls = _calls(_message(reply))
+        calls = dicts(_message(reply).get("tool_calls"))
         if not calls:
             return reply
         theirs = [c for c in calls if _name(c) != TOOL_NAME]
@@ -101,10 +102,7 @@ class ChatRound(StreamRound):
         self._calls: dict[int, Payload] = {}  # index -> the call gathered from its deltas
 
     def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
-        if self._holds(event, payload):
-            self._held.append((event, payload))
-            return b""
-        return encoded(event)
+        return self._hold(event, payload) if self._holds(event, payload) else encoded(event)
 
     def reply(self) -> Payload:
         """The round as a chat.completion: choice 0's text and tool calls, the usage."""
@@ -116,7 +114,7 @@ class ChatRound(StreamRound):
     def end(self) -> bytes:
         """The held events as the client gets them, once the round is the last."""
         usage_before = self.usage_before
-        kept = sorted(i for i, call in self._calls.items() if not self._is_ours(call))
+        kept = sorted(i for i, call in self._calls.items() if _name(call) != TOOL_NAME)
         renumber = {old: new for new, old in enumerate(kept)}
         stripped = len(kept) < len(self._calls)
         out = []
@@ -126,9 +124,6 @@ class ChatRound(StreamRound):
             elif (rewritten := _rewritten(payload, renumber, stripped, usage_before)) is not None:
                 out.append(encode(orjson.dumps(rewritten)))
         return b"".join(out)
-
-    def _is_ours(self, call: Payload) -> bool:
-        return bool(call["function"]["name"] == TOOL_NAME)
 
     def _holds(self, event: ServerSentEvent, payload: Payload | None) -> bool:
         if payload is None:
@@ -150,8 +145,7 @@ class ChatRound(StreamRound):
         return bool(calls) or bool(choice.get("finish_reason"))
 
     def _gather(self, delta: Payload) -> None:
-        index = delta.get("index", 0)
-        call = self._calls.setdefault(index if isinstance(index, int) else 0, {
+        call = self._calls.setdefault(_index(delta), {
             "id": "", "type": "function", "function": {"name": "", "arguments": ""},
         })
         if isinstance(delta.get("id"), str):
@@ -194,8 +188,7 @@ def _rewritten(
 
 
 def _choice0(payload: Payload) -> Payload | None:
-    choices = payload.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
+    first = (as_list(payload.get("choices")) or [None])[0]
     return first if isinstance(first, dict) and first.get("index", 0) == 0 else None
 
 
@@ -206,21 +199,13 @@ def _index(call: Any) -> int:
 
 def _message(reply: Payload) -> Payload:
     """Choice 0's message ({} when the reply has none)."""
-    choices = reply.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    message = first.get("message") if isinstance(first, dict) else None
-    return message if isinstance(message, dict) else {}
-
-
-def _calls(message: Payload) -> list[Payload]:
-    calls = message.get("tool_calls")
-    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    first = (as_list(reply.get("choices")) or [None])[0]
+    return as_dict(as_dict(first).get("message"))
 
 
 def _name(tool_or_call: Any) -> str | None:
     """The function name of a tool definition or a tool call."""
-    function = tool_or_call.get("function") if isinstance(tool_or_call, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
+    name = as_dict(as_dict(tool_or_call).get("function")).get("name")
     return name if isinstance(name, str) else None
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from proxy.formats.base import as_list
 from proxy.http.sse import ServerSentEvent, SSEDecoder, encode, event_payload
 
 Payload = dict[str, Any]
@@ -55,6 +56,11 @@ class StreamRound(ABC):
     def feed(self, chunk: bytes) -> bytes:
         """Take upstream bytes; return the whole events that go to the client now."""
         return b"".join(self._take(event, event_payload(event)) for event in self._decoder.feed(chunk))
+
+    def _hold(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """Keep an event back until the round ends: nothing goes to the client now."""
+        self._held.append((event, payload))
+        return b""
 
     @abstractmethod
     def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
@@ -173,6 +179,12 @@ def encoded(event: ServerSentEvent) -> bytes:
 def reencoded(event: ServerSentEvent, payload: Payload) -> bytes:
     """An event with its data replaced by `payload`."""
     return encode(orjson.dumps(payload), event.event)
+
+
+def dicts(value: Any) -> list[Payload]:
+    """The objects an array holds (none when `value` is not an array): a reply's calls,
+    blocks or items, any of which may be malformed."""
+    return [item for item in as_list(value) if isinstance(item, dict)]
 
 
 def search_query(arguments: Any) -> str | None:

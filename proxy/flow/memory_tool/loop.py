@@ -78,7 +78,6 @@ class MemoryTool:
     rounds: int
     prefetch: Flags  # the request's flags with the pre-fetched block's budget
     headers: dict[str, str]  # the request's response headers
-    searches: int = 0
 
     @classmethod
     def plan(cls, state: AppState, call: Call) -> MemoryTool | None:
@@ -100,30 +99,14 @@ class MemoryTool:
 
     async def open(self, send: Send, body: dict[str, Any], step: MemoryStep) -> UpstreamReply:
         """The reply the client gets: the last round's, with memory_search taken out."""
-        first = await self._send(send, body, self.dialect.items(body), offer=True)
-        streamed = first.headers.get("content-type", "").startswith("text/event-stream")
-        if streamed:
-            return _Rounds(self, self.dialect, send, body, step, first)
-        return await self._whole(send, body, step, first)
+        loop = _Loop(self, send, body, step, self.dialect.items(body))
+        first = await loop.send_round()
+        if first.headers.get("content-type", "").startswith("text/event-stream"):
+            return _Rounds(loop, first)
+        return await self._whole(loop, first)
 
-    def _body(self, body: dict[str, Any], messages: list[Any], *, offer: bool) -> dict[str, Any]:
-        out = self.dialect.with_items(body, messages)
-        return self.dialect.offer(out) if offer else self.dialect.last_round(out)
-
-    async def _send(
-        self, send: Send, body: dict[str, Any], messages: list[Any], *, offer: bool
-    ) -> UpstreamReply:
-        out = self._body(body, messages, offer=offer)
-        return await send(orjson.dumps(out), out)
-
-    async def _whole(
-        self, send: Send, body: dict[str, Any], step: MemoryStep, reply: UpstreamReply
-    ) -> UpstreamReply:
-        messages = self.dialect.items(body)
-        usage: dict[str, Any] | None = None  # of the rounds before this one
-        for round_ in range(self.rounds + 1):
-            if round_:
-                reply = await self._send(send, body, messages, offer=round_ < self.rounds)
+    async def _whole(self, loop: _Loop, reply: UpstreamReply) -> UpstreamReply:
+        while True:
             try:
                 content = await read_upstream_body(reply)
             finally:
@@ -132,34 +115,61 @@ class MemoryTool:
             if reply.status_code >= 300 or whole is None:
                 return _WholeReply(reply, content)  # exchange reports what is wrong with it
             ours = self.dialect.searches(whole)
-            if not ours or round_ == self.rounds:
-                self.headers["X-Memory-Tool-Searches"] = str(self.searches)
-                if not ours and usage is None:
+            if not ours or loop.last:
+                self.headers["X-Memory-Tool-Searches"] = str(loop.searches)
+                if not ours and loop.usage is None:
                     return _WholeReply(reply, content)  # untouched: the upstream's bytes
-                return _WholeReply(reply, orjson.dumps(self.dialect.final(whole, usage)))
-            messages += await self.answer(whole, ours, body, messages, step)
-            usage = add_usage(usage, whole.get("usage"))
-        raise AssertionError("unreachable")  # the last round returns
+                return _WholeReply(reply, orjson.dumps(self.dialect.final(whole, loop.usage)))
+            await loop.answer(whole, ours)
+            reply = await loop.send_round()
 
-    async def answer(
-        self, reply: dict[str, Any], ours: Sequence[Search], body: dict[str, Any],
-        messages: list[Any], step: MemoryStep,
-    ) -> list[dict[str, Any]]:
-        """The messages that go on from a round that searched: its turn and the answers."""
-        sent = self.conversation(self._body(body, messages, offer=False))
+
+@dataclasses.dataclass
+class _Loop:
+    """One request's rounds: the conversation as it goes on, and the usage of the rounds
+    before the current one."""
+
+    tool: MemoryTool
+    send: Send
+    body: dict[str, Any]
+    step: MemoryStep
+    messages: list[Any]
+    usage: dict[str, Any] | None = None
+    round: int = 0
+    searches: int = 0  # memory_search calls answered with a recall
+
+    @property
+    def last(self) -> bool:
+        """Whether the current round is the last: memory_search is no longer offered."""
+        return self.round == self.tool.rounds
+
+    def _body(self, *, offer: bool) -> dict[str, Any]:
+        out = self.tool.dialect.with_items(self.body, self.messages)
+        return self.tool.dialect.offer(out) if offer else self.tool.dialect.last_round(out)
+
+    async def send_round(self) -> UpstreamReply:
+        """Send the current round upstream."""
+        out = self._body(offer=not self.last)
+        return await self.send(orjson.dumps(out), out)
+
+    async def answer(self, reply: dict[str, Any], ours: Sequence[Search]) -> None:
+        """Go on from a round that searched: its turn and the answers join the conversation
+        of the next round."""
+        sent = self.tool.conversation(self._body(offer=False))
         answers = [
-            await self._search(search.query, sent, step) if i < MAX_SEARCHES_PER_ROUND else SKIPPED
+            await self._search(search.query, sent) if i < MAX_SEARCHES_PER_ROUND else SKIPPED
             for i, search in enumerate(ours)
         ]
-        return self.dialect.followup(reply, list(zip(ours, answers, strict=True)))
+        self.messages += self.tool.dialect.followup(reply, list(zip(ours, answers, strict=True)))
+        self.usage = add_usage(self.usage, reply.get("usage"))
+        self.round += 1
 
-    async def _search(
-        self, query: str | None, sent: list[dict[str, Any]], step: MemoryStep
-    ) -> str:
+    async def _search(self, query: str | None, sent: list[dict[str, Any]]) -> str:
         """Recall for one call's query, as the tool's answer (never raises)."""
         if query is None:
             return BAD_CALL
         self.searches += 1
+        step = self.step
         counted = step.state.metrics.memory_tool_searches
         # The conversation as sent so far (pre-fetched block and earlier answers included):
         # recall leaves out what it already holds.
@@ -167,9 +177,9 @@ class MemoryTool:
         try:
             # Its recall's spans go under the round's (docs/tracing.md).
             with trace_span("memproxy.memory_tool.search", {"memproxy.memory_tool.search": self.searches}):
-                recalled = await self.memory.recall(RecallRequest(
+                recalled = await self.tool.memory.recall(RecallRequest(
                     step.identity.user_id, step.identity.session_id, asked, step.model,
-                    self.budget, step.flags.scope, org_id=step.identity.org_id,
+                    self.tool.budget, step.flags.scope, org_id=step.identity.org_id,
                     rerank=step.flags.rerank,
                 ))
         except Exception as exc:  # memory never breaks the chat: the model goes on without it
@@ -184,38 +194,29 @@ class _Rounds:
     """A streamed reply over the loop's rounds: each round's events go to the client as they
     come, except memory_search's calls and the ends of rounds that searched."""
 
-    def __init__(
-        self, tool: MemoryTool, dialect: Dialect, send: Send, body: dict[str, Any],
-        step: MemoryStep, first: UpstreamReply,
-    ) -> None:
+    def __init__(self, loop: _Loop, first: UpstreamReply) -> None:
         self.status_code = first.status_code
         self.headers = first.headers
-        self._tool, self._dialect, self._send, self._body, self._step = tool, dialect, send, body, step
+        self._loop = loop
         self._current = first
 
     async def aiter_raw(self) -> Any:
-        tool, dialect = self._tool, self._dialect
-        messages = dialect.items(self._body)
-        usage: dict[str, Any] | None = None
+        loop, dialect = self._loop, self._loop.tool.dialect
         events: StreamRound | None = None
-        for round_ in range(tool.rounds + 1):
-            if round_:
-                await self._current.aclose()
-                self._current = await tool._send(
-                    self._send, self._body, messages, offer=round_ < tool.rounds
-                )
-            events = dialect.stream_round(events, usage)
+        while True:
+            events = dialect.stream_round(events, loop.usage)
             async for chunk in self._current.aiter_raw():
                 if relayed := events.feed(chunk):
                     yield relayed
             whole = events.reply()
             ours = dialect.searches(whole)
-            if not ours or round_ == tool.rounds:
+            if not ours or loop.last:
                 if end := events.end():
                     yield end
                 return
-            messages += await tool.answer(whole, ours, self._body, messages, self._step)
-            usage = add_usage(usage, whole.get("usage"))
+            await loop.answer(whole, ours)
+            await self._current.aclose()
+            self._current = await loop.send_round()
 
     async def aclose(self) -> None:
         await self._current.aclose()

@@ -14,7 +14,8 @@ A later round's `message_start` is not sent: the client sees one message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import count
 from typing import Any, ClassVar
 
 import orjson
@@ -28,6 +29,7 @@ from proxy.flow.memory_tool.dialect import (
     Search,
     StreamRound,
     add_usage,
+    dicts,
     encoded,
     reencoded,
     search_query,
@@ -35,9 +37,10 @@ from proxy.flow.memory_tool.dialect import (
 from proxy.formats.base import as_dict
 from proxy.http.sse import ServerSentEvent
 
-# Stream deltas by type, and the block field each one extends.
-DELTA_FIELDS = {"text_delta": ("text", "text"), "input_json_delta": ("partial_json", "input"),
-                "thinking_delta": ("thinking", "thinking"), "signature_delta": ("signature", "signature")}
+# Stream deltas by type, and the field each one carries and extends in its block: a tool use's
+# input arrives as JSON text, gathered in `partial_json` until the block is whole (`_finished`).
+DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json",
+                "thinking_delta": "thinking", "signature_delta": "signature"}
 
 
 class MessagesDialect(Dialect):
@@ -52,19 +55,19 @@ class MessagesDialect(Dialect):
 
     def searches(self, reply: Payload) -> list[Search]:
         """The message's memory_search tool_use blocks."""
-        return [Search(str(b.get("id") or ""), search_query(b.get("input"))) for b in _blocks(reply)
-                if _ours(b)]
+        return [Search(str(b.get("id") or ""), search_query(b.get("input")))
+                for b in dicts(reply.get("content")) if _ours(b)]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The assistant message without the client's tool uses, then the tool results."""
-        kept = [b for b in _blocks(reply) if b.get("type") != "tool_use" or _ours(b)]
+        kept = [b for b in dicts(reply.get("content")) if b.get("type") != "tool_use" or _ours(b)]
         results = [{"type": "tool_result", "tool_use_id": search.id, "content": text}
                    for search, text in answers]
         return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
 
     def without_ours(self, reply: Payload) -> Payload:
         """The message without memory_search's blocks (end_turn when no tool use is left)."""
-        blocks = _blocks(reply)
+        blocks = dicts(reply.get("content"))
         if not any(_ours(b) for b in blocks):
             return reply
         out = {**reply, "content": [b for b in blocks if not _ours(b)]}
@@ -83,22 +86,12 @@ class MessagesRound(StreamRound):
     def __init__(self, previous: MessagesRound | None, usage_before: Payload | None) -> None:
         super().__init__(usage_before)
         self.first = previous is None
-        # The client's number for the next block: rounds go on from the blocks it has.
-        self.next_index: int = previous.next_index if previous is not None else 0
+        # The client's numbers for the next blocks: rounds go on from the blocks it has.
+        self.numbering: Iterator[int] = previous.numbering if previous is not None else count()
         self._blocks: dict[int, Payload] = {}  # upstream index -> the block rebuilt
         self._numbers: dict[int, int] = {}  # upstream index -> the client's index
         self._stop_reason: Any = None
         self._usage: Payload = {}
-
-    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
-        verdict = self._read(payload) if payload is not None else "relay"
-        if verdict == "hold":
-            self._held.append((event, payload))
-        elif verdict == "relay":
-            return encoded(event)
-        elif verdict == "renumber" and payload is not None:
-            return self._numbered(event, payload)
-        return b""
 
     def reply(self) -> Payload:
         """The round as a whole message: its blocks in order, stop reason and usage."""
@@ -111,47 +104,43 @@ class MessagesRound(StreamRound):
         client_uses = any(b.get("type") == "tool_use" for b in self._blocks.values() if not _ours(b))
         out = []
         for event, payload in self._held:
-            if payload is None:
-                out.append(encoded(event))
-            elif payload.get("type") == "message_delta":
+            if payload is not None and payload.get("type") == "message_delta":
                 out.append(self._message_delta(event, payload, client_uses))
-            elif isinstance(index := payload.get("index"), int):
+            elif payload is not None and isinstance(index := payload.get("index"), int):
                 if index not in self._numbers:
-                    self._numbers[index] = self._take_number()
+                    self._numbers[index] = next(self.numbering)
                 out.append(self._numbered(event, payload))
             else:
                 out.append(encoded(event))
         return b"".join(out)
 
-    def _read(self, payload: Payload) -> str:
-        """What happens to one event: relay, renumber (a block), hold or drop."""
+    def _take(self, event: ServerSentEvent, payload: Payload | None) -> bytes:
+        """What happens to one event: relayed, renumbered (a block), held or dropped."""
+        if payload is None:
+            return encoded(event)
         kind, index = payload.get("type"), payload.get("index")
         if kind == "message_start":
             self._usage = {**as_dict(as_dict(payload.get("message")).get("usage"))}
-            return "relay" if self.first else "drop"
+            return encoded(event) if self.first else b""
         if kind in ("message_delta", "message_stop"):
             if kind == "message_delta":
                 self._stop_reason = as_dict(payload.get("delta")).get("stop_reason")
                 self._usage.update(as_dict(payload.get("usage")))
-            return "hold"
+            return self._hold(event, payload)
         if not isinstance(index, int) or not str(kind).startswith("content_block"):
-            return "relay"  # ping, error, anything new
+            return encoded(event)  # ping, error, anything new
         if kind == "content_block_start":
             self._blocks[index] = {**as_dict(payload.get("content_block"))}
         block = self._blocks.setdefault(index, {})
         if kind == "content_block_delta":
             _extend(block, as_dict(payload.get("delta")))
         if _ours(block):
-            return "drop"
+            return b""  # memory_search's: the client never sees it
         if block.get("type") == "tool_use":
-            return "hold"  # the client's: after the round, unless the round searched
+            return self._hold(event, payload)  # the client's: after the round, unless the round searched
         if kind == "content_block_start":
-            self._numbers[index] = self._take_number()
-        return "renumber"
-
-    def _take_number(self) -> int:
-        self.next_index += 1
-        return self.next_index - 1
+            self._numbers[index] = next(self.numbering)
+        return self._numbered(event, payload)
 
     def _numbered(self, event: ServerSentEvent, payload: Payload) -> bytes:
         index = payload["index"]
@@ -176,12 +165,9 @@ class MessagesRound(StreamRound):
 
 def _extend(block: Payload, delta: Payload) -> None:
     """Add a stream delta to the block it belongs to."""
-    source, target = DELTA_FIELDS.get(str(delta.get("type")), (None, None))
-    if source is not None and target is not None and isinstance(delta.get(source), str):
-        if target == "input":  # a tool use's input arrives as JSON text
-            block["partial_json"] = str(block.get("partial_json") or "") + delta[source]
-        else:
-            block[target] = str(block.get(target) or "") + delta[source]
+    field = DELTA_FIELDS.get(str(delta.get("type")))
+    if field is not None and isinstance(delta.get(field), str):
+        block[field] = str(block.get(field) or "") + delta[field]
 
 
 def _finished(block: Payload) -> Payload:
@@ -193,11 +179,6 @@ def _finished(block: Payload) -> Payload:
         except orjson.JSONDecodeError:
             out["input"] = {}
     return out
-
-
-def _blocks(reply: Payload) -> list[Payload]:
-    content = reply.get("content")
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def _ours(block: Payload) -> bool:

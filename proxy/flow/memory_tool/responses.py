@@ -28,6 +28,7 @@ from proxy.flow.memory_tool.dialect import (
     Payload,
     Search,
     StreamRound,
+    dicts,
     encoded,
     reencoded,
     search_query,
@@ -57,19 +58,21 @@ class ResponsesDialect(Dialect):
     def searches(self, reply: Payload) -> list[Search]:
         """The response's memory_search function calls."""
         return [Search(str(item.get("call_id") or ""), search_query(item.get("arguments")))
-                for item in _output(reply) if _ours(item)]
+                for item in dicts(reply.get("output")) if _ours(item)]
 
     def followup(self, reply: Payload, answers: Sequence[tuple[Search, str]]) -> list[Payload]:
         """The output items without the client's function calls, then the outputs."""
-        kept = [item for item in _output(reply) if item.get("type") != "function_call" or _ours(item)]
+        kept = [item for item in dicts(reply.get("output"))
+                if item.get("type") != "function_call" or _ours(item)]
         return [*kept, *({"type": "function_call_output", "call_id": search.id, "output": text}
                          for search, text in answers)]
 
     def without_ours(self, reply: Payload) -> Payload:
         """The response without memory_search's calls."""
-        if not any(_ours(item) for item in _output(reply)):
+        output = dicts(reply.get("output"))
+        if not any(_ours(item) for item in output):
             return reply
-        return {**reply, "output": [item for item in _output(reply) if not _ours(item)]}
+        return {**reply, "output": [item for item in output if not _ours(item)]}
 
     def stream_round(self, previous: StreamRound | None, usage_before: Payload | None) -> ResponsesRound:
         """The next round: a response of its own, so nothing carries over but the usage."""
@@ -158,11 +161,6 @@ class ResponsesRound(StreamRound):
         if out is payload:
             return encoded(event)
         return reencoded(event, out)
-
-
-def _output(reply: Payload) -> list[Payload]:
-    output = reply.get("output")
-    return [item for item in output if isinstance(item, dict)] if isinstance(output, list) else []
 
 
 def _ours(item: Payload) -> bool:
