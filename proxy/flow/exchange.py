@@ -334,7 +334,7 @@ async def _out_headers(call: Call, upstream: UpstreamReply, step: MemoryStep) ->
     """The response's headers: the upstream's, the call's, then memory's, once the
     request's turns are stored (MemoryStep.stored) so a failure to store them shows."""
     await step.stored()
-    return {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
+    return {**relay_headers(upstream.headers.items()), **call.headers, **step.headers()}
 
 
 def _relay_stream(

@@ -122,7 +122,7 @@ async def relay(
         body, on_done = metered.relay(body), metered.done
     return RelayResponse(
         body, status=upstream.status_code,
-        headers=relay_headers(upstream.headers.multi_items()), close=upstream.aclose,
+        headers=relay_headers(upstream.headers.items()), close=upstream.aclose,
         on_error=map_transport_error, on_done=on_done,
         sse=content_type.startswith("text/event-stream"),
     )

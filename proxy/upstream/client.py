@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -81,18 +81,9 @@ class Target:
         return self.provider is not None
 
 
-class UpstreamHeaders:
-    """The httpx-like view of response headers the routes read (an aiohttp multidict, or a
-    plain dict with lower-case names for replies made in-process)."""
-
-    def __init__(self, headers: Any) -> None:
-        self._headers = headers
-
-    def get(self, name: str, default: str = "") -> str:
-        return self._headers.get(name, default)  # type: ignore[no-any-return]
-
-    def multi_items(self) -> list[tuple[str, str]]:
-        return list(self._headers.items())
+# The response headers the routes read: an aiohttp multidict (its `items()` gives a repeated
+# header each time), or a plain dict with lower-case names for replies made in-process.
+UpstreamHeaders: TypeAlias = Mapping[str, str]
 
 
 class UpstreamReply(Protocol):
@@ -118,7 +109,7 @@ class UpstreamResponse:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status_code = response.status
-        self.headers = UpstreamHeaders(response.headers)
+        self.headers: UpstreamHeaders = response.headers
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         async for chunk in self._response.content.iter_any():
@@ -290,7 +281,7 @@ async def raise_for_status(response: UpstreamReply, url: str | None = None) -> N
     finally:
         await response.aclose()
     hint = version_hint(url) if url is not None and response.status_code == 404 else ""
-    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()),
+    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.items()),
                          hint=hint)
 
 

@@ -64,7 +64,7 @@ class LitellmReply:
         self, body: AsyncIterator[bytes], content_type: str, target: Target,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.headers = UpstreamHeaders({"content-type": content_type})
+        self.headers: UpstreamHeaders = {"content-type": content_type}
         self._body = body
         self._target = target
         self._close = close
