@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import math
 import random
 import re
@@ -162,29 +163,22 @@ class Upstream:
         httpcore do; aiohttp does it only for idempotent methods, and chat completions are
         POSTs. Measured in the soak before this: 34 of 20,000 requests failed with a 502.
         """
+        send = functools.partial(self.client.request, method, url, headers=headers, data=content,
+                                 allow_redirects=False)
         reuse = _Reuse()
         try:
-            response = await self._request(method, url, headers, content, reuse)
+            response = await send(trace_request_ctx=reuse)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if not reuse.reused or isinstance(exc, aiohttp.ClientConnectorError) or not isinstance(content, bytes):
                 raise map_transport_error(exc, sending=True) from None
             log.info("stale upstream connection, sending again", extra={"error": _describe(exc)})
             try:
-                response = await self._request(method, url, headers, content, _Reuse())
+                response = await send(trace_request_ctx=_Reuse())
             except (TimeoutError, aiohttp.ClientError) as again:
                 raise map_transport_error(again, sending=True) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise map_transport_error(exc, sending=True) from None
         return UpstreamResponse(response)
-
-    async def _request(
-        self, method: str, url: str, headers: list[tuple[str, str]],
-        content: bytes | AsyncIterator[bytes], reuse: _Reuse,
-    ) -> aiohttp.ClientResponse:
-        return await self.client.request(
-            method, url, headers=headers, data=content, allow_redirects=False,
-            trace_request_ctx=reuse,
-        )
 
     async def open_ok(
         self, method: str, url: str, headers: list[tuple[str, str]], content: bytes, *, retries: int
