@@ -402,12 +402,10 @@ def anthropic_target(base_url: str, api_key: str | None) -> Target:
 
 
 def _target(route: Route, default: Target) -> Target:
-    if route.provider is not None:
-        # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
-        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
-                      context_window=route.context_window, name=route.match)
+    # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
+    base_url = route.base_url or ("" if route.provider is not None else default.base_url)
     # A route's own key only: the default key must never leak to another host.
-    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
+    return Target(base_url.rstrip("/"), route.api_key, route.provider,
                   context_window=route.context_window, name=route.match)
 
 
