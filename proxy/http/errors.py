@@ -178,16 +178,16 @@ class UpstreamStatus(UpstreamError):
         text = self.body.decode("utf-8", "replace").strip()[:2000] or self.message
         if self.hint:
             text += f" ({self.hint})"
-        envelope = {"error": {"message": text, "type": _type_for(self.status),
+        envelope = {"error": {"message": text, "type": _STATUS_TYPES.get(self.status, "api_error"),
                               "param": None, "code": "upstream_status"}}
         return error_response(self.status, envelope, headers)
 
 
-def _type_for(status: int) -> str:
-    return {
-        400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-        404: "invalid_request_error", 429: "rate_limit_error",
-    }.get(status, "api_error")
+# The envelope's `type` of an upstream's error status that came without OpenAI's envelope.
+_STATUS_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "invalid_request_error", 429: "rate_limit_error",
+}
 
 
 def error_response(status: int, envelope: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
