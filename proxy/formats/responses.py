@@ -56,14 +56,8 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if isinstance(instructions, str) and instructions:
         messages.append({"role": "system", "content": instructions})
     items = body.get("input")
-    if isinstance(items, str):
-        messages.append({"role": "user", "content": items})
-        return messages
-    for item in items if isinstance(items, list) else ():
-        message = _as_message(item)
-        if message is not None:
-            messages.append(message)
-    return messages
+    listed = input_items(items) if isinstance(items, str | list) else []
+    return messages + [message for message in map(_as_message, listed) if message is not None]
 
 
 def output_text(response: Mapping[str, Any]) -> str:
