@@ -56,7 +56,9 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if isinstance(instructions, str) and instructions:
         messages.append({"role": "system", "content": instructions})
     items = body.get("input")
-    listed = input_items(items) if isinstance(items, str | list) else []
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    listed = items if isinstance(items, list) else []
     return messages + [message for message in map(_as_message, listed) if message is not None]
 
 
