@@ -132,12 +132,14 @@ class Upstream:
         self.default = Target(settings.upstream_base_url.rstrip("/"), settings.upstream_api_key)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
                                         sock_read=settings.upstream_timeout)
+        reuse = aiohttp.TraceConfig()  # tells open() whether a connection was pooled
+        reuse.on_connection_reuseconn.append(_on_reuse)
         self.client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=settings.upstream_max_connections, limit_per_host=0),
             timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             # Send only what the client sent: no invented Accept, encodings or content type.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            trace_configs=[_tracing()],  # tells open() whether a connection was pooled
+            trace_configs=[reuse],
         )
 
     async def aclose(self) -> None:
@@ -211,12 +213,6 @@ class _Reuse:
 async def _on_reuse(session: Any, context: Any, params: Any) -> None:
     if isinstance(context.trace_request_ctx, _Reuse):
         context.trace_request_ctx.reused = True
-
-
-def _tracing() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_on_reuse)
-    return trace
 
 
 def is_upstream_outage(exc: ProxyError) -> bool:
