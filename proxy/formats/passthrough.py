@@ -116,15 +116,14 @@ async def relay(
         raise
     await raise_for_status(upstream, url)
     body, on_done = upstream.aiter_raw(), None
-    content_type = upstream.headers.get("content-type", "")
+    sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
     if sent is not None and tally is not None:
-        metered = MeteredReply(sent, tally, sse=content_type.startswith("text/event-stream"))
+        metered = MeteredReply(sent, tally, sse=sse)
         body, on_done = metered.relay(body), metered.done
     return RelayResponse(
         body, status=upstream.status_code,
         headers=relay_headers(upstream.headers.items()), close=upstream.aclose,
-        on_error=map_transport_error, on_done=on_done,
-        sse=content_type.startswith("text/event-stream"),
+        on_error=map_transport_error, on_done=on_done, sse=sse,
     )
 
 
