@@ -33,7 +33,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.http.sse import encode
+from proxy.http.sse import encode, json_object
 
 
 class ProxyError(Exception):
@@ -165,12 +165,9 @@ class UpstreamStatus(UpstreamError):
 
     def to_response(self) -> Response:
         """The upstream's own error body, in OpenAI's envelope when it was not already."""
-        try:
-            parsed = orjson.loads(self.body)
-        except orjson.JSONDecodeError:
-            parsed = None
+        parsed = json_object(self.body)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        if parsed is not None and isinstance(parsed.get("error"), dict):
             if not self.hint or not isinstance(parsed["error"].get("message"), str):
                 return Response(self.body, self.status, self.headers, media_type="application/json")
             parsed["error"]["message"] += f" ({self.hint})"
