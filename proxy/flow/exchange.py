@@ -302,10 +302,7 @@ async def _relay(
         if upstream.status_code < 300:
             step.start_remembering()  # the stream has started: a cut keeps the user's turn
         return _relay_stream(state, call, upstream, await _out_headers(call, upstream, step), step)
-    try:
-        content = await read_upstream_body(upstream)
-    finally:
-        await upstream.aclose()
+    content = await read_upstream_body(upstream)  # and released
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)  # not an answer: nothing is stored
         if state.usage is not None:

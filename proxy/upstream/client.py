@@ -266,10 +266,7 @@ async def raise_for_status(response: UpstreamReply, url: str | None = None) -> N
     was asked, lets a 404 say what is likely wrong with the base URL."""
     if response.status_code < 400:
         return
-    try:
-        body = await read_body(response, limit=MAX_ERROR_BODY)
-    finally:
-        await response.aclose()
+    body = await read_body(response, limit=MAX_ERROR_BODY)
     hint = version_hint(url) if url is not None and response.status_code == 404 else ""
     raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.items()),
                          hint=hint)
@@ -287,7 +284,8 @@ def version_hint(url: str) -> str:
 
 
 async def read_body(response: UpstreamReply, *, limit: int | None = None) -> bytes:
-    """Read a whole response body, mapping transport failures to our errors."""
+    """Read a whole response body (up to `limit` bytes), then release the response; a
+    transport failure is raised as our error."""
     try:
         parts = []
         size = 0
@@ -299,6 +297,8 @@ async def read_body(response: UpstreamReply, *, limit: int | None = None) -> byt
         return b"".join(parts)
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise map_transport_error(exc) from None
+    finally:
+        await response.aclose()
 
 
 def forward_headers(

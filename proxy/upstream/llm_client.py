@@ -209,10 +209,7 @@ class LLMClient:
         headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
                    *headers, *(trace or {}).items()]
         response = await self.upstream.open("POST", url_for(target, path), headers, body)
-        try:
-            content = await read_body(response, limit=MAX_ANSWER_BYTES)
-        finally:
-            await response.aclose()
+        content = await read_body(response, limit=MAX_ANSWER_BYTES)
         if response.status_code >= 400:
             text = content[:300].decode("utf-8", "replace")
             if response.status_code in OUTAGE_STATUSES:

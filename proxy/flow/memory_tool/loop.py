@@ -124,10 +124,7 @@ class MemoryTool:
         for round_ in range(self.rounds + 1):
             if round_:
                 reply = await self._send(send, body, messages, offer=round_ < self.rounds)
-            try:
-                content = await read_upstream_body(reply)
-            finally:
-                await reply.aclose()
+            content = await read_upstream_body(reply)  # and released
             whole = json_object(content)
             if reply.status_code >= 300 or whole is None:
                 return _WholeReply(reply, content)  # exchange reports what is wrong with it
