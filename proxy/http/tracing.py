@@ -70,11 +70,6 @@ class Tracing:
         span.end()
 
     @staticmethod
-    def current_headers() -> dict[str, str] | None:
-        """The headers that continue the current span upstream (a pass-through request's)."""
-        return upstream_headers()
-
-    @staticmethod
     def log_ids() -> dict[str, str]:
         """The current span's trace and span ids for a log line ({} outside a span)."""
         found = trace.get_current_span().get_span_context()
