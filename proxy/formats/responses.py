@@ -25,7 +25,6 @@ from proxy.formats.base import (
     Parsed,
     Reply,
     TextParts,
-    as_dict,
     as_list,
     tool_call_line,
 )
@@ -59,7 +58,8 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     items = body.get("input")
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
-    return messages + [found for found in map(_as_message, as_list(items)) if found is not None]
+    listed = items if isinstance(items, list) else []
+    return messages + [message for message in map(_as_message, listed) if message is not None]
 
 
 def output_text(response: Mapping[str, Any]) -> str:
@@ -94,7 +94,8 @@ class ResponsesTee(EventTee):
             if isinstance(item, dict) and item.get("type") == "function_call":
                 self.gathered.calls.append(tool_call_line(item.get("name"), item.get("arguments")))
         elif kind in ("response.created", "response.completed", "response.incomplete"):
-            response = as_dict(payload.get("response"))
+            response = payload.get("response")
+            response = response if isinstance(response, dict) else {}
             if isinstance(response.get("id"), str):
                 self.reply_id = response["id"]
             if kind != "response.created":

@@ -201,7 +201,8 @@ class ChatReplyTee:
                 self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
-        delta = _dict(choice.get("delta"))
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
         if isinstance(delta.get("content"), str):
             self.parts.append(delta["content"])
         for call in _list(delta.get("tool_calls")):
