@@ -275,10 +275,7 @@ async def _relay(call: Call, upstream: UpstreamReply, step: MemoryStep) -> Respo
         if upstream.status_code < 300:
             step.start_remembering()  # the stream has started: a cut keeps the user's turn
         return _relay_stream(call, upstream, await _out_headers(call, upstream, step), step)
-    try:
-        content = await read_upstream_body(upstream)
-    finally:
-        await upstream.aclose()
+    content = await read_upstream_body(upstream)  # and released
     if upstream.status_code >= 300:
         step.remember_reply(None, incomplete=False)  # not an answer: nothing is stored
         if step.state.usage is not None:
@@ -311,7 +308,7 @@ async def _out_headers(call: Call, upstream: UpstreamReply, step: MemoryStep) ->
     """The response's headers: the upstream's, the call's, then memory's, once the
     request's turns are stored (MemoryStep.stored) so a failure to store them shows."""
     await step.stored()
-    return {**relay_headers(upstream.headers.multi_items()), **call.headers, **step.headers()}
+    return {**relay_headers(upstream.headers.items()), **call.headers, **step.headers()}
 
 
 def _relay_stream(

@@ -25,6 +25,7 @@ from proxy.formats.metered import MeteredBody, MeteredReply
 from proxy.http.body import read_body
 from proxy.http.errors import PayloadTooLarge, ProxyError
 from proxy.http.relay import RelayResponse
+from proxy.http.tracing import upstream_headers
 from proxy.state import AppState
 from proxy.upstream.client import (
     Target,
@@ -91,7 +92,7 @@ async def relay(
         request.headers.items(), target, strip_auth=proxy_key_sent(request.headers, settings),
         identity_encoding=counted,
         # While tracing, the upstream continues memproxy's SERVER span, not the client's.
-        trace=state.tracing.current_headers() if state.tracing is not None else None,
+        trace=upstream_headers() if state.tracing is not None else None,
     )
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(declared)
     too_large: list[PayloadTooLarge] = []
@@ -116,15 +117,14 @@ async def relay(
         raise
     await raise_for_status(upstream, url)
     body, on_done = upstream.aiter_raw(), None
-    content_type = upstream.headers.get("content-type", "")
+    sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
     if sent is not None and tally is not None:
-        metered = MeteredReply(sent, tally, sse=content_type.startswith("text/event-stream"))
+        metered = MeteredReply(sent, tally, sse=sse)
         body, on_done = metered.relay(body), metered.done
     return RelayResponse(
         body, status=upstream.status_code,
-        headers=relay_headers(upstream.headers.multi_items()), close=upstream.aclose,
-        on_error=map_transport_error, on_done=on_done,
-        sse=content_type.startswith("text/event-stream"),
+        headers=relay_headers(upstream.headers.items()), close=upstream.aclose,
+        on_error=map_transport_error, on_done=on_done, sse=sse,
     )
 
 

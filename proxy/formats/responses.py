@@ -57,13 +57,9 @@ def conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": instructions})
     items = body.get("input")
     if isinstance(items, str):
-        messages.append({"role": "user", "content": items})
-        return messages
-    for item in items if isinstance(items, list) else ():
-        message = _as_message(item)
-        if message is not None:
-            messages.append(message)
-    return messages
+        return [*messages, {"role": "user", "content": items}]
+    listed = items if isinstance(items, list) else []
+    return messages + [message for message in map(_as_message, listed) if message is not None]
 
 
 def output_text(response: Mapping[str, Any]) -> str:

@@ -33,7 +33,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.http.sse import encode
+from proxy.http.sse import encode, json_object
 
 
 class ProxyError(Exception):
@@ -165,12 +165,9 @@ class UpstreamStatus(UpstreamError):
 
     def to_response(self) -> Response:
         """The upstream's own error body, in OpenAI's envelope when it was not already."""
-        try:
-            parsed = orjson.loads(self.body)
-        except orjson.JSONDecodeError:
-            parsed = None
+        parsed = json_object(self.body)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "content-type"}
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        if parsed is not None and isinstance(parsed.get("error"), dict):
             if not self.hint or not isinstance(parsed["error"].get("message"), str):
                 return Response(self.body, self.status, self.headers, media_type="application/json")
             parsed["error"]["message"] += f" ({self.hint})"
@@ -178,16 +175,16 @@ class UpstreamStatus(UpstreamError):
         text = self.body.decode("utf-8", "replace").strip()[:2000] or self.message
         if self.hint:
             text += f" ({self.hint})"
-        envelope = {"error": {"message": text, "type": _type_for(self.status),
+        envelope = {"error": {"message": text, "type": _STATUS_TYPES.get(self.status, "api_error"),
                               "param": None, "code": "upstream_status"}}
         return error_response(self.status, envelope, headers)
 
 
-def _type_for(status: int) -> str:
-    return {
-        400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-        404: "invalid_request_error", 429: "rate_limit_error",
-    }.get(status, "api_error")
+# The envelope's `type` of an upstream's error status that came without OpenAI's envelope.
+_STATUS_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "invalid_request_error", 429: "rate_limit_error",
+}
 
 
 def error_response(status: int, envelope: dict[str, Any], headers: dict[str, str] | None = None) -> Response:

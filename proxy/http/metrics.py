@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -16,77 +18,65 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
-        self.requests = Counter(
-            "memproxy_requests", "Requests handled, by route and status.",
-            ["route", "status"], registry=self.registry,
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        histogram = functools.partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.requests = counter(
+            "memproxy_requests", "Requests handled, by route and status.", ["route", "status"]
         )
-        self.latency = Histogram(
+        self.latency = histogram(
             "memproxy_request_seconds",
-            "Time to response headers (streams: to the first byte), by route.",
-            ["route"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "Time to response headers (streams: to the first byte), by route.", ["route"],
         )
-        self.upstream_errors = Counter(
-            "memproxy_upstream_errors", "Upstream failures, by kind.",
-            ["kind"], registry=self.registry,
+        self.upstream_errors = counter(
+            "memproxy_upstream_errors", "Upstream failures, by kind.", ["kind"]
         )
-        self.inflight_streams = Gauge(
-            "memproxy_inflight_streams", "Streams being relayed now.", registry=self.registry
-        )
-        self.recall_latency = Histogram(
-            "memproxy_recall_seconds", "Memory recall time per request.",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.injected_tokens = Histogram(
+        self.inflight_streams = gauge("memproxy_inflight_streams", "Streams being relayed now.")
+        self.recall_latency = histogram("memproxy_recall_seconds", "Memory recall time per request.")
+        self.injected_tokens = histogram(
             "memproxy_injected_tokens", "Tokens injected per request.",
-            buckets=(0, 50, 100, 250, 500, 1000, 2000, 4000, 8000), registry=self.registry,
+            buckets=(0, 50, 100, 250, 500, 1000, 2000, 4000, 8000),
         )
-        self.compactions = Counter(
+        self.compactions = counter(
             "memproxy_compactions", "Requests whose conversation was compacted, by route.",
-            ["route"], registry=self.registry,
+            ["route"],
         )
-        self.compacted_tokens = Counter(
-            "memproxy_compacted_tokens", "Conversation tokens compaction took out of requests.",
-            registry=self.registry,
+        self.compacted_tokens = counter(
+            "memproxy_compacted_tokens", "Conversation tokens compaction took out of requests."
         )
-        self.memory_tool_searches = Counter(
+        self.memory_tool_searches = counter(
             "memproxy_memory_tool_searches",
             "memory_search calls memproxy answered (X-Memory-Mode: tool), by outcome: found, "
-            "nothing, failed.", ["outcome"], registry=self.registry,
+            "nothing, failed.", ["outcome"],
         )
-        self.recall_cache_hits = Counter(
+        self.recall_cache_hits = counter(
             "memproxy_recall_cache_hits",
             "Recalls answered from the recall cache (a retried or regenerated request).",
-            registry=self.registry,
         )
-        self.recall_cache_misses = Counter(
-            "memproxy_recall_cache_misses", "Recalls the recall cache could not answer.",
-            registry=self.registry,
+        self.recall_cache_misses = counter(
+            "memproxy_recall_cache_misses", "Recalls the recall cache could not answer."
         )
-        self.mcp_calls = Counter(
+        self.mcp_calls = counter(
             "memproxy_mcp_tool_calls", "MCP tool calls on /mcp, by tool and outcome: ok, error.",
-            ["tool", "outcome"], registry=self.registry,
+            ["tool", "outcome"],
         )
-        self.spool_turns = Gauge(
-            "memproxy_spool_turns",
-            "Turns waiting in the local spool for the database to answer.", registry=self.registry,
+        self.spool_turns = gauge(
+            "memproxy_spool_turns", "Turns waiting in the local spool for the database to answer."
         )
-        self.spool_oldest_seconds = Gauge(
+        self.spool_oldest_seconds = gauge(
             "memproxy_spool_oldest_seconds",
-            "How long the oldest spooled turn has waited (0: none waits).", registry=self.registry,
+            "How long the oldest spooled turn has waited (0: none waits).",
         )
-        self.rerank_latency = Histogram(
-            "memproxy_rerank_seconds", "Time the rerank stage took, fallbacks included.",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+        self.rerank_latency = histogram(
+            "memproxy_rerank_seconds", "Time the rerank stage took, fallbacks included."
         )
-        self.rerank_fallbacks = Counter(
+        self.rerank_fallbacks = counter(
             "memproxy_rerank_fallbacks",
             "Recalls that kept the fused order although rerank was asked for, by reason: "
-            "timeout, unreachable, status, malformed, error, not configured.",
-            ["reason"], registry=self.registry,
+            "timeout, unreachable, status, malformed, error, not configured.", ["reason"],
         )
-        self.memory_errors = Counter(
-            "memproxy_memory_errors", "Memory failures the chat went through despite.",
-            ["stage"], registry=self.registry,
+        self.memory_errors = counter(
+            "memproxy_memory_errors", "Memory failures the chat went through despite.", ["stage"]
         )
 
     def observe(self, route: str, status: int, seconds: float) -> None:

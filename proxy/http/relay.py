@@ -41,7 +41,7 @@ class RelayResponse:
         status: int,
         headers: dict[str, str],
         close: Callable[[], Awaitable[None]],
-        on_error: Callable[[Exception], ProxyError] | None = None,
+        on_error: Callable[[Exception], ProxyError],
         on_done: Callable[[StreamOutcome], None] | None = None,
         sse: bool = True,
         error_event: Callable[[ProxyError], bytes] = sse_error_event,
@@ -121,8 +121,6 @@ class RelayResponse:
                 self.outcome.completed = True
                 break
             except Exception as exc:
-                if self.on_error is None:
-                    raise
                 self.outcome.error = self.on_error(exc)
                 if not self.sse:
                     raise  # a plain body cannot carry an error: abort the connection instead

@@ -125,15 +125,6 @@ class BoundedHttpTools(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_for(settings: Settings) -> type[BoundedHttpTools]:
-    """The protocol class with this server's bounds."""
-    return type("BoundedHttpTools", (BoundedHttpTools,), {
-        "max_head_bytes": settings.max_header_bytes,
-        "head_timeout": settings.header_timeout_seconds,
-        "body_timeout": settings.body_timeout_seconds,
-    })
-
-
 def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
     """uvicorn's config for `app`: the bounded protocol, no access log or server header,
     and forwarding headers trusted only from MEMPROXY_TRUSTED_PROXIES (uvicorn trusts
@@ -144,7 +135,13 @@ def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Conf
         "proxy_headers": settings.trusted_proxies is not None,
         "forwarded_allow_ips": settings.trusted_proxies,
     }
-    return uvicorn.Config(app, http=protocol_for(settings), **{**defaults, **options})
+    # The protocol class with this server's bounds.
+    bounded = type("BoundedHttpTools", (BoundedHttpTools,), {
+        "max_head_bytes": settings.max_header_bytes,
+        "head_timeout": settings.header_timeout_seconds,
+        "body_timeout": settings.body_timeout_seconds,
+    })
+    return uvicorn.Config(app, http=bounded, **{**defaults, **options})
 
 
 # glibc's mallopt parameter for the number of malloc arenas (malloc.h).

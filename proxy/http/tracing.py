@@ -70,11 +70,6 @@ class Tracing:
         span.end()
 
     @staticmethod
-    def current_headers() -> dict[str, str] | None:
-        """The headers that continue the current span upstream (a pass-through request's)."""
-        return upstream_headers()
-
-    @staticmethod
     def log_ids() -> dict[str, str]:
         """The current span's trace and span ids for a log line ({} outside a span)."""
         found = trace.get_current_span().get_span_context()
@@ -107,37 +102,33 @@ class TracingMiddleware:
                 or TRACING_STATE not in scope.get("state", {}):
             await self.app(scope, receive, send)
             return
-        await _serve(self.app, scope, receive, send)
+        # The request runs inside its span (HTTP semantic conventions).
+        method = scope["method"]
+        attributes = {"http.request.method": method, "url.path": scope["path"],
+                      "url.scheme": scope.get("scheme", "http")}
+        if trace.get_current_span().get_span_context().is_valid:
+            # An ASGI instrumentation's SERVER span is current: ours is a step of it.
+            parent, kind = None, SpanKind.INTERNAL
+        else:
+            parent, kind = propagate.extract(_carrier(scope["headers"])), SpanKind.SERVER
+        status = 0
 
+        def send_status(message: Message) -> Awaitable[None]:  # no coroutine of its own a chunk
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            return send(message)
 
-async def _serve(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """Run one HTTP request inside its span (HTTP semantic conventions)."""
-    method = scope["method"]
-    attributes = {"http.request.method": method, "url.path": scope["path"],
-                  "url.scheme": scope.get("scheme", "http")}
-    if trace.get_current_span().get_span_context().is_valid:
-        # An ASGI instrumentation's SERVER span is current: ours is a step of it.
-        parent, kind = None, SpanKind.INTERNAL
-    else:
-        parent, kind = propagate.extract(_carrier(scope["headers"])), SpanKind.SERVER
-    status = 0
-
-    def send_status(message: Message) -> Awaitable[None]:  # no coroutine of its own a chunk
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        return send(message)
-
-    base = scope.get("root_path", "")
-    with _tracer.start_as_current_span(method, parent, kind, attributes=attributes) as span:
-        try:
-            await app(scope, receive, send_status)
-        except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__qualname__)
-            raise
-        finally:
-            if span.is_recording():  # sampled out: a span with nothing to say
-                _describe(span, scope, base, method, status)
+        base = scope.get("root_path", "")
+        with _tracer.start_as_current_span(method, parent, kind, attributes=attributes) as span:
+            try:
+                await self.app(scope, receive, send_status)
+            except BaseException as exc:
+                span.set_attribute("error.type", type(exc).__qualname__)
+                raise
+            finally:
+                if span.is_recording():  # sampled out: a span with nothing to say
+                    _describe(span, scope, base, method, status)
 
 
 def _describe(span: Span, scope: Scope, base: str, method: str, status: int) -> None:

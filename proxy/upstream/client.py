@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import math
 import random
 import re
@@ -24,7 +25,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -81,18 +82,9 @@ class Target:
         return self.provider is not None
 
 
-class UpstreamHeaders:
-    """The httpx-like view of response headers the routes read (an aiohttp multidict, or a
-    plain dict with lower-case names for replies made in-process)."""
-
-    def __init__(self, headers: Any) -> None:
-        self._headers = headers
-
-    def get(self, name: str, default: str = "") -> str:
-        return self._headers.get(name, default)  # type: ignore[no-any-return]
-
-    def multi_items(self) -> list[tuple[str, str]]:
-        return list(self._headers.items())
+# The response headers the routes read: an aiohttp multidict (its `items()` gives a repeated
+# header each time), or a plain dict with lower-case names for replies made in-process.
+UpstreamHeaders: TypeAlias = Mapping[str, str]
 
 
 class UpstreamReply(Protocol):
@@ -118,7 +110,7 @@ class UpstreamResponse:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status_code = response.status
-        self.headers = UpstreamHeaders(response.headers)
+        self.headers: UpstreamHeaders = response.headers
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         async for chunk in self._response.content.iter_any():
@@ -140,12 +132,14 @@ class Upstream:
         self.default = Target(settings.upstream_base_url.rstrip("/"), settings.upstream_api_key)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout,
                                         sock_read=settings.upstream_timeout)
+        reuse = aiohttp.TraceConfig()  # tells open() whether a connection was pooled
+        reuse.on_connection_reuseconn.append(_on_reuse)
         self.client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=settings.upstream_max_connections, limit_per_host=0),
             timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             # Send only what the client sent: no invented Accept, encodings or content type.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            trace_configs=[_tracing()],  # tells open() whether a connection was pooled
+            trace_configs=[reuse],
         )
 
     async def aclose(self) -> None:
@@ -171,29 +165,22 @@ class Upstream:
         httpcore do; aiohttp does it only for idempotent methods, and chat completions are
         POSTs. Measured in the soak before this: 34 of 20,000 requests failed with a 502.
         """
+        send = functools.partial(self.client.request, method, url, headers=headers, data=content,
+                                 allow_redirects=False)
         reuse = _Reuse()
         try:
-            response = await self._request(method, url, headers, content, reuse)
+            response = await send(trace_request_ctx=reuse)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if not reuse.reused or isinstance(exc, aiohttp.ClientConnectorError) or not isinstance(content, bytes):
                 raise map_transport_error(exc, sending=True) from None
             log.info("stale upstream connection, sending again", extra={"error": _describe(exc)})
             try:
-                response = await self._request(method, url, headers, content, _Reuse())
+                response = await send(trace_request_ctx=_Reuse())
             except (TimeoutError, aiohttp.ClientError) as again:
                 raise map_transport_error(again, sending=True) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise map_transport_error(exc, sending=True) from None
         return UpstreamResponse(response)
-
-    async def _request(
-        self, method: str, url: str, headers: list[tuple[str, str]],
-        content: bytes | AsyncIterator[bytes], reuse: _Reuse,
-    ) -> aiohttp.ClientResponse:
-        return await self.client.request(
-            method, url, headers=headers, data=content, allow_redirects=False,
-            trace_request_ctx=reuse,
-        )
 
     async def open_ok(
         self, method: str, url: str, headers: list[tuple[str, str]], content: bytes, *, retries: int
@@ -226,12 +213,6 @@ class _Reuse:
 async def _on_reuse(session: Any, context: Any, params: Any) -> None:
     if isinstance(context.trace_request_ctx, _Reuse):
         context.trace_request_ctx.reused = True
-
-
-def _tracing() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_on_reuse)
-    return trace
 
 
 def is_upstream_outage(exc: ProxyError) -> bool:
@@ -285,12 +266,9 @@ async def raise_for_status(response: UpstreamReply, url: str | None = None) -> N
     was asked, lets a 404 say what is likely wrong with the base URL."""
     if response.status_code < 400:
         return
-    try:
-        body = await read_body(response, limit=MAX_ERROR_BODY)
-    finally:
-        await response.aclose()
+    body = await read_body(response, limit=MAX_ERROR_BODY)
     hint = version_hint(url) if url is not None and response.status_code == 404 else ""
-    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.multi_items()),
+    raise UpstreamStatus(response.status_code, body, relay_headers(response.headers.items()),
                          hint=hint)
 
 
@@ -306,7 +284,8 @@ def version_hint(url: str) -> str:
 
 
 async def read_body(response: UpstreamReply, *, limit: int | None = None) -> bytes:
-    """Read a whole response body, mapping transport failures to our errors."""
+    """Read a whole response body (up to `limit` bytes), then release the response; a
+    transport failure is raised as our error."""
     try:
         parts = []
         size = 0
@@ -318,6 +297,8 @@ async def read_body(response: UpstreamReply, *, limit: int | None = None) -> byt
         return b"".join(parts)
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise map_transport_error(exc) from None
+    finally:
+        await response.aclose()
 
 
 def forward_headers(
@@ -417,12 +398,10 @@ def anthropic_target(base_url: str, api_key: str | None) -> Target:
 
 
 def _target(route: Route, default: Target) -> Target:
-    if route.provider is not None:
-        # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
-        return Target((route.base_url or "").rstrip("/"), route.api_key, route.provider,
-                      context_window=route.context_window, name=route.match)
+    # litellm knows each provider's own endpoint; only an explicit base_url overrides it.
+    base_url = route.base_url or ("" if route.provider is not None else default.base_url)
     # A route's own key only: the default key must never leak to another host.
-    return Target((route.base_url or default.base_url).rstrip("/"), route.api_key,
+    return Target(base_url.rstrip("/"), route.api_key, route.provider,
                   context_window=route.context_window, name=route.match)
 
 

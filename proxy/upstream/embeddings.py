@@ -76,10 +76,7 @@ class UpstreamEmbedder:
                 "POST", url_for(target, "/v1/embeddings"), headers, body
             )
             await raise_for_status(response)
-            try:
-                payload = orjson.loads(await read_body(response))
-            finally:
-                await response.aclose()
+            payload = orjson.loads(await read_body(response))
         except BaseException as exc:
             if call is not None:
                 call.failed(exc)

@@ -64,7 +64,7 @@ class LitellmReply:
         self, body: AsyncIterator[bytes], content_type: str, target: Target,
         close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.headers = UpstreamHeaders({"content-type": content_type})
+        self.headers: UpstreamHeaders = {"content-type": content_type}
         self._body = body
         self._target = target
         self._close = close
@@ -112,7 +112,9 @@ async def _open(
     result = await _call(function, target, body, allowed, timeout, trace)
     if not body.get("stream"):
         return LitellmReply(_once(orjson.dumps(_plain(result))), "application/json", target)
-    return LitellmReply(events(result), "text/event-stream", target, close=_closer(result))
+    close = getattr(result, "aclose", None)
+    return LitellmReply(events(result), "text/event-stream", target,
+                        close=close if callable(close) else None)
 
 
 async def _bytes(stream: Any) -> AsyncIterator[bytes]:
@@ -152,11 +154,6 @@ def _plain(value: Any) -> Any:
     """A pydantic object as plain data (litellm returns both models and dicts)."""
     dump = getattr(value, "model_dump", None)
     return dump(exclude_none=True) if callable(dump) else value
-
-
-def _closer(stream: Any) -> Callable[[], Awaitable[None]] | None:
-    closer = getattr(stream, "aclose", None)
-    return closer if callable(closer) else None
 
 
 def _model_name(target: Target, model: str) -> str:

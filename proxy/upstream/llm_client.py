@@ -146,8 +146,6 @@ class LLMClient:
                     target, model, messages, key, timeout=self.settings.upstream_timeout,
                     trace=trace,
                 )
-            elif target.key_header == "x-api-key":
-                answered = await self._post_messages(target, model, messages, key, trace)
             else:
                 answered = await self._post(target, model, messages, key, trace)
         except ProxyError as exc:
@@ -188,16 +186,13 @@ class LLMClient:
         self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
         trace: Mapping[str, str] | None,
     ) -> tuple[str, dict[str, Any]]:
-        headers = [("authorization", f"Bearer {key}")] if key else []
-        body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
-        content = await self._send(target, "/v1/chat/completions", headers, body, key, trace)
-        return _reply_text(content)
-
-    async def _post_messages(
-        self, target: Target, model: str, messages: list[dict[str, Any]], key: str | None,
-        trace: Mapping[str, str] | None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The same question as Anthropic Messages: system prompts go to `system`."""
+        """The question as a chat completion; to an Anthropic host (its key goes in
+        `x-api-key`) the same question as Anthropic Messages: system prompts go to `system`."""
+        if target.key_header != "x-api-key":
+            headers = [("authorization", f"Bearer {key}")] if key else []
+            body = orjson.dumps({"model": model, "messages": messages, "temperature": 0})
+            content = await self._send(target, "/v1/chat/completions", headers, body, key, trace)
+            return _reply_text(content)
         headers = [("anthropic-version", ANTHROPIC_VERSION), *([("x-api-key", key)] if key else [])]
         system = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
         turns = [{"role": m["role"], "content": str(m["content"])}
@@ -214,10 +209,7 @@ class LLMClient:
         headers = [("content-type", "application/json"), ("accept-encoding", "identity"),
                    *headers, *(trace or {}).items()]
         response = await self.upstream.open("POST", url_for(target, path), headers, body)
-        try:
-            content = await read_body(response, limit=MAX_ANSWER_BYTES)
-        finally:
-            await response.aclose()
+        content = await read_body(response, limit=MAX_ANSWER_BYTES)
         if response.status_code >= 400:
             text = content[:300].decode("utf-8", "replace")
             if response.status_code in OUTAGE_STATUSES:

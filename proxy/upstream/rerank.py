@@ -73,10 +73,7 @@ class EndpointReranker:
             headers.append(("authorization", f"Bearer {self.key}"))
         try:
             response = await self.upstream.open("POST", self.url, headers, orjson.dumps(body))
-            try:
-                content = await read_body(response, limit=MAX_ANSWER_BYTES)
-            finally:
-                await response.aclose()
+            content = await read_body(response, limit=MAX_ANSWER_BYTES)
         except ProxyError as exc:
             raise RerankFailed(UNREACHABLE, scrub(str(exc), self.key)) from None
         if not 200 <= response.status_code < 300:  # a redirect too: it is not followed

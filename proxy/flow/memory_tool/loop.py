@@ -107,10 +107,7 @@ class MemoryTool:
 
     async def _whole(self, loop: _Loop, reply: UpstreamReply) -> UpstreamReply:
         while True:
-            try:
-                content = await read_upstream_body(reply)
-            finally:
-                await reply.aclose()
+            content = await read_upstream_body(reply)  # and released
             whole = json_object(content)
             if reply.status_code >= 300 or whole is None:
                 return _WholeReply(reply, content)  # exchange reports what is wrong with it
