@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import fields
 from typing import Any
 
 from memory.learning.facts import FactStore
@@ -28,17 +29,16 @@ from memory.storage import turns
 from memory.storage.database import Database
 from memory.storage.facts import Fact
 from memory.storage.summaries import Summary
+from memory.storage.turns import Turn
 
 FORMAT = "memproxy-export"
 VERSION = 1
 PAGE = 1000
 
-TURN_FIELDS = (
-    "id", "session_id", "parent_id", "role", "name", "content", "created_at", "model", "tokens",
-    "request_id", "incomplete",
+TURN_FIELDS = tuple(
+    f.name for f in fields(Turn) if f.name not in {"user_id", "position", "content_hash"}
 )
 _FACT_SKIP = frozenset({"user_id", "active"})
-_SUMMARY_SKIP = frozenset({"user_id"})
 
 
 def fact_record(fact: Fact) -> dict[str, Any]:
@@ -48,10 +48,7 @@ def fact_record(fact: Fact) -> dict[str, Any]:
 
 def summary_record(summary: Summary) -> dict[str, Any]:
     """One summary as a record."""
-    return {
-        "type": "summary",
-        **{k: v for k, v in summary.as_dict().items() if k not in _SUMMARY_SKIP},
-    }
+    return {"type": "summary", **{k: v for k, v in summary.as_dict().items() if k != "user_id"}}
 
 
 class RecordSource:
@@ -92,14 +89,10 @@ class RecordSource:
         for summary in await self.summary_records(user_id):
             yield redact_record(summary, self.redact)
         profile = await self.profile_record(user_id)
+        if profile is not None and profile["profile"] is not None:
+            profile = {**profile, "profile": redact_profile(profile["profile"], self.redact)}
         if profile is not None:
-            yield self._redacted_profile(profile)
-
-    def _redacted_profile(self, record: dict[str, Any]) -> dict[str, Any]:
-        body = record["profile"]
-        if body is None:
-            return record
-        return {**record, "profile": redact_profile(body, self.redact)}
+            yield profile
 
     async def turns(self, user_id: str) -> AsyncIterator[dict[str, Any]]:
         """The user's turns in id order (a parent always before its children)."""
