@@ -20,7 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 from memory.admin.record_checks import IGNORED
@@ -68,19 +68,17 @@ class _Chain:
     turns: list[NewTurn] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class Importer:
     """Writes checked records into one user's memory."""
 
-    def __init__(
-        self, log: TurnLog, profiles: ProfileStore, *, index_job: str, max_attempts: int,
-        max_pinned: int, notify: Callable[[], None],
-    ) -> None:
-        self.log = log
-        self.max_pinned = max_pinned
-        self.profiles = profiles
-        self.index_job = index_job
-        self.max_attempts = max_attempts
-        self.notify = notify
+    log: TurnLog
+    profiles: ProfileStore
+    _: KW_ONLY
+    index_job: str
+    max_attempts: int
+    max_pinned: int
+    notify: Callable[[], None]
 
     async def run(
         self, user_id: str, records: Sequence[Mapping[str, Any]], *,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import fields
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 from memory.learning.facts import FactStore
@@ -51,18 +51,16 @@ def summary_record(summary: Summary) -> dict[str, Any]:
     return {"type": "summary", **{k: v for k, v in summary.as_dict().items() if k != "user_id"}}
 
 
+@dataclass(eq=False)
 class RecordSource:
     """Reads one user's memory as records, page by page."""
 
-    def __init__(
-        self, db: Database, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        *, redact: Callable[[str], str] = keep,
-    ) -> None:
-        self.db = db
-        self.facts = facts
-        self.summaries = summaries
-        self.profiles = profiles
-        self.redact = redact
+    db: Database
+    facts: FactStore
+    summaries: SummaryStore
+    profiles: ProfileStore
+    _: KW_ONLY
+    redact: Callable[[str], str] = keep
 
     async def counts(self, user_id: str) -> dict[str, int]:
         """How many records of each type the user's export holds."""
