@@ -69,12 +69,10 @@ def _backup(source: Path, dest_dir: Path) -> BackupResult:
     _remove(partial)
     try:
         copy_database(source, partial)
-        problems = integrity_problems(partial)
-        if problems:
+        if problems := integrity_problems(partial):
             raise BackupError(f"the copy failed its integrity check: {'; '.join(problems[:5])}")
         turn_count, job_count = asyncio.run(_queue_rebuild(partial))
-        leftovers = [p for p in sidecars(partial) if p.exists()]
-        if leftovers:
+        if leftovers := [p for p in sidecars(partial) if p.exists()]:
             raise BackupError(f"the copy was not closed cleanly: {leftovers[0]} remains")
         _fsync(partial)
         os.replace(partial, target)

@@ -130,8 +130,7 @@ class Vectors:
     def check_empty(self) -> None:
         """Refuse a server whose collection already holds vectors: their ids (row ids of
         another database) would be taken for copies of ours."""
-        held = self.server.count()
-        if held:
+        if held := self.server.count():
             raise CopyRefused(f"the Chroma server's collection {self.name} already holds"
                               f" {held} vectors; copy to a new server or delete that collection")
 
