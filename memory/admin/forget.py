@@ -92,12 +92,7 @@ class ChunkVectorDropper:
 async def _facts_only_from(
     tx: Transaction, user_id: str, session_id: str, turn_ids: set[int]
 ) -> list[int]:
-    chains: dict[int, list[int]] = {}
-    tainted: set[int] = set()
-    for fact_id, chain_id, source_session, cited in await facts.session_chains(
-        tx, user_id, session_id
-    ):
-        chains.setdefault(chain_id, []).append(fact_id)
-        if source_session != session_id or not set(cited) <= turn_ids:
-            tainted.add(chain_id)
-    return sorted(i for chain, ids in chains.items() if chain not in tainted for i in ids)
+    versions = await facts.session_chains(tx, user_id, session_id)
+    tainted = {chain for _, chain, source, cited in versions
+               if source != session_id or not set(cited) <= turn_ids}
+    return sorted(fact_id for fact_id, chain, _, _ in versions if chain not in tainted)
