@@ -64,13 +64,11 @@ class RecordSource:
 
     async def counts(self, user_id: str) -> dict[str, int]:
         """How many records of each type the user's export holds."""
-        turn_count = await turns.count(self.db, user_id)
-        profile = await self.profile_record(user_id)
         return {
-            "turn": turn_count,
+            "turn": await turns.count(self.db, user_id),
             "fact": await self.facts.count(user_id, active_only=False),
             "summary": len(await self.summaries.list(user_id, include_history=True)),
-            "profile": int(profile is not None),
+            "profile": int(await self.profile_record(user_id) is not None),
         }
 
     async def records(self, user_id: str, *, meta: bool = True) -> AsyncIterator[dict[str, Any]]:
