@@ -70,23 +70,17 @@ async def drop_chunk_vectors_later(tx: Transaction, chunk_ids: Sequence[int]) ->
         )
 
 
-class ChunkVectorDropper:
-    """The `drop_chunk_vectors` job: delete vectors of chunks that no longer exist."""
-
-    def __init__(self, db: Database, vectors: SharedVectors) -> None:
-        self.db = db
-        self.vectors = vectors
-
-    async def run(self, payload: dict[str, Any]) -> None:
-        """Delete `c<id>` vectors of the listed chunks that are gone from the database."""
-        ids = [int(i) for i in payload.get("chunks", ())]
-        for start in range(0, len(ids), _BATCH):
-            batch = ids[start:start + _BATCH]
-            # SQLite may give a deleted chunk's id to a new chunk: that one keeps its vector.
-            alive = await turns.existing_chunks(self.db, batch)
-            gone = [f"c{i}" for i in batch if i not in alive]
-            if gone:
-                await self.vectors.delete(ids=gone)
+async def drop_chunk_vectors(db: Database, vectors: SharedVectors, payload: dict[str, Any]) -> None:
+    """The `drop_chunk_vectors` job: delete the `c<id>` vectors of the listed chunks that are
+    gone from the database."""
+    ids = [int(i) for i in payload.get("chunks", ())]
+    for start in range(0, len(ids), _BATCH):
+        batch = ids[start:start + _BATCH]
+        # SQLite may give a deleted chunk's id to a new chunk: that one keeps its vector.
+        alive = await turns.existing_chunks(db, batch)
+        gone = [f"c{i}" for i in batch if i not in alive]
+        if gone:
+            await vectors.delete(ids=gone)
 
 
 async def _facts_only_from(
