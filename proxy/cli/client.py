@@ -127,8 +127,7 @@ def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
     """The file's bytes in chunks, advancing a progress bar."""
     if str(path) == "-":
         data = sys.stdin.buffer.read()
-        progress = Progress("importing", len(data))
-        return iter([data]), progress
+        return iter([data]), Progress("importing", len(data))
     size = path.stat().st_size
     progress = Progress("uploading", size)
 

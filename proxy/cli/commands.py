@@ -170,9 +170,7 @@ def sessions_show(client: MemoryClient, args: argparse.Namespace) -> None:
     lines = [f"Session {session['session_id']}: {count(session['turns'], 'turn')}, "
              f"{count(session['facts'], 'fact')}, last active {when(session['last_active'])}",
              ""]
-    for turn in turns:
-        speaker = turn["name"] or turn["role"]
-        lines.append(f"[{when(turn['created_at'])}] {speaker}: {turn['content']}")
+    lines += [f"[{when(t['created_at'])}] {t['name'] or t['role']}: {t['content']}" for t in turns]
     emit(args, {**session, "turns_list": turns}, "\n".join(lines))
 
 
@@ -189,8 +187,7 @@ def stats_show(client: MemoryClient, args: argparse.Namespace) -> None:
     """Counts, index sizes and the job queue."""
     stats = client.call("GET", "/stats")
     counts, index, jobs = stats["counts"], stats["index"], stats["jobs"]
-    rows = [[name, value] for name, value in counts.items()]
-    rows.append(["vectors", index["vectors"]])
+    rows = [*map(list, counts.items()), ["vectors", index["vectors"]]]
     if "database_bytes" in index:  # the whole store's figures: shown to the admin key only
         rows += [["database size", _size(index["database_bytes"])],
                  ["vector index size", _size(index["vectors_bytes"])]]
