@@ -319,14 +319,10 @@ async def _insert_fact_chain(
         if successor is not None:
             await facts.set_superseded_by(tx, fact_id, successor)
         if record["pinned"] and record["valid_to"] is None:
-            await _pin_if_room(tx, user_id, fact_id, max_pinned)
+            # Over the limit (pins made since the export), the fact comes back unpinned.
+            if await facts.count_pinned(tx, user_id) < max_pinned:
+                await facts.set_pinned(tx, fact_id, True, None)
     return inserted
-
-
-async def _pin_if_room(tx: Transaction, user_id: str, fact_id: int, max_pinned: int) -> None:
-    # Over the limit (pins made since the export), the fact comes back unpinned.
-    if await facts.count_pinned(tx, user_id) < max_pinned:
-        await facts.set_pinned(tx, fact_id, True, None)
 
 
 async def _write_summaries(
