@@ -6,6 +6,7 @@ command line, with the admin key (`--key` or MEMPROXY_KEY) against a running mem
 from __future__ import annotations
 
 import argparse
+import contextlib
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -77,10 +78,8 @@ def revoke(client: AdminClient, args: argparse.Namespace) -> None:
 
 def parse_time(text: str) -> float:
     """Unix seconds from a number or an ISO 8601 time (UTC when it names no zone)."""
-    try:
+    with contextlib.suppress(ValueError):
         return float(text)
-    except ValueError:
-        pass
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
