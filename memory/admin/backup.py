@@ -51,13 +51,6 @@ def backup(source: Path, dest_dir: Path) -> BackupResult:
     Runs its own event loop (the copy is opened with the storage layer's own code): call it
     from synchronous code, or in a worker thread.
     """
-    try:
-        return _backup(source, dest_dir)
-    except DatabaseError as exc:  # a corrupt or unreadable source, a full disk
-        raise BackupError(str(exc)) from exc
-
-
-def _backup(source: Path, dest_dir: Path) -> BackupResult:
     started = time.perf_counter()
     if not source.is_file():
         raise BackupError(f"no memproxy database at {source}")
@@ -76,8 +69,10 @@ def _backup(source: Path, dest_dir: Path) -> BackupResult:
             raise BackupError(f"the copy was not closed cleanly: {leftovers[0]} remains")
         _fsync(partial)
         os.replace(partial, target)
-    except BaseException:
+    except BaseException as exc:
         _remove(partial)
+        if isinstance(exc, DatabaseError):  # a corrupt or unreadable source, a full disk
+            raise BackupError(str(exc)) from exc
         raise
     return BackupResult(target, target.stat().st_size, turn_count, job_count,
                         time.perf_counter() - started)
