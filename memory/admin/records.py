@@ -16,6 +16,7 @@ mode the process runs with now.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import KW_ONLY, dataclass, fields
@@ -25,7 +26,7 @@ from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.redact import keep, redact_profile, redact_record
-from memory.storage import turns
+from memory.storage import facts, turns
 from memory.storage.database import Database
 from memory.storage.facts import Fact
 from memory.storage.summaries import Summary
@@ -103,15 +104,8 @@ class RecordSource:
 
     async def fact_records(self, user_id: str) -> list[dict[str, Any]]:
         """Every version of every fact, oldest first."""
-        found = []
-        cursor = None
-        while True:
-            page, cursor = await self.facts.list(
-                user_id, include_inactive=True, limit=500, cursor=cursor
-            )
-            found += page
-            if cursor is None:
-                break
+        # One read with no page limit: the whole list is held here anyway, to be sorted.
+        found = await facts.page(self.db, user_id, limit=sys.maxsize)
         return [fact_record(f) for f in sorted(found, key=lambda f: f.id)]
 
     async def summary_records(self, user_id: str) -> list[dict[str, Any]]:
