@@ -330,7 +330,6 @@ async def _write_summaries(
     turn_map: Mapping[Key, int], report: ImportReport,
 ) -> None:
     now = time.time()
-    new_of: dict[int, int] = {}
     inserted: list[tuple[Mapping[str, Any], int]] = []
     for record in records:
         created = record["created_at"]
@@ -345,9 +344,8 @@ async def _write_summaries(
             tokens=record["tokens"], created_at=created or now,
         ))
         inserted.append((record, summary_id))
-        if record["id"] is not None:
-            new_of[record["id"]] = summary_id
         report.added["summaries"] += 1
+    new_of = {record["id"]: new_id for record, new_id in inserted if record["id"] is not None}
     for record, summary_id in inserted:
         successor = new_of.get(record["superseded_by"]) if record["superseded_by"] else None
         if successor is not None:
