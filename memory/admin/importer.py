@@ -228,11 +228,10 @@ async def _write_facts(
     new_ids: list[int] = []
     for chain in chains.values():
         stored = await _stored_chain(tx, user_id, chain[0])
-        if stored is None:
-            new_ids += await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned)
-            report.added["facts"] += len(chain)
-            continue
-        added, changed = await _apply_newer(tx, user_id, stored, chain, turn_map, max_pinned)
+        if stored is not None:
+            added, changed = await _apply_newer(tx, user_id, stored, chain, turn_map, max_pinned)
+        else:  # a new chain: every version is added
+            added, changed = await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned), []
         new_ids += added + changed
         report.added["facts"] += len(added)
         report.updated["facts"] += len(changed)
