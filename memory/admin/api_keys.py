@@ -81,8 +81,7 @@ class KeyStore:
     async def change(self, key_id: str, changes: Mapping[str, Any]) -> StoredKey:
         """Change some of expires_at, rate_limit, token_quota, org_writer; KeyNotFound,
         KeyRevoked."""
-        unknown = set(changes) - CHANGEABLE
-        if unknown:
+        if unknown := set(changes) - CHANGEABLE:
             raise ValueError(f"cannot change {sorted(unknown)}")
         async with self.db.write() as tx:
             found = await _existing(tx, key_id)
@@ -108,8 +107,7 @@ class KeyStore:
 
     async def touch(self, used: Iterable[tuple[str, float]]) -> None:
         """Record last-used times, all in one write."""
-        rows = list(used)
-        if rows:
+        if rows := list(used):
             async with self.db.write() as tx:
                 await api_keys.touch(tx, rows)
 

@@ -51,13 +51,6 @@ def backup(source: Path, dest_dir: Path) -> BackupResult:
     Runs its own event loop (the copy is opened with the storage layer's own code): call it
     from synchronous code, or in a worker thread.
     """
-    try:
-        return _backup(source, dest_dir)
-    except DatabaseError as exc:  # a corrupt or unreadable source, a full disk
-        raise BackupError(str(exc)) from exc
-
-
-def _backup(source: Path, dest_dir: Path) -> BackupResult:
     started = time.perf_counter()
     if not source.is_file():
         raise BackupError(f"no memproxy database at {source}")
@@ -69,17 +62,17 @@ def _backup(source: Path, dest_dir: Path) -> BackupResult:
     _remove(partial)
     try:
         copy_database(source, partial)
-        problems = integrity_problems(partial)
-        if problems:
+        if problems := integrity_problems(partial):
             raise BackupError(f"the copy failed its integrity check: {'; '.join(problems[:5])}")
         turn_count, job_count = asyncio.run(_queue_rebuild(partial))
-        leftovers = [p for p in sidecars(partial) if p.exists()]
-        if leftovers:
+        if leftovers := [p for p in sidecars(partial) if p.exists()]:
             raise BackupError(f"the copy was not closed cleanly: {leftovers[0]} remains")
         _fsync(partial)
         os.replace(partial, target)
-    except BaseException:
+    except BaseException as exc:
         _remove(partial)
+        if isinstance(exc, DatabaseError):  # a corrupt or unreadable source, a full disk
+            raise BackupError(str(exc)) from exc
         raise
     return BackupResult(target, target.stat().st_size, turn_count, job_count,
                         time.perf_counter() - started)

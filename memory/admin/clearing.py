@@ -24,7 +24,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 from memory.admin.forget import forget_user
@@ -61,20 +61,18 @@ class ClearReceipt:
         return asdict(self)
 
 
+@dataclass(eq=False)
 class Clears:
     """Clear-all, undo, and the job that settles each clear when its window ends."""
 
-    def __init__(
-        self, db: Database, source: RecordSource, importer: Importer, facts: FactStore, *,
-        window: float, notify: Callable[[], None],
-    ) -> None:
-        self.db = db
-        self.source = source
-        self.importer = importer
-        self.facts = facts
-        self.window = window
-        self.notify = notify
-        self._restores: dict[str, asyncio.Task[ImportReport]] = {}
+    db: Database
+    source: RecordSource
+    importer: Importer
+    facts: FactStore
+    _: KW_ONLY
+    window: float
+    notify: Callable[[], None]
+    _restores: dict[str, asyncio.Task[ImportReport]] = field(default_factory=dict, init=False)
 
     async def clear(self, user_id: str) -> ClearReceipt:
         """Remove all of the user's memory, keeping it restorable until the window ends."""

@@ -70,34 +70,23 @@ async def drop_chunk_vectors_later(tx: Transaction, chunk_ids: Sequence[int]) ->
         )
 
 
-class ChunkVectorDropper:
-    """The `drop_chunk_vectors` job: delete vectors of chunks that no longer exist."""
-
-    def __init__(self, db: Database, vectors: SharedVectors) -> None:
-        self.db = db
-        self.vectors = vectors
-
-    async def run(self, payload: dict[str, Any]) -> None:
-        """Delete `c<id>` vectors of the listed chunks that are gone from the database."""
-        ids = [int(i) for i in payload.get("chunks", ())]
-        for start in range(0, len(ids), _BATCH):
-            batch = ids[start:start + _BATCH]
-            # SQLite may give a deleted chunk's id to a new chunk: that one keeps its vector.
-            alive = await turns.existing_chunks(self.db, batch)
-            gone = [f"c{i}" for i in batch if i not in alive]
-            if gone:
-                await self.vectors.delete(ids=gone)
+async def drop_chunk_vectors(db: Database, vectors: SharedVectors, payload: dict[str, Any]) -> None:
+    """The `drop_chunk_vectors` job: delete the `c<id>` vectors of the listed chunks that are
+    gone from the database."""
+    ids = [int(i) for i in payload.get("chunks", ())]
+    for start in range(0, len(ids), _BATCH):
+        batch = ids[start:start + _BATCH]
+        # SQLite may give a deleted chunk's id to a new chunk: that one keeps its vector.
+        alive = await turns.existing_chunks(db, batch)
+        gone = [f"c{i}" for i in batch if i not in alive]
+        if gone:
+            await vectors.delete(ids=gone)
 
 
 async def _facts_only_from(
     tx: Transaction, user_id: str, session_id: str, turn_ids: set[int]
 ) -> list[int]:
-    chains: dict[int, list[int]] = {}
-    tainted: set[int] = set()
-    for fact_id, chain_id, source_session, cited in await facts.session_chains(
-        tx, user_id, session_id
-    ):
-        chains.setdefault(chain_id, []).append(fact_id)
-        if source_session != session_id or not set(cited) <= turn_ids:
-            tainted.add(chain_id)
-    return sorted(i for chain, ids in chains.items() if chain not in tainted for i in ids)
+    versions = await facts.session_chains(tx, user_id, session_id)
+    tainted = {chain for _, chain, source, cited in versions
+               if source != session_id or not set(cited) <= turn_ids}
+    return sorted(fact_id for fact_id, chain, _, _ in versions if chain not in tainted)

@@ -20,7 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 from memory.admin.record_checks import IGNORED
@@ -68,19 +68,17 @@ class _Chain:
     turns: list[NewTurn] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class Importer:
     """Writes checked records into one user's memory."""
 
-    def __init__(
-        self, log: TurnLog, profiles: ProfileStore, *, index_job: str, max_attempts: int,
-        max_pinned: int, notify: Callable[[], None],
-    ) -> None:
-        self.log = log
-        self.max_pinned = max_pinned
-        self.profiles = profiles
-        self.index_job = index_job
-        self.max_attempts = max_attempts
-        self.notify = notify
+    log: TurnLog
+    profiles: ProfileStore
+    _: KW_ONLY
+    index_job: str
+    max_attempts: int
+    max_pinned: int
+    notify: Callable[[], None]
 
     async def run(
         self, user_id: str, records: Sequence[Mapping[str, Any]], *,
@@ -230,11 +228,10 @@ async def _write_facts(
     new_ids: list[int] = []
     for chain in chains.values():
         stored = await _stored_chain(tx, user_id, chain[0])
-        if stored is None:
-            new_ids += await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned)
-            report.added["facts"] += len(chain)
-            continue
-        added, changed = await _apply_newer(tx, user_id, stored, chain, turn_map, max_pinned)
+        if stored is not None:
+            added, changed = await _apply_newer(tx, user_id, stored, chain, turn_map, max_pinned)
+        else:  # a new chain: every version is added
+            added, changed = await _insert_fact_chain(tx, user_id, chain, turn_map, max_pinned), []
         new_ids += added + changed
         report.added["facts"] += len(added)
         report.updated["facts"] += len(changed)
@@ -321,14 +318,10 @@ async def _insert_fact_chain(
         if successor is not None:
             await facts.set_superseded_by(tx, fact_id, successor)
         if record["pinned"] and record["valid_to"] is None:
-            await _pin_if_room(tx, user_id, fact_id, max_pinned)
+            # Over the limit (pins made since the export), the fact comes back unpinned.
+            if await facts.count_pinned(tx, user_id) < max_pinned:
+                await facts.set_pinned(tx, fact_id, True, None)
     return inserted
-
-
-async def _pin_if_room(tx: Transaction, user_id: str, fact_id: int, max_pinned: int) -> None:
-    # Over the limit (pins made since the export), the fact comes back unpinned.
-    if await facts.count_pinned(tx, user_id) < max_pinned:
-        await facts.set_pinned(tx, fact_id, True, None)
 
 
 async def _write_summaries(
@@ -336,7 +329,6 @@ async def _write_summaries(
     turn_map: Mapping[Key, int], report: ImportReport,
 ) -> None:
     now = time.time()
-    new_of: dict[int, int] = {}
     inserted: list[tuple[Mapping[str, Any], int]] = []
     for record in records:
         created = record["created_at"]
@@ -351,9 +343,8 @@ async def _write_summaries(
             tokens=record["tokens"], created_at=created or now,
         ))
         inserted.append((record, summary_id))
-        if record["id"] is not None:
-            new_of[record["id"]] = summary_id
         report.added["summaries"] += 1
+    new_of = {record["id"]: new_id for record, new_id in inserted if record["id"] is not None}
     for record, summary_id in inserted:
         successor = new_of.get(record["superseded_by"]) if record["superseded_by"] else None
         if successor is not None:

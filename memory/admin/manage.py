@@ -4,10 +4,11 @@ and import, clear-all with undo, statistics, and the jobs they queue."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from config import Settings
 from memory.admin.clearing import SETTLE_JOB, Clears
-from memory.admin.forget import DROP_CHUNK_VECTORS_JOB, ChunkVectorDropper
+from memory.admin.forget import DROP_CHUNK_VECTORS_JOB, drop_chunk_vectors
 from memory.admin.importer import Importer
 from memory.admin.records import RecordSource
 from memory.admin.sessions import SessionStore
@@ -42,7 +43,7 @@ class Management:
         self.stats = MemoryStats(
             db, vectors.index, facts, profiles, vectors_path=settings.vectors_path
         )
-        dropper = ChunkVectorDropper(db, vectors)
         self.handlers: dict[str, Handler] = {
-            SETTLE_JOB: self.clears.settle, DROP_CHUNK_VECTORS_JOB: dropper.run,
+            SETTLE_JOB: self.clears.settle,
+            DROP_CHUNK_VECTORS_JOB: partial(drop_chunk_vectors, db, vectors),
         }

@@ -22,6 +22,7 @@ on where it stopped, and once done adds nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,27 +91,24 @@ async def _copy(
     if chroma_url:
         await asyncio.to_thread(check_server, chroma_url, without_password(chroma_url),
                                 named="--chroma-url")
-    dest = await PostgresDatabase.open(dest_url)  # creates or upgrades its schema
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        dest = await PostgresDatabase.open(dest_url)  # creates or upgrades its schema
+        stack.push_async_callback(dest.close)
         done = await bulk_copy.begin(source, dest, source_name=source_name)
         vectors = Vectors(settings, chroma_url) if chroma_url else None
-        try:
-            if vectors is not None and vectors.key not in done:
+        if vectors is not None:
+            stack.callback(vectors.close)
+            if vectors.key not in done:
                 vectors.check_empty()
-            copied = await bulk_copy.copy_tables(
-                source, dest, source_name=source_name, done=done, batch_size=batch_size,
-                on_batch=on_batch,
-            )
-            async with dest.write() as tx:
-                await jobs.expire_unleased(tx)
-            moved = {} if vectors is None else await vectors.copy(
-                dest, source_name=source_name, done=done, page=batch_size, on_batch=on_batch)
-        finally:
-            if vectors is not None:
-                vectors.close()
+        copied = await bulk_copy.copy_tables(
+            source, dest, source_name=source_name, done=done, batch_size=batch_size,
+            on_batch=on_batch,
+        )
+        async with dest.write() as tx:
+            await jobs.expire_unleased(tx)
+        moved = {} if vectors is None else await vectors.copy(
+            dest, source_name=source_name, done=done, page=batch_size, on_batch=on_batch)
         return copied, await bulk_copy.count_rows(dest), moved
-    finally:
-        await dest.close()
 
 
 class Vectors:
@@ -130,8 +128,7 @@ class Vectors:
     def check_empty(self) -> None:
         """Refuse a server whose collection already holds vectors: their ids (row ids of
         another database) would be taken for copies of ours."""
-        held = self.server.count()
-        if held:
+        if held := self.server.count():
             raise CopyRefused(f"the Chroma server's collection {self.name} already holds"
                               f" {held} vectors; copy to a new server or delete that collection")
 

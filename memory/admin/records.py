@@ -16,29 +16,30 @@ mode the process runs with now.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 from memory.learning.facts import FactStore
 from memory.learning.profiles import ProfileStore
 from memory.learning.summaries import SummaryStore
 from memory.redact import keep, redact_profile, redact_record
-from memory.storage import turns
+from memory.storage import facts, turns
 from memory.storage.database import Database
 from memory.storage.facts import Fact
 from memory.storage.summaries import Summary
+from memory.storage.turns import Turn
 
 FORMAT = "memproxy-export"
 VERSION = 1
 PAGE = 1000
 
-TURN_FIELDS = (
-    "id", "session_id", "parent_id", "role", "name", "content", "created_at", "model", "tokens",
-    "request_id", "incomplete",
+TURN_FIELDS = tuple(
+    f.name for f in fields(Turn) if f.name not in {"user_id", "position", "content_hash"}
 )
 _FACT_SKIP = frozenset({"user_id", "active"})
-_SUMMARY_SKIP = frozenset({"user_id"})
 
 
 def fact_record(fact: Fact) -> dict[str, Any]:
@@ -48,34 +49,27 @@ def fact_record(fact: Fact) -> dict[str, Any]:
 
 def summary_record(summary: Summary) -> dict[str, Any]:
     """One summary as a record."""
-    return {
-        "type": "summary",
-        **{k: v for k, v in summary.as_dict().items() if k not in _SUMMARY_SKIP},
-    }
+    return {"type": "summary", **{k: v for k, v in summary.as_dict().items() if k != "user_id"}}
 
 
+@dataclass(eq=False)
 class RecordSource:
     """Reads one user's memory as records, page by page."""
 
-    def __init__(
-        self, db: Database, facts: FactStore, summaries: SummaryStore, profiles: ProfileStore,
-        *, redact: Callable[[str], str] = keep,
-    ) -> None:
-        self.db = db
-        self.facts = facts
-        self.summaries = summaries
-        self.profiles = profiles
-        self.redact = redact
+    db: Database
+    facts: FactStore
+    summaries: SummaryStore
+    profiles: ProfileStore
+    _: KW_ONLY
+    redact: Callable[[str], str] = keep
 
     async def counts(self, user_id: str) -> dict[str, int]:
         """How many records of each type the user's export holds."""
-        turn_count = await turns.count(self.db, user_id)
-        profile = await self.profile_record(user_id)
         return {
-            "turn": turn_count,
+            "turn": await turns.count(self.db, user_id),
             "fact": await self.facts.count(user_id, active_only=False),
             "summary": len(await self.summaries.list(user_id, include_history=True)),
-            "profile": int(profile is not None),
+            "profile": int(await self.profile_record(user_id) is not None),
         }
 
     async def records(self, user_id: str, *, meta: bool = True) -> AsyncIterator[dict[str, Any]]:
@@ -92,14 +86,10 @@ class RecordSource:
         for summary in await self.summary_records(user_id):
             yield redact_record(summary, self.redact)
         profile = await self.profile_record(user_id)
+        if profile is not None and profile["profile"] is not None:
+            profile = {**profile, "profile": redact_profile(profile["profile"], self.redact)}
         if profile is not None:
-            yield self._redacted_profile(profile)
-
-    def _redacted_profile(self, record: dict[str, Any]) -> dict[str, Any]:
-        body = record["profile"]
-        if body is None:
-            return record
-        return {**record, "profile": redact_profile(body, self.redact)}
+            yield profile
 
     async def turns(self, user_id: str) -> AsyncIterator[dict[str, Any]]:
         """The user's turns in id order (a parent always before its children)."""
@@ -114,15 +104,8 @@ class RecordSource:
 
     async def fact_records(self, user_id: str) -> list[dict[str, Any]]:
         """Every version of every fact, oldest first."""
-        found = []
-        cursor = None
-        while True:
-            page, cursor = await self.facts.list(
-                user_id, include_inactive=True, limit=500, cursor=cursor
-            )
-            found += page
-            if cursor is None:
-                break
+        # One read with no page limit: the whole list is held here anyway, to be sorted.
+        found = await facts.page(self.db, user_id, limit=sys.maxsize)
         return [fact_record(f) for f in sorted(found, key=lambda f: f.id)]
 
     async def summary_records(self, user_id: str) -> list[dict[str, Any]]:

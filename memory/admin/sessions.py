@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from memory.admin.forget import forget_session
@@ -99,14 +99,14 @@ class SessionStore:
         ]
 
 
+_SHOWN = tuple(
+    f.name for f in fields(Turn) if f.name not in {"user_id", "content_hash", "request_id"}
+)
+
+
 def turn_dict(turn: Turn) -> dict[str, Any]:
     """A turn as the API shows it (no user id, no content hash)."""
-    return {
-        "id": turn.id, "session_id": turn.session_id, "parent_id": turn.parent_id,
-        "position": turn.position, "role": turn.role, "name": turn.name,
-        "content": turn.content, "created_at": turn.created_at, "model": turn.model,
-        "tokens": turn.tokens, "incomplete": turn.incomplete,
-    }
+    return {name: getattr(turn, name) for name in _SHOWN}
 
 
 def _encode(last_active: float, session_id: str) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import math
 import re
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +22,16 @@ MAX_METRICS_ROWS = 10_000
 DEAD_LETTERS_SHOWN = 20
 
 
+@dataclass(eq=False)
 class MemoryStats:
     """Counts, index sizes, queue depth and request metrics."""
 
-    def __init__(
-        self, db: Database, vectors: VectorIndex, facts: FactStore, profiles: ProfileStore, *,
-        vectors_path: Path,
-    ) -> None:
-        self.db = db
-        self.queue = JobQueue(db)
-        self.vectors = vectors
-        self.vectors_path = vectors_path
-        self.facts = facts
-        self.profiles = profiles
+    db: Database
+    vectors: VectorIndex
+    facts: FactStore
+    profiles: ProfileStore
+    _: KW_ONLY
+    vectors_path: Path
 
     async def user(self, user_id: str) -> dict[str, Any]:
         """Counts of the user's memory, index sizes, and the (shared) job queue."""
@@ -46,8 +44,9 @@ class MemoryStats:
 
     async def jobs(self) -> dict[str, Any]:
         """Queue depth by status and the latest dead letters (their kind and error only)."""
-        counts = await self.queue.job_counts()
-        dead = await self.queue.dead_jobs(DEAD_LETTERS_SHOWN)
+        queue = JobQueue(self.db)
+        counts = await queue.job_counts()
+        dead = await queue.dead_jobs(DEAD_LETTERS_SHOWN)
         return {
             **counts,
             "depth": counts["queued"] + counts["running"],

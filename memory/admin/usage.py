@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from memory.storage import reservations, usage
 from memory.storage.database import Database
@@ -52,12 +53,10 @@ class UsageLedger:
         """The days [first_day, last_day] (YYYY-MM-DD), filtered by key and user."""
         found = await usage.rows(self.db, first_day, last_day, key_id=key_id, user_id=user_id,
                                  limit=limit + 1)
-        by_key = await usage.totals(self.db, first_day, last_day, group="key_id", key_id=key_id,
-                                    user_id=user_id, limit=limit)
-        by_user = await usage.totals(self.db, first_day, last_day, group="user_id",
-                                     key_id=key_id, user_id=user_id, limit=limit)
-        total = await usage.totals(self.db, first_day, last_day, group=None, key_id=key_id,
-                                   user_id=user_id)
+        totals = partial(usage.totals, self.db, first_day, last_day, key_id=key_id, user_id=user_id)
+        by_key = await totals(group="key_id", limit=limit)
+        by_user = await totals(group="user_id", limit=limit)
+        total = await totals(group=None)
         return UsageReport(found[:limit], len(found) > limit, by_key, by_user, total[0][1])
 
     async def tokens_since(self, key_ids: Sequence[str], first_day: str) -> dict[str, int]:

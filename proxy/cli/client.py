@@ -37,14 +37,11 @@ class MemoryClient:
 
     def __init__(self, args: argparse.Namespace) -> None:
         url = (args.url or os.environ.get("MEMPROXY_URL") or DEFAULT_URL).rstrip("/")
-        headers = {}
         key = args.key or os.environ.get("MEMPROXY_KEY")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        if self.for_user and args.user:
-            headers["X-Memory-User-Id"] = args.user
-        if self.for_user and args.org:
-            headers["X-Memory-Org-Id"] = args.org
+        wanted = {"Authorization": key and f"Bearer {key}",
+                  "X-Memory-User-Id": self.for_user and args.user,
+                  "X-Memory-Org-Id": self.for_user and args.org}
+        headers = {name: value for name, value in wanted.items() if value}
         self.http = httpx.Client(base_url=url + self.api, headers=headers, timeout=self.timeout)
 
     def admin_url(self, path: str) -> str:
@@ -130,8 +127,7 @@ def upload(path: Path) -> tuple[Iterator[bytes], Progress]:
     """The file's bytes in chunks, advancing a progress bar."""
     if str(path) == "-":
         data = sys.stdin.buffer.read()
-        progress = Progress("importing", len(data))
-        return iter([data]), progress
+        return iter([data]), Progress("importing", len(data))
     size = path.stat().st_size
     progress = Progress("uploading", size)
 

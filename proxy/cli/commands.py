@@ -8,7 +8,6 @@ import json
 import shlex
 import sys
 import time
-from typing import Any
 from urllib.parse import quote
 
 from proxy.cli.client import CliError, MemoryClient, UsageError, emit, given, upload
@@ -19,14 +18,10 @@ PAGE = 200
 
 def memories_list(client: MemoryClient, args: argparse.Namespace) -> None:
     """Facts, newest first, following pages up to --limit."""
-    params: dict[str, Any] = {"limit": min(PAGE, max(1, args.limit))}
-    for name, value in (("category", args.category), ("q", args.query)):
-        if value:
-            params[name] = value
-    if args.pinned:
-        params["pinned"] = "true"
-    if args.all:
-        params["include_inactive"] = "true"
+    params = {"limit": min(PAGE, max(1, args.limit)),
+              **given(category=args.category, q=args.query or None,
+                      pinned="true" if args.pinned else None,
+                      include_inactive="true" if args.all else None)}
     facts = client.pages("/facts", params, args.limit)
     rows = [[f["id"], f["category"], f"{f['confidence']:.2f}", "*" if f["pinned"] else "",
              f["text"] if f["active"] else f"(v{f['version']}, inactive) {f['text']}"]
@@ -161,8 +156,7 @@ def memories_undo(client: MemoryClient, args: argparse.Namespace) -> None:
 
 def sessions_list(client: MemoryClient, args: argparse.Namespace) -> None:
     """Sessions, most recently active first."""
-    params: dict[str, Any] = {"limit": min(PAGE, max(1, args.limit))}
-    sessions = client.pages("/sessions", params, args.limit)
+    sessions = client.pages("/sessions", {"limit": min(PAGE, max(1, args.limit))}, args.limit)
     rows = [[s["session_id"], when(s["last_active"]), s["turns"], s["facts"], s["title"]]
             for s in sessions]
     emit(args, sessions, table(["SESSION", "LAST ACTIVE", "TURNS", "FACTS", "FIRST MESSAGE"], rows)
@@ -176,9 +170,7 @@ def sessions_show(client: MemoryClient, args: argparse.Namespace) -> None:
     lines = [f"Session {session['session_id']}: {count(session['turns'], 'turn')}, "
              f"{count(session['facts'], 'fact')}, last active {when(session['last_active'])}",
              ""]
-    for turn in turns:
-        speaker = turn["name"] or turn["role"]
-        lines.append(f"[{when(turn['created_at'])}] {speaker}: {turn['content']}")
+    lines += [f"[{when(t['created_at'])}] {t['name'] or t['role']}: {t['content']}" for t in turns]
     emit(args, {**session, "turns_list": turns}, "\n".join(lines))
 
 
@@ -195,8 +187,7 @@ def stats_show(client: MemoryClient, args: argparse.Namespace) -> None:
     """Counts, index sizes and the job queue."""
     stats = client.call("GET", "/stats")
     counts, index, jobs = stats["counts"], stats["index"], stats["jobs"]
-    rows = [[name, value] for name, value in counts.items()]
-    rows.append(["vectors", index["vectors"]])
+    rows = [*map(list, counts.items()), ["vectors", index["vectors"]]]
     if "database_bytes" in index:  # the whole store's figures: shown to the admin key only
         rows += [["database size", _size(index["database_bytes"])],
                  ["vector index size", _size(index["vectors_bytes"])]]
@@ -211,12 +202,9 @@ _NOUNS = {"turn": ("turn", "turns"), "fact": ("fact", "facts"),
 
 def _counted(counts: dict[str, int]) -> str:
     """`{"turns": 2, "fact": 1}` as "2 turns, 1 fact"."""
-    parts = []
-    for name, n in counts.items():
-        singular, plural = _NOUNS.get(name.removesuffix("s").replace("summarie", "summary"), (name, name))
-        if n:
-            parts.append(f"{n} {singular if n == 1 else plural}")
-    return ", ".join(parts) or "nothing"
+    nouns = [(n, _NOUNS.get(name.removesuffix("s").replace("summarie", "summary"), (name, name)))
+             for name, n in counts.items() if n]
+    return ", ".join(count(n, *noun) for n, noun in nouns) or "nothing"
 
 
 def _size(size: int) -> str:

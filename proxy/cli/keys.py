@@ -6,6 +6,7 @@ command line, with the admin key (`--key` or MEMPROXY_KEY) against a running mem
 from __future__ import annotations
 
 import argparse
+import contextlib
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -42,12 +43,10 @@ def add_commands(commands: Any) -> None:
 
 def create_key(client: AdminClient, args: argparse.Namespace) -> None:
     """POST /keys; the secret, said to be shown once."""
+    expires_at = parse_time(args.expires_at) if args.expires_at else None
     body = {"user": None if args.no_user else args.user,
-            **given(org=args.org, rate_limit=args.rate_limit, token_quota=args.token_quota)}
-    if args.org_writer:
-        body["org_writer"] = True
-    if args.expires_at:
-        body["expires_at"] = parse_time(args.expires_at)
+            **given(org=args.org, rate_limit=args.rate_limit, token_quota=args.token_quota,
+                    org_writer=args.org_writer or None, expires_at=expires_at)}
     made = client.call("POST", "/keys", json=body)
     emit(args, made, f"{made['key']}\n\nKey {made['id']} ({made['prefix']}...) for "
          f"{_bound(made)}. This is the only time the secret is shown: store it now.")
@@ -79,10 +78,8 @@ def revoke(client: AdminClient, args: argparse.Namespace) -> None:
 
 def parse_time(text: str) -> float:
     """Unix seconds from a number or an ISO 8601 time (UTC when it names no zone)."""
-    try:
+    with contextlib.suppress(ValueError):
         return float(text)
-    except ValueError:
-        pass
     try:
         at = datetime.fromisoformat(text)
     except ValueError:

@@ -13,7 +13,7 @@ MIN_FLEX = 12
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, flex: int = -1) -> str:
     """Rows aligned under headers; the `flex` column is cut to fit the terminal width."""
-    cells = [[_one_line(str(c)) for c in row] for row in rows]
+    cells = [[" ".join(str(c).split()) for c in row] for row in rows]  # one line each
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
     flex %= len(headers)
     room = shutil.get_terminal_size((120, 24)).columns - sum(widths) + widths[flex]
@@ -42,10 +42,6 @@ def _row(values: Sequence[str], widths: Sequence[int]) -> str:
 
 def _fit(value: str, width: int) -> str:
     return value if len(value) <= width else value[: width - 1] + "…"
-
-
-def _one_line(value: str) -> str:
-    return " ".join(value.split())
 
 
 class Progress:

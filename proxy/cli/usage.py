@@ -10,6 +10,9 @@ from proxy.cli.render import table
 
 COUNTERS = ("requests", "input_tokens", "output_tokens", "memory_tokens", "errors")
 HEADERS = ["REQUESTS", "INPUT", "OUTPUT", "MEMORY", "ERRORS"]
+# Per --by: the part of the report shown, and the fields that name its rows, with headers.
+BY = {"day": ("data", {"day": "DAY", "key_id": "KEY", "user_id": "USER"}),
+      "key": ("by_key", {"key_id": "KEY"}), "user": ("by_user", {"user_id": "USER"})}
 
 
 def add_command(commands: Any) -> None:
@@ -36,16 +39,10 @@ def usage_show(client: MemoryClient, args: argparse.Namespace) -> None:
     params = given(**{"from": args.first, "to": args.last}, key_id=args.key_id,
                    user=args.for_user, limit=args.limit)
     report = client.call("GET", client.admin_url("/usage"), params=params)
-    if args.by == "key":
-        rows = [[r["key_id"], *(r[c] for c in COUNTERS)] for r in report["by_key"]]
-        headers = ["KEY", *HEADERS]
-    elif args.by == "user":
-        rows = [[r["user_id"] or "-", *(r[c] for c in COUNTERS)] for r in report["by_user"]]
-        headers = ["USER", *HEADERS]
-    else:
-        rows = [[r["day"], r["key_id"], r["user_id"] or "-", *(r[c] for c in COUNTERS)]
-                for r in report["data"]]
-        headers = ["DAY", "KEY", "USER", *HEADERS]
+    part, named = BY[args.by]
+    rows = [[*(r[f] or "-" if f == "user_id" else r[f] for f in named), *(r[c] for c in COUNTERS)]
+            for r in report[part]]
+    headers = [*named.values(), *HEADERS]
     totals = report["totals"]
     summary = (f"{report['from']} to {report['to']}: {totals['requests']} requests,"
                f" {totals['input_tokens']} input and {totals['output_tokens']} output tokens,"
