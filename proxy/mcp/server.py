@@ -160,9 +160,9 @@ async def call_tool(
         return types.CallToolResult(
             content=[types.TextContent(text=orjson.dumps(result).decode())], structured_content=result
         )
-    except (ProxyError, FactError, ConsentRequired, CursorError) as exc:  # str: a ProxyError's message
+    except (ProxyError, FactError, ConsentRequired, CursorError) as exc:
         outcome = type(exc).__name__
-        return _error_result(str(exc))
+        return _error_result(str(exc))  # a ProxyError's str() is its message
     finally:
         _account(state, who, params.name, outcome, result, time.perf_counter() - started)
 
