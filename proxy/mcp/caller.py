@@ -30,7 +30,9 @@ def caller_of(ctx: ServerRequestContext[Any]) -> Caller:
     who = request.scope.get(CALLER) if isinstance(request, Request) else None
     if not isinstance(who, Caller):
         raise MCPError(INVALID_PARAMS, "no authorised caller for this request")
-    name = _named_client(ctx)
+    # The name a forwarding bridge passed on, else the client's own.
+    name = (ctx.meta or {}).get(FORWARDED_CLIENT_META_KEY)
+    name = client_name(local_client(ctx) if name is None else name)
     return who if name is None else dataclasses.replace(who, client=name)
 
 
@@ -39,12 +41,6 @@ def client_name(name: object) -> str | None:
     if not isinstance(name, str) or not name or not name.isprintable():
         return None
     return name[:MAX_CLIENT_NAME]
-
-
-def _named_client(ctx: ServerRequestContext[Any]) -> str | None:
-    """The name a forwarding bridge passed on, else the client's own."""
-    name = (ctx.meta or {}).get(FORWARDED_CLIENT_META_KEY)
-    return client_name(local_client(ctx) if name is None else name)
 
 
 def local_client(ctx: ServerRequestContext[Any]) -> str | None:

@@ -12,7 +12,7 @@ the server turns into a tool result marked as an error: nothing is stored.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from memory import (
     ClearExpired,
@@ -21,6 +21,7 @@ from memory import (
     Fact,
     organization_memory,
 )
+from proxy.access.decision import Action
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
 from proxy.management.access import Caller
 from proxy.management.bodies import Body, UndoRequest, parse
@@ -119,8 +120,7 @@ async def delete_memory(who: Caller, args: DeleteRequest) -> dict[str, Any]:
     clears = who.memory.manage.clears
     who.decide(user_id=who.user_id, org_id=None, action="write")
     if kind == "summary":
-        receipt = await clears.remove_summary(who.user_id, item_id)
-        return _deleted(raw, receipt, shared=False)
+        return _deleted(raw, await clears.remove_summary(who.user_id, item_id), shared=False)
     if await who.memory.facts.get(who.user_id, item_id) is not None:
         return _deleted(raw, await clears.remove_fact(who.user_id, item_id), shared=False)
     if who.org_id is not None:
@@ -184,7 +184,7 @@ def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> d
     }
 
 
-def _target(who: Caller, shared: bool, action: Literal["read", "write"]) -> tuple[str, bool]:
+def _target(who: Caller, shared: bool, action: Action) -> tuple[str, bool]:
     """The memory a call reads or changes: the caller's, or (`shared`) its organisation's,
     once `decide` allows it."""
     if not shared:
