@@ -132,8 +132,8 @@ class EdgeGuard:
                 " MEMPROXY_ALLOWED_HOSTS (a guard against DNS rebinding)"
             )
         path = scope["path"]
-        public = path in PUBLIC_PATHS or path.startswith(PANEL_PREFIX)  # to a page of any origin
-        if scope["method"] in SAFE_METHODS and public:
+        if scope["method"] in SAFE_METHODS and (
+                path in PUBLIC_PATHS or path.startswith(PANEL_PREFIX)):  # any origin may read
             return None
         if origin is not None:
             if not self._own_origin(origin, host):
