@@ -162,7 +162,8 @@ async def call_tool(
         )
     except (ProxyError, FactError, ConsentRequired, CursorError) as exc:
         outcome = type(exc).__name__
-        return _error_result(str(exc))  # a ProxyError's str() is its message
+        # A ProxyError's str() is its message.
+        return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
     finally:
         _account(state, who, params.name, outcome, result, time.perf_counter() - started)
 
@@ -184,7 +185,3 @@ def _account(
         recall_ms=round(seconds * 1000, 3),
         error=None if outcome == "ok" else outcome,
     )))
-
-
-def _error_result(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
