@@ -1,7 +1,7 @@
 """The MCP tools' work, on the memory engine's public surface and the memory API's checks.
 
 Whose memory a call reaches is the HTTP request's (its key and X-Memory-* headers, decided
-in proxy/mcp/server.py), never an argument: a prompt can write arguments. A tool that
+when proxy/mcp/server.py authorises it as the memory API does), never an argument: a prompt can write arguments. A tool that
 changes memory asks proxy/access/decision.py's `decide` for "write" on the memory it changes, so an
 organisation's shared memory changes only for an org writer.
 
