@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import calendar
 import contextlib
-import operator
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -139,7 +138,8 @@ class UsageMeter:
                 log.warning(f"usage not written, kept for the next flush: {type(exc).__name__}: {exc}")
                 for where, values in self._flushing.items():
                     row = self._pending.setdefault(where, [0, 0, 0, 0, 0])
-                    row[:] = map(operator.add, row, values)
+                    for i, value in enumerate(values):
+                        row[i] += value
             else:
                 if any(key in self._reads for _, key, _ in self._flushing):
                     self._flushes += 1  # quota reads from before this write are short now
