@@ -132,7 +132,8 @@ class EdgeGuard:
                 " MEMPROXY_ALLOWED_HOSTS (a guard against DNS rebinding)"
             )
         path = scope["path"]
-        if scope["method"] in SAFE_METHODS and _public(path):
+        if scope["method"] in SAFE_METHODS and (
+                path in PUBLIC_PATHS or path.startswith(PANEL_PREFIX)):  # any origin may read
             return None
         if origin is not None:
             if not self._own_origin(origin, host):
@@ -171,11 +172,6 @@ class EdgeGuard:
             if path == prefix or path.startswith(prefix + "/"):
                 return render(error)
         return error.to_response()
-
-
-def _public(path: str) -> bool:
-    """Whether a page of any origin may read `path` (module docstring)."""
-    return path in PUBLIC_PATHS or path.startswith(PANEL_PREFIX)
 
 
 def _media_type_refusal(path: str, content_type: str | None) -> ProxyError | None:

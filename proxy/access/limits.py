@@ -129,14 +129,10 @@ class KeyLimits:
         """The limits the settings ask for."""
         return cls(settings.rate_limit, settings.rate_limit_burst, settings.max_streams_per_key)
 
-    @property
-    def enabled(self) -> bool:
-        """Whether any limit is on."""
-        return bool(self.rate or self.max_streams)
-
     def applies(self, api_key: ApiKey | None) -> bool:
         """Whether a request with this key meets any limit (a stored key may have its own)."""
-        return self.enabled or (api_key is not None and api_key.rate_limit is not None)
+        return bool(self.rate or self.max_streams) or (
+            api_key is not None and api_key.rate_limit is not None)
 
     def admit(self, *keys: str, stream: bool, rate: float | None = None) -> StreamSlot | None:
         """Let one request through or raise RateLimited; it counts against every one of

@@ -23,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config import ApiKey, Settings
+from config import Settings
 from memory import (
     ClearExpired,
     ClearNotFound,
@@ -35,8 +35,8 @@ from memory import (
     RecordError,
     organization_memory,
 )
-from proxy.access.decision import Action, decide, identify
-from proxy.access.identity import resolve_org, resolve_user
+from proxy.access.decision import Action, Principal, decide, identify
+from proxy.access.identity import resolve_org, resolve_session, resolve_user
 from proxy.access.limits import limit_keys
 from proxy.http.errors import (
     Conflict,
@@ -49,18 +49,26 @@ from proxy.state import AppState
 
 @dataclass(frozen=True)
 class Caller:
-    """An authorised management request: whose memory it reaches and through what.
+    """An authorised management request, or /mcp message: whose memory it reaches and
+    through what.
 
     `user_id` is the memory reached: a user's, or an organisation's shared memory (then
     `shared` is true); `org_id` is the organisation whose shared memory recall adds."""
 
     user_id: str
-    admin: bool
+    principal: Principal  # who asks (proxy/access/decision.py)
     memory: MemoryEngine
     settings: Settings
     org_id: str | None = None
     shared: bool = False
-    key: ApiKey | None = None  # the proxy key presented (None: admin, or keys off)
+    # An /mcp message's: X-Memory-Session-Id, and the client's name for provenance (its
+    # client info, else its User-Agent; proxy/mcp/caller.py).
+    session_id: str | None = None
+    client: str | None = None
+
+    def decide(self, *, user_id: str | None, org_id: str | None, action: Action) -> None:
+        """The one access decision (proxy/access/decision.py) for this caller."""
+        decide(self.principal, self.settings, user_id=user_id, org_id=org_id, action=action)
 
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
@@ -93,17 +101,21 @@ def endpoint(handler: Handler) -> Endpoint:
     return run
 
 
-async def authorise(request: Request) -> Caller:
-    """The caller of a management request; 401, 403, 429 or 503 when it cannot be served.
+async def authorise(request: Request, *, tools: bool = False) -> Caller:
+    """The caller of a management request (`tools`: of an /mcp message); 401, 403, 429 or
+    503 when it cannot be served.
 
-    Whose memory it reaches is decided by proxy/access/decision.py, as for every chat request."""
+    Whose memory it reaches is decided by proxy/access/decision.py, as for every chat request.
+    An /mcp message reads (a tool that changes memory asks `decide` itself, proxy/mcp/tools.py),
+    and its X-Memory-Org-Id names the organisation recall adds, not the memory reached."""
     state: AppState = request.app.state.memproxy
     settings = state.settings
     principal = await identify(request, settings, admin_allowed=True, stored=state.keys)
-    user_id = resolve_user(request.headers, {}, principal.key)
-    org_id = resolve_org(request.headers, principal.key)
-    action: Action = "read" if request.method in ("GET", "HEAD") else "write"
-    shared = "x-memory-org-id" in request.headers
+    headers = request.headers
+    user_id = resolve_user(headers, {}, principal.key)
+    org_id = resolve_org(headers, principal.key)
+    action: Action = "read" if tools or request.method in ("GET", "HEAD") else "write"
+    shared = not tools and "x-memory-org-id" in headers
     if shared and org_id is not None:
         part = _shared_part(request)
         decide(principal, settings, user_id=None, org_id=org_id,
@@ -113,12 +125,17 @@ async def authorise(request: Request) -> Caller:
         decide(principal, settings, user_id=user_id, org_id=org_id, action=action)
     if state.memory is None:
         raise MemoryUnavailable("memory is turned off on this proxy")
+    session_id = None
+    if tools and "x-memory-session-id" in headers:
+        session_id = resolve_session(headers, user_id, [])
     key = principal.key
     if state.limits.applies(key):
         # The bucket chat completions use: the key presented (a proxy key has been checked
-        # by now, and the admin key counts as any key does), else the user.
+        # by now, and the admin key counts as any key does), else the user. Every /mcp
+        # message counts, not only tool calls: a resource read or a listing costs a database
+        # read as a search does (docs/security.md, "MCP messages past the rate limit").
         await state.limits.take(key, limit_keys(key, request, user_id, settings), stream=False)
-    return Caller(user_id, principal.admin, state.memory, settings, org_id, shared, key)
+    return Caller(user_id, principal, state.memory, settings, org_id, shared, session_id)
 
 
 # What an organisation's shared memory offers through the API (it has no turns, sessions

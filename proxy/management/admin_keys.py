@@ -22,22 +22,24 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from config import ApiKey
-from memory import KeyNotFound, KeyRevoked, KeyStore, StoredKey
+from config import ApiKey, Settings
+from memory import KeyNotFound, KeyRevoked, StoredKey
 from proxy.access.decision import require_admin
 from proxy.access.stored_keys import StoredKeys
 from proxy.http.errors import Conflict, InvalidRequest, MemoryUnavailable, NotFound
 from proxy.management.access import Endpoint, respond
+from proxy.management.answers import ApiKey as ApiKeyAnswer
 from proxy.management.bodies import ApiKeyChanges, NewApiKey
 from proxy.management.inputs import json_body
 from proxy.management.operations import declare
 from proxy.state import AppState
 
-Handler = Callable[[Request, AppState, KeyStore, StoredKeys], Awaitable[Response]]
+Handler = Callable[[Request, Settings, StoredKeys], Awaitable[Response]]
 
 
 def admin(handler: Handler) -> Endpoint:
-    """The admin key first, then the handler with the key store and this replica's cache."""
+    """The admin key first, then the handler with this replica's cache of the key store
+    (`keys.store`)."""
 
     @functools.wraps(handler)
     async def run(request: Request) -> Response:
@@ -45,79 +47,69 @@ def admin(handler: Handler) -> Endpoint:
         await require_admin(request, state.settings, state.keys)
         if state.memory is None or state.keys is None:
             raise MemoryUnavailable("stored keys need the memory database, which is off here")
-        return await handler(request, state, state.memory.keys, state.keys)
+        return await handler(request, state.settings, state.keys)
 
     return run
 
 
 @declare(admin, "GET /keys", "Every key: MEMPROXY_API_KEYS's (source env) and the stored"
          " ones; never a secret", "ApiKeyList")
-async def list_keys(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
+async def list_keys(request: Request, settings: Settings, keys: StoredKeys) -> Response:
     """GET /v1/admin/keys: the environment's keys, then the stored ones, oldest first."""
-    listed = [env_json(key) for key in state.settings.api_keys]
-    listed += [stored_json(key) for key in await store.all()]
+    listed = [env_json(key) for key in settings.api_keys]
+    listed += [stored_json(key) for key in await keys.store.all()]
     return respond({"object": "list", "data": listed})
 
 
 @declare(admin, "POST /keys", "Make a key; its secret is in `key`, shown this once",
          "ApiKeyCreated", "400", "413", status="201", body=NewApiKey)
-async def create_key(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
+async def create_key(request: Request, settings: Settings, keys: StoredKeys) -> Response:
     """POST /v1/admin/keys: 201 with the secret in `key` (never shown again)."""
-    body = await json_body(request, state.settings.max_body_bytes, NewApiKey)
+    body = await json_body(request, settings.max_body_bytes, NewApiKey)
     if body.org_writer and body.org is None:
         raise InvalidRequest("org_writer needs the key's organisation (org)", param="org_writer")
-    stored, secret = await store.create(
+    stored, secret = await keys.store.create(
         user_id=body.user, org_id=body.org, org_writer=bool(body.org_writer),
         expires_at=_future(body.expires_at), rate_limit=body.rate_limit,
         token_quota=body.token_quota,
     )
-    cache.forget(stored.id)  # an org's members may have grown
+    keys.forget(stored.id)  # an org's members may have grown
     return respond({**stored_json(stored), "key": secret}, 201)
 
 
 @declare(admin, "GET /keys/{key_id}", "One key", "ApiKey", "404")
-async def get_key(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
+async def get_key(request: Request, settings: Settings, keys: StoredKeys) -> Response:
     """GET /v1/admin/keys/{key_id}"""
     key_id = request.path_params["key_id"]
-    env = _env_key(state, key_id)
+    env = _env_key(settings, key_id)
     if env is not None:
         return respond(env_json(env))
-    return respond(stored_json(await _stored(store.get(key_id))))
+    return respond(stored_json(await _stored(keys.store.get(key_id))))
 
 
 @declare(admin, "PATCH /keys/{key_id}",
          "Change expires_at, rate_limit, token_quota or org_writer (null clears)", "ApiKey",
          "400", "404", "409", "413", body=ApiKeyChanges)
-async def change_key(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
+async def change_key(request: Request, settings: Settings, keys: StoredKeys) -> Response:
     """PATCH /v1/admin/keys/{key_id}: null clears expires_at, rate_limit or token_quota."""
-    key_id = _changeable(state, request.path_params["key_id"])
-    changes = (await json_body(request, state.settings.max_body_bytes, ApiKeyChanges)).given()
+    key_id = _changeable(settings, request.path_params["key_id"])
+    changes = (await json_body(request, settings.max_body_bytes, ApiKeyChanges)).given()
     _future(changes.get("expires_at"))
-    current = await _stored(store.get(key_id))
+    current = await _stored(keys.store.get(key_id))
     if changes.get("org_writer") and current.org_id is None:
         raise InvalidRequest("org_writer needs a key of an organisation", param="org_writer")
-    changed = await _stored(store.change(key_id, changes))
-    cache.forget(key_id)
+    changed = await _stored(keys.store.change(key_id, changes))
+    keys.forget(key_id)
     return respond(stored_json(changed))
 
 
 @declare(admin, "DELETE /keys/{key_id}", "Revoke a key (409: already revoked)", "ApiKey",
          "404", "409")
-async def revoke_key(
-    request: Request, state: AppState, store: KeyStore, cache: StoredKeys
-) -> Response:
+async def revoke_key(request: Request, settings: Settings, keys: StoredKeys) -> Response:
     """DELETE /v1/admin/keys/{key_id}: revoke; 409 when already revoked, 404 unknown."""
-    key_id = _changeable(state, request.path_params["key_id"])
-    revoked = await _stored(store.revoke(key_id))
-    cache.forget(key_id)
+    key_id = _changeable(settings, request.path_params["key_id"])
+    revoked = await _stored(keys.store.revoke(key_id))
+    keys.forget(key_id)
     return respond(stored_json(revoked))
 
 
@@ -140,20 +132,19 @@ def stored_json(key: StoredKey) -> dict[str, Any]:
 
 def env_json(key: ApiKey) -> dict[str, Any]:
     """A MEMPROXY_API_KEYS key as the API shows it: no prefix (it is part of the secret)."""
-    return {
-        "object": "api_key", "id": key.key_id, "source": "env", "prefix": None,
-        "user": key.user_id, "org": key.org_id, "org_writer": key.org_writer,
-        "expires_at": None, "rate_limit": None, "token_quota": None, "created_at": None,
-        "last_used_at": None, "revoked_at": None, "status": "active",
+    return {  # every field of the answer, in its order, null unless said here
+        **dict.fromkeys(ApiKeyAnswer.__annotations__), "object": "api_key", "id": key.key_id,
+        "source": "env", "user": key.user_id, "org": key.org_id, "org_writer": key.org_writer,
+        "status": "active",
     }
 
 
-def _env_key(state: AppState, key_id: str) -> ApiKey | None:
-    return next((k for k in state.settings.api_keys if k.key_id == key_id), None)
+def _env_key(settings: Settings, key_id: str) -> ApiKey | None:
+    return next((k for k in settings.api_keys if k.key_id == key_id), None)
 
 
-def _changeable(state: AppState, key_id: str) -> str:
-    if _env_key(state, key_id) is not None:
+def _changeable(settings: Settings, key_id: str) -> str:
+    if _env_key(settings, key_id) is not None:
         raise Conflict(
             f"key {key_id!r} comes from MEMPROXY_API_KEYS and is read-only here: change that"
             " setting and restart, or make a stored key", param="key_id", code="env_key_read_only",

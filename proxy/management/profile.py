@@ -14,15 +14,17 @@ from proxy.management.inputs import json_body
 from proxy.management.operations import memory
 
 
-async def _state(who: Caller) -> dict[str, Any]:
+async def profile_state(who: Caller) -> dict[str, Any]:
+    """Consent and the profile, redacted again (this API, MCP's read_profile)."""
     profiles = who.memory.profiles
     profile = await profiles.get(who.user_id)
     body = None if profile is None else redact_profile(
         {k: v for k, v in profile.as_dict().items() if k != "user_id"}, who.memory.redact)
-    return {
-        "object": "memory.profile", "user_id": who.user_id,
-        "consent": await profiles.consent(who.user_id), "profile": body,
-    }
+    return {"consent": await profiles.consent(who.user_id), "profile": body}
+
+
+async def _state(who: Caller) -> dict[str, Any]:
+    return {"object": "memory.profile", "user_id": who.user_id, **await profile_state(who)}
 
 
 async def _show(request: Request, who: Caller) -> Response:

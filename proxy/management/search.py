@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from memory import EmbeddingModelMissing, MemoryEngine, Recalled, RecallRequest
+from memory import EmbeddingModelMissing, Recalled, RecallRequest
 from proxy.http.errors import InvalidRequest, MemoryUnavailable
 from proxy.management.access import Caller, respond
 from proxy.management.bodies import SearchQuery
@@ -26,28 +26,36 @@ DEFAULT_MODEL = "gpt-4o"
 async def search(request: Request, who: Caller) -> Response:
     """What recall injects for `query` within `budget` and `scope`."""
     body = await json_body(request, who.settings.max_body_bytes, SearchQuery)
-    query, session_id = body.query, body.session_id
-    scope = body.scope or who.settings.memory_scope
-    if scope == "session" and session_id is None:
-        raise InvalidRequest("scope session needs a session_id", param="session_id")
     model = body.model or DEFAULT_MODEL
-    budget = who.settings.memory_budget if body.budget is None else body.budget
-    recalled = await searched(who.memory, RecallRequest(
-        who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
-        None if who.shared else who.org_id, rerank=who.settings.rerank != "off",
-    ))
+    scope, budget, recalled = await searched(
+        who, body.query, scope=body.scope, session_id=body.session_id, budget=body.budget,
+        model=model,
+    )
     return respond({
-        "object": "memory.search", "query": query, "user_id": who.user_id,
-        "session_id": session_id, "scope": scope, "budget": budget, "model": model,
+        "object": "memory.search", "query": body.query, "user_id": who.user_id,
+        "session_id": body.session_id, "scope": scope, "budget": budget, "model": model,
         **recalled.as_dict(who.memory.redact),
     })
 
 
-async def searched(memory: MemoryEngine, request: RecallRequest) -> Recalled:
-    """Recall for a search (this route, MCP's search_memory); MemoryUnavailable (503) when
-    the embedding model is missing, with what /readyz says and the fix."""
+async def searched(
+    who: Caller, query: str, *, scope: str | None, session_id: str | None, budget: int | None,
+    model: str,
+) -> tuple[str, int, Recalled]:
+    """Recall for a search (this route, MCP's search_memory), in the server's scope and
+    budget unless given: the scope, the budget and what was recalled. 400 for scope session
+    without a session; MemoryUnavailable (503) when the embedding model is missing, with
+    what /readyz says and the fix."""
+    scope = scope or who.settings.memory_scope
+    if scope == "session" and session_id is None:
+        raise InvalidRequest("scope session needs a session_id", param="session_id")
+    budget = who.settings.memory_budget if budget is None else budget
+    request = RecallRequest(
+        who.user_id, session_id or "", [{"role": "user", "content": query}], model, budget, scope,
+        None if who.shared else who.org_id, rerank=who.settings.rerank != "off",
+    )
     try:
-        return await memory.recall(request)
+        return scope, budget, await who.memory.recall(request)
     except EmbeddingModelMissing as exc:
         detail = str(exc).removeprefix("the embedding model is unavailable: ")
         raise MemoryUnavailable(

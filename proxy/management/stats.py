@@ -22,7 +22,8 @@ async def stats(request: Request, who: Caller) -> Response:
     manage = who.memory.manage
     settings = who.settings
     found = await manage.stats.user(who.user_id)
-    if (settings.keys_required or settings.admin_key or who.key is not None) and not who.admin:
+    if (settings.keys_required or settings.admin_key or who.principal.key is not None) \
+            and not who.principal.admin:
         # Where keys separate users, a key sees its own memory's figures only: the job
         # queue, the database and the vector index are everyone's (a dead letter's error
         # may quote any user's data), so their figures go to the admin.

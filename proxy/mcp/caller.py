@@ -1,11 +1,12 @@
 """Who an MCP request is for: the caller /mcp authorised (proxy/mcp/server.py), carried in
-the request's ASGI scope to the handlers, plus the client's name for provenance."""
+the request's ASGI scope to the handlers, plus the client's name for provenance: its client
+info (initialize's, or the request's _meta), else the HTTP User-Agent, since on the 2025
+protocol a stateless server never sees initialize's client info with a later call."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -13,9 +14,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CLIENT_INFO_META_KEY, INVALID_PARAMS
 from starlette.requests import Request
 
-from config import Settings
-from memory import MemoryEngine
-from proxy.access.decision import Principal
+from proxy.management.access import Caller
 
 CALLER = "memproxy.mcp.caller"  # the scope key the authorised caller rides under
 MAX_CLIENT_NAME = 100  # memory.learning.fact_model.MAX_CLIENT_CHARS
@@ -25,29 +24,15 @@ MAX_CLIENT_NAME = 100  # memory.learning.fact_model.MAX_CLIENT_CHARS
 FORWARDED_CLIENT_META_KEY = "dev.memproxy/client"
 
 
-@dataclass(frozen=True)
-class McpCaller:
-    """An authorised /mcp request: who asks, whose memory, and through which client."""
-
-    principal: Principal
-    user_id: str
-    org_id: str | None
-    session_id: str | None
-    memory: MemoryEngine
-    settings: Settings
-    # The client's name from its client info (initialize's, or the request's _meta), else
-    # the HTTP User-Agent: on the 2025 protocol a stateless server never sees initialize's
-    # client info with a later call.
-    client: str | None = None
-
-
-def caller_of(ctx: ServerRequestContext[Any]) -> McpCaller:
+def caller_of(ctx: ServerRequestContext[Any]) -> Caller:
     """The caller `McpEndpoint` authorised, with the client's name for provenance."""
     request = ctx.request
     who = request.scope.get(CALLER) if isinstance(request, Request) else None
-    if not isinstance(who, McpCaller):
+    if not isinstance(who, Caller):
         raise MCPError(INVALID_PARAMS, "no authorised caller for this request")
-    name = _named_client(ctx)
+    # The name a forwarding bridge passed on, else the client's own.
+    name = (ctx.meta or {}).get(FORWARDED_CLIENT_META_KEY)
+    name = client_name(local_client(ctx) if name is None else name)
     return who if name is None else dataclasses.replace(who, client=name)
 
 
@@ -56,12 +41,6 @@ def client_name(name: object) -> str | None:
     if not isinstance(name, str) or not name or not name.isprintable():
         return None
     return name[:MAX_CLIENT_NAME]
-
-
-def _named_client(ctx: ServerRequestContext[Any]) -> str | None:
-    """The name a forwarding bridge passed on, else the client's own."""
-    name = (ctx.meta or {}).get(FORWARDED_CLIENT_META_KEY)
-    return client_name(local_client(ctx) if name is None else name)
 
 
 def local_client(ctx: ServerRequestContext[Any]) -> str | None:

@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import mcp_types as types
@@ -32,13 +33,11 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from memory import ConsentRequired, CursorError, FactError, RequestMetrics
-from proxy.access.decision import decide, identify
-from proxy.access.identity import resolve_org, resolve_session, resolve_user
-from proxy.access.limits import limit_keys
 from proxy.http.body import read_body
-from proxy.http.errors import MemoryUnavailable, ProxyError
+from proxy.http.errors import ProxyError
 from proxy.http.logs import get_logger
-from proxy.mcp.caller import CALLER, McpCaller, caller_of, client_name
+from proxy.management.access import Caller, authorise
+from proxy.mcp.caller import CALLER, caller_of, client_name
 from proxy.mcp.resources import read_resource
 from proxy.mcp.schemas import RESOURCES, TEMPLATES, TOOLS
 from proxy.mcp.tools import HANDLERS, arguments
@@ -87,7 +86,8 @@ class McpEndpoint:
                 response = Response(status_code=405, headers={"Allow": "POST"})
                 await response(scope, receive, watch)
                 return
-            scope[CALLER] = await authorise(request, state)
+            who = await authorise(request, tools=True)
+            scope[CALLER] = replace(who, client=client_name(request.headers.get("user-agent")))
             body = await read_body(request, self.body_limit)
         except ProxyError as exc:
             await exc.to_response()(scope, receive, watch)
@@ -101,28 +101,6 @@ class McpEndpoint:
             await manager.handle_request(scope, replay(body, receive), watch)
         finally:
             state.metrics.observe(ROUTE, status or 499, time.perf_counter() - started)
-
-
-async def authorise(request: Request, state: AppState) -> McpCaller:
-    """The caller of an /mcp request, as /v1/memory authorises one: 401, 403 or 503."""
-    settings = state.settings
-    principal = await identify(request, settings, admin_allowed=True, stored=state.keys)
-    headers = request.headers
-    user_id = resolve_user(headers, {}, principal.key)
-    org_id = resolve_org(headers, principal.key)
-    decide(principal, settings, user_id=user_id, org_id=org_id, action="read")
-    if state.memory is None:
-        raise MemoryUnavailable("memory is turned off on this proxy")
-    session_id = resolve_session(headers, user_id, []) if "x-memory-session-id" in headers else None
-    if state.limits.applies(principal.key):
-        # Every message counts, not only tool calls: a resource read or a listing costs a
-        # database read as a search does (docs/security.md, "MCP messages past the rate limit").
-        await state.limits.take(principal.key, limit_keys(principal.key, request, user_id, settings),
-                                stream=False)
-    return McpCaller(
-        principal, user_id, org_id, session_id, state.memory, settings,
-        client=client_name(headers.get("user-agent")),
-    )
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -182,18 +160,16 @@ async def call_tool(
         return types.CallToolResult(
             content=[types.TextContent(text=orjson.dumps(result).decode())], structured_content=result
         )
-    except ProxyError as exc:
+    except (ProxyError, FactError, ConsentRequired, CursorError) as exc:
         outcome = type(exc).__name__
-        return _error_result(exc.message)
-    except (FactError, ConsentRequired, CursorError) as exc:
-        outcome = type(exc).__name__
-        return _error_result(str(exc))
+        # A ProxyError's str() is its message.
+        return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
     finally:
         _account(state, who, params.name, outcome, result, time.perf_counter() - started)
 
 
 def _account(
-    state: AppState, who: McpCaller, tool: str, outcome: str, result: dict[str, Any] | None,
+    state: AppState, who: Caller, tool: str, outcome: str, result: dict[str, Any] | None,
     seconds: float,
 ) -> None:
     """Count the call, log it, and keep a metrics row after the response."""
@@ -209,7 +185,3 @@ def _account(
         recall_ms=round(seconds * 1000, 3),
         error=None if outcome == "ok" else outcome,
     )))
-
-
-def _error_result(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)

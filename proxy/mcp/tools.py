@@ -1,7 +1,7 @@
 """The MCP tools' work, on the memory engine's public surface and the memory API's checks.
 
 Whose memory a call reaches is the HTTP request's (its key and X-Memory-* headers, decided
-in proxy/mcp/server.py), never an argument: a prompt can write arguments. A tool that
+when proxy/mcp/server.py authorises it as the memory API does), never an argument: a prompt can write arguments. A tool that
 changes memory asks proxy/access/decision.py's `decide` for "write" on the memory it changes, so an
 organisation's shared memory changes only for an org writer.
 
@@ -12,22 +12,22 @@ the server turns into a tool result marked as an error: nothing is stored.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from memory import (
     ClearExpired,
     ClearNotFound,
     ClearReceipt,
     Fact,
-    RecallRequest,
     organization_memory,
-    redact_profile,
 )
-from proxy.access.decision import decide
+from proxy.access.decision import Action
 from proxy.http.errors import Conflict, InvalidRequest, NotFound
+from proxy.management.access import Caller
 from proxy.management.bodies import Body, UndoRequest, parse
-from proxy.management.search import searched
-from proxy.mcp.caller import McpCaller
+from proxy.management.inputs import digits_cursor
+from proxy.management.profile import profile_state
+from proxy.management.search import DEFAULT_MODEL, searched
 from proxy.mcp.schemas import (
     ARGUMENTS,
     DeleteRequest,
@@ -38,10 +38,9 @@ from proxy.mcp.schemas import (
 )
 
 DAY = 86400.0
-SEARCH_MODEL = "gpt-4o"  # how the memory API's search counts tokens
 
 
-Tool = Callable[[McpCaller, Any], Awaitable[dict[str, Any]]]  # Any: the tool's own arguments
+Tool = Callable[[Caller, Any], Awaitable[dict[str, Any]]]  # Any: the tool's own arguments
 
 
 def arguments(name: str, given: Mapping[str, Any] | None) -> Body:
@@ -50,21 +49,15 @@ def arguments(name: str, given: Mapping[str, Any] | None) -> Body:
     return parse(ARGUMENTS[name], dict(given or {}), noun="argument")
 
 
-async def search_memory(who: McpCaller, args: SearchArguments) -> dict[str, Any]:
+async def search_memory(who: Caller, args: SearchArguments) -> dict[str, Any]:
     """What a chat would be reminded of for `query` (as POST /v1/memory/search)."""
-    query = args.query
-    scope = args.scope or who.settings.memory_scope
-    session_id = args.session_id or who.session_id
-    if scope == "session" and session_id is None:
-        raise InvalidRequest("scope session needs a session_id", param="session_id")
-    budget = who.settings.memory_budget if args.budget is None else args.budget
-    decide(who.principal, who.settings, user_id=who.user_id, org_id=who.org_id, action="read")
-    recalled = await searched(who.memory, RecallRequest(
-        who.user_id, session_id or "", [{"role": "user", "content": query}], SEARCH_MODEL,
-        budget, scope, who.org_id, rerank=who.settings.rerank != "off",
-    ))
+    who.decide(user_id=who.user_id, org_id=who.org_id, action="read")
+    scope, budget, recalled = await searched(
+        who, args.query, scope=args.scope, session_id=args.session_id or who.session_id,
+        budget=args.budget, model=DEFAULT_MODEL,
+    )
     return {
-        "query": query, "scope": scope, "budget": budget, "tokens": recalled.tokens,
+        "query": args.query, "scope": scope, "budget": budget, "tokens": recalled.tokens,
         "truncated": recalled.truncated, "block": recalled.block,
         "items": [
             {"id": item.id, "kind": item.source, "text": who.memory.redact(item.text),
@@ -75,7 +68,7 @@ async def search_memory(who: McpCaller, args: SearchArguments) -> dict[str, Any]
     }
 
 
-async def add_memory(who: McpCaller, args: NewMemory) -> dict[str, Any]:
+async def add_memory(who: Caller, args: NewMemory) -> dict[str, Any]:
     """One fact, kept as learned facts are (redacted, merged into a duplicate, superseding
     the same subject's old value, its category's lifetime or `ttl_days`, pinned on
     request), with its provenance: source 'mcp' and the client's name."""
@@ -89,11 +82,9 @@ async def add_memory(who: McpCaller, args: NewMemory) -> dict[str, Any]:
     return fact_json(fact, shared)
 
 
-async def list_memories(who: McpCaller, args: ListRequest) -> dict[str, Any]:
+async def list_memories(who: Caller, args: ListRequest) -> dict[str, Any]:
     """A page of facts or summaries, newest first."""
-    category, limit, cursor = args.category, args.limit, args.cursor
-    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
-        raise InvalidRequest("invalid cursor", param="cursor")
+    category, limit, cursor = args.category, args.limit, digits_cursor(args.cursor)
     owner, shared = _target(who, args.shared, "read")
     if args.kind == "fact":
         facts, after = await who.memory.facts.list(
@@ -118,7 +109,7 @@ async def list_memories(who: McpCaller, args: ListRequest) -> dict[str, Any]:
     }
 
 
-async def delete_memory(who: McpCaller, args: DeleteRequest) -> dict[str, Any]:
+async def delete_memory(who: Caller, args: DeleteRequest) -> dict[str, Any]:
     """One fact (its whole history) or summary by id; the org's fact for an org writer.
     Kept for the memory API's undo window: `undo_delete` with the token brings it back."""
     raw = args.id
@@ -127,21 +118,20 @@ async def delete_memory(who: McpCaller, args: DeleteRequest) -> dict[str, Any]:
         raise InvalidRequest("id must look like f12 (a fact) or s3 (a summary)", param="id")
     item_id = int(digits)
     clears = who.memory.manage.clears
-    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="write")
+    who.decide(user_id=who.user_id, org_id=None, action="write")
     if kind == "summary":
-        receipt = await clears.remove_summary(who.user_id, item_id)
-        return _deleted(raw, receipt, shared=False)
+        return _deleted(raw, await clears.remove_summary(who.user_id, item_id), shared=False)
     if await who.memory.facts.get(who.user_id, item_id) is not None:
         return _deleted(raw, await clears.remove_fact(who.user_id, item_id), shared=False)
     if who.org_id is not None:
         shared_owner = organization_memory(who.org_id)
         if await who.memory.facts.get(shared_owner, item_id) is not None:
-            decide(who.principal, who.settings, user_id=None, org_id=who.org_id, action="write")
+            who.decide(user_id=None, org_id=who.org_id, action="write")
             return _deleted(raw, await clears.remove_fact(shared_owner, item_id), shared=True)
     raise NotFound(f"no memory {raw}", param="id")
 
 
-async def undo_delete(who: McpCaller, args: UndoRequest) -> dict[str, Any]:
+async def undo_delete(who: Caller, args: UndoRequest) -> dict[str, Any]:
     """Bring back what delete_memory removed, inside the undo window: the caller's own
     memory, or its organisation's for an org writer."""
     token = args.undo_token
@@ -150,8 +140,8 @@ async def undo_delete(who: McpCaller, args: UndoRequest) -> dict[str, Any]:
     shared = who.org_id is not None and owner == organization_memory(who.org_id)
     if owner is None or (owner != who.user_id and not shared):
         raise NotFound("no deletion with this undo token", param="undo_token")
-    decide(who.principal, who.settings, user_id=None if shared else who.user_id,
-           org_id=who.org_id if shared else None, action="write")
+    who.decide(user_id=None if shared else who.user_id, org_id=who.org_id if shared else None,
+               action="write")
     try:
         report = await clears.undo(owner, token)
     except ClearNotFound:
@@ -170,19 +160,15 @@ def _deleted(raw: str, receipt: ClearReceipt | None, *, shared: bool) -> dict[st
     }
 
 
-async def read_profile(who: McpCaller, args: NoArguments) -> dict[str, Any]:
+async def read_profile(who: Caller, args: NoArguments) -> dict[str, Any]:
     """Consent and the profile (as GET /v1/memory/profile)."""
-    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
-    profiles = who.memory.profiles
-    profile = await profiles.get(who.user_id)
-    body = None if profile is None else redact_profile(
-        {k: v for k, v in profile.as_dict().items() if k != "user_id"}, who.memory.redact)
-    return {"consent": await profiles.consent(who.user_id), "profile": body}
+    who.decide(user_id=who.user_id, org_id=None, action="read")
+    return await profile_state(who)
 
 
-async def session_summary(who: McpCaller, session_id: str) -> str | None:
+async def session_summary(who: Caller, session_id: str) -> str | None:
     """The current summary of one of the caller's sessions."""
-    decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action="read")
+    who.decide(user_id=who.user_id, org_id=None, action="read")
     summary = await who.memory.summaries.latest(who.user_id, session_id)
     return None if summary is None else who.memory.redact(summary.text)
 
@@ -198,17 +184,17 @@ def fact_json(fact: Fact, shared: bool, redact: Callable[[str], str] = str) -> d
     }
 
 
-def _target(who: McpCaller, shared: bool, action: Literal["read", "write"]) -> tuple[str, bool]:
+def _target(who: Caller, shared: bool, action: Action) -> tuple[str, bool]:
     """The memory a call reads or changes: the caller's, or (`shared`) its organisation's,
     once `decide` allows it."""
     if not shared:
-        decide(who.principal, who.settings, user_id=who.user_id, org_id=None, action=action)
+        who.decide(user_id=who.user_id, org_id=None, action=action)
         return who.user_id, False
     if who.org_id is None:
         raise InvalidRequest(
             "shared memory needs an organisation: an org key or X-Memory-Org-Id", param="shared"
         )
-    decide(who.principal, who.settings, user_id=None, org_id=who.org_id, action=action)
+    who.decide(user_id=None, org_id=who.org_id, action=action)
     return organization_memory(who.org_id), True
 
 

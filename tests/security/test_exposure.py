@@ -194,6 +194,23 @@ def test_a_metrics_key_reads_metrics(start_proxy: Callable[..., RunningProxy]) -
         assert_error(http.post("/v1/chat/completions", json=CHAT, headers=good), 401)
 
 
+def test_metrics_takes_either_operator_secret_and_no_other(
+    start_proxy: Callable[..., RunningProxy],
+) -> None:
+    # Each configured secret is compared (the metrics key and the admin key); a near miss of
+    # either, or a proxy key, is a wrong key.
+    proxy = start_proxy(api_keys="edge-key-0005", metrics_key="metrics-key-0001",
+                        admin_key="admin-key-000001")
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        for secret in ("metrics-key-0001", "admin-key-000001"):
+            ok = http.get("/metrics", headers={**REMOTE, "authorization": f"Bearer {secret}"})
+            assert ok.status_code == 200
+        for wrong in ("metrics-key-0002", "admin-key-000001x", "edge-key-0005"):
+            refused = http.get("/metrics", headers={**REMOTE, "authorization": f"Bearer {wrong}"})
+            assert_error(refused, 401)
+            assert refused.json()["error"]["message"] == "incorrect API key provided"
+
+
 def test_without_any_key_metrics_stay_open(start_proxy: Callable[..., RunningProxy]) -> None:
     proxy = start_proxy()
     assert httpx.get(f"{proxy.url}/metrics", headers=REMOTE, timeout=30).status_code == 200
