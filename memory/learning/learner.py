@@ -161,11 +161,10 @@ class Learner:
             if named is not None and named.active:
                 neighbours.append(Neighbour(named.id, named.text, named.category, 0.0))
         decision = decide(text, category, previous, neighbours, self.settings.fact_merge_similarity)
-        turn_ids = list(source_turn_ids)
         if decision.action == "merge" and decision.target is not None:
             fact = await self.facts.merge(
                 user_id, decision.target, confidence_step=MERGE_CONFIDENCE_STEP,
-                source_turn_ids=turn_ids, expires_at=expires_at,
+                source_turn_ids=source_turn_ids, expires_at=expires_at,
             )
             # Its vector is unchanged; a pin asked for now holds for the merged fact.
             return await self.facts.set_pinned(user_id, fact.id, True) if pinned else fact
@@ -173,7 +172,7 @@ class Learner:
             fact = await self.facts.supersede(
                 user_id, decision.target, text=text, category=category,
                 confidence=confidence, importance=importance, expires_at=expires_at,
-                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                source=source, source_session=source_session, source_turn_ids=source_turn_ids,
                 restart=True, client=client,
             )
             await self.vectors.delete(ids=[f"f{decision.target}"])
@@ -182,7 +181,7 @@ class Learner:
         else:
             fact = await self.facts.add(
                 user_id, text, category, confidence=confidence, importance=importance,
-                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                source=source, source_session=source_session, source_turn_ids=source_turn_ids,
                 expires_at=expires_at, pinned=pinned, client=client,
             )
         # Now, not only by the queued sync job: the next item of this answer must see it.
