@@ -229,14 +229,12 @@ class JobWorker:
             with _span(jobs):
                 await self.batch_handlers[jobs[0].kind]([_payload(job) for job in jobs])
         except Exception as exc:  # which job caused it is unknown: each is retried alone
-            if is_outage(exc):  # none of them did: the batch is retried as it was
-                for job in jobs:
-                    await self._failed(job, exc)
-                return
-            log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone", len(jobs),
-                        jobs[0].kind, type(exc).__name__, str(exc)[:200])
+            outage = is_outage(exc)  # none of them did: the batch is retried as it was
+            if not outage:
+                log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone",
+                            len(jobs), jobs[0].kind, type(exc).__name__, str(exc)[:200])
             for job in jobs:
-                if job.attempts >= job.max_attempts:
+                if job.attempts >= job.max_attempts and not outage:
                     await self._run(job)  # its last attempt: it gets one of its own
                 else:
                     await self._failed(job, exc)
@@ -266,7 +264,7 @@ class JobWorker:
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
         except asyncio.CancelledError as exc:
-            if _being_cancelled():
+            if (task := asyncio.current_task()) is not None and task.cancelling() > 0:
                 raise  # stop() is cancelling us and will requeue the job
             # Nobody cancelled this task: a cancelled future inside the handler leaked out.
             await self._failed(job, exc)
@@ -338,8 +336,3 @@ def _payload(job: Job) -> dict[str, Any]:
     if tracing.QUEUED_BY not in job.payload:
         return job.payload
     return {key: value for key, value in job.payload.items() if key != tracing.QUEUED_BY}
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
