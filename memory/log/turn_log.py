@@ -116,8 +116,8 @@ class TurnLog:
             start, ids = _stored_path(known, hashes, after)
             # A sliding window's first turn is the stored one it starts at, not a step after it.
             window = int(start != after)
-            parent_id, position = await _path_start(tx, user_id, session_id, start)
-            parent_id, position = ids[-1] if ids else parent_id, position + len(ids) - window
+            at = -1 if start is None else await turns.position_of(tx, user_id, session_id, start)
+            parent_id, position = ids[-1] if ids else start, at + 1 + len(ids) - window
             # Past the stored ones, every turn is new: its parent was just inserted.
             new_ids: list[int] = []
             for turn, digest in zip(new[len(ids) :], hashes[len(ids) :], strict=True):
@@ -198,14 +198,6 @@ class TurnLog:
     async def neighbour_chunks(self, ids: Sequence[int]) -> list[tuple[int, int]]:
         """(chunk id, neighbour id) pairs: the chunks just before and after each one."""
         return await turns.neighbour_chunks(self.db, ids)
-
-
-async def _path_start(
-    tx: Transaction, user_id: str, session_id: str, after: int | None
-) -> tuple[int | None, int]:
-    if after is None:
-        return None, 0
-    return after, await turns.position_of(tx, user_id, session_id, after) + 1
 
 
 def _stored_path(
