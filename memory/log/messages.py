@@ -14,24 +14,29 @@ def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "\n".join(
-            text for part in content
-            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text")
-            and isinstance(text := part.get("text"), str)
-        )
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text"):
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+        return "\n".join(texts)
     return ""
 
 
 def tool_calls_text(message: Mapping[str, Any]) -> str:
     """An assistant message's tool calls rendered as text lines."""
+    lines = []
     calls = message.get("tool_calls")
     # Only a list holds calls; clients send anything here and memproxy forwards it unchecked.
-    calls = calls if isinstance(calls, list) else []
-    functions = [call.get("function") or {} for call in calls if isinstance(call, Mapping)]
-    return "\n".join(
-        f"[tool call] {function.get('name', '')}({function.get('arguments', '')})"
-        for function in functions if isinstance(function, Mapping)
-    )
+    for call in calls if isinstance(calls, list) else ():
+        if isinstance(call, Mapping):
+            function = call.get("function") or {}
+            if isinstance(function, Mapping):
+                lines.append(
+                    f"[tool call] {function.get('name', '')}({function.get('arguments', '')})"
+                )
+    return "\n".join(lines)
 
 
 def turn_text(message: Mapping[str, Any]) -> str:
@@ -41,8 +46,10 @@ def turn_text(message: Mapping[str, Any]) -> str:
 
 def last_user_index(messages: Sequence[Mapping[str, Any]]) -> int | None:
     """Index of the last user message, if any."""
-    users = (i for i in reversed(range(len(messages))) if messages[i].get("role") == "user")
-    return next(users, None)
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    return None
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
