@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from config import Settings
 from memory.index.vectors import VectorIndex
@@ -20,18 +21,15 @@ DONE_JOB_RETENTION = 7 * 86400.0
 log = logging.getLogger("memproxy.memory")
 
 
+@dataclass(eq=False)
 class Maintenance:
     """Pruning and the copies' saving, run now (`prune`) or every hour (`run`)."""
 
-    def __init__(
-        self, settings: Settings, db: Database, queue: JobQueue, facts: FactStore,
-        vectors: VectorIndex,
-    ) -> None:
-        self.settings = settings
-        self.db = db
-        self.queue = queue
-        self.facts = facts
-        self.vectors = vectors
+    settings: Settings
+    db: Database
+    queue: JobQueue
+    facts: FactStore
+    vectors: VectorIndex
 
     async def prune(self, now: float | None = None) -> dict[str, int]:
         """Drop metrics rows past retention, finished jobs older than a week, long-expired

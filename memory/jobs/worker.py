@@ -22,11 +22,13 @@ dead) waits for the database the same way instead of giving up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeVar
 
 from memory import tracing
@@ -52,47 +54,39 @@ _MIN_OUTAGE_WAIT = 0.1
 _T = TypeVar("_T")
 
 
+@dataclass(eq=False)
 class JobWorker:
     """Claims jobs from a JobQueue and runs the handler registered for each kind."""
 
-    def __init__(
-        self,
-        store: JobQueue,
-        handlers: Mapping[str, Handler],
-        *,
-        batch_handlers: Mapping[str, BatchHandler] | None = None,
-        batch_size: int = 1,
-        concurrency: int = 2,
-        poll_interval: float = 1.0,
-        backoff_base: float = 1.0,
-        backoff_max: float = 300.0,
-        outage_backoff_max: float = 15.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        if concurrency < 1:
+    store: JobQueue
+    handlers: Mapping[str, Handler]
+    _: KW_ONLY
+    batch_handlers: Mapping[str, BatchHandler] = field(default_factory=dict)
+    batch_size: int = 1
+    concurrency: int = 2
+    poll_interval: float = 1.0
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    outage_backoff_max: float = 15.0
+    clock: Callable[[], float] = time.time
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _loop_task: asyncio.Task[None] | None = field(default=None, init=False)
+    _running: dict[asyncio.Task[None], list[Job]] = field(default_factory=dict, init=False)
+    _stopping: bool = field(default=False, init=False)
+    _stopped: asyncio.Task[None] | None = field(default=None, init=False)
+    _renewed: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self._store = store
-        self._handlers = dict(handlers)
-        self._batch_handlers = dict(batch_handlers or {})
-        self._batch_size = max(1, batch_size)
-        self._concurrency = concurrency
-        self._poll_interval = poll_interval
-        self._backoff_base = backoff_base
-        self._backoff_max = backoff_max
-        self._outage_backoff_max = outage_backoff_max
-        self._clock = clock
-        self._wake = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._running: dict[asyncio.Task[None], list[Job]] = {}
-        self._stopping = False
-        self._stopped: asyncio.Task[None] | None = None
-        self._renewed = 0.0
+        self.batch_size = max(1, self.batch_size)
+        self.handlers, self.batch_handlers = dict(self.handlers), dict(self.batch_handlers)
 
     async def start(self) -> None:
         """Requeue jobs a crash left running, then start claiming."""
         if self._loop_task is not None:
             raise RuntimeError("the job worker is already started")
-        requeued = await self._store.requeue_running()
+        requeued = await self.store.requeue_running()
         if requeued:
             log.info("requeued %d job(s) left running by a previous process", requeued)
         self._loop_task = asyncio.create_task(self._loop(), name="job-worker")
@@ -127,9 +121,9 @@ class JobWorker:
             for job in in_flight[task]:
                 # Guarded in the store: a job the handler settled anyway stays settled.
                 try:
-                    await self._store.retry_later(
+                    await self.store.retry_later(
                         job, "interrupted: the worker stopped during this attempt",
-                        run_after=self._clock(),
+                        run_after=self.clock(),
                     )
                 except Exception as exc:
                     if not is_outage(exc):
@@ -143,24 +137,24 @@ class JobWorker:
         """Return once no job runs and none is due within `timeout`; else raise TimeoutError."""
         if self._loop_task is None:
             raise RuntimeError("start() the job worker first")
-        deadline = self._clock() + timeout
+        deadline = self.clock() + timeout
         async with asyncio.timeout(timeout):
             # Ask the database, not self._running: a job's status changes atomically, while
             # a just-claimed job is briefly in neither the queue nor self._running.
-            while await self._store.pending_jobs(due_before=deadline):
+            while await self.store.pending_jobs(due_before=deadline):
                 self.notify()
                 await asyncio.sleep(_IDLE_CHECK_INTERVAL)
 
     def backoff(self, attempts: int) -> float:
         """Seconds to wait after failed attempt number `attempts`: doubling, jittered, capped."""
         # Jitter spreads retries of jobs that failed together (e.g. an upstream outage).
-        delay = self._backoff_base * 2.0 ** min(attempts - 1, 60) * random.uniform(1.0, 1.1)
-        return min(self._backoff_max, delay)
+        delay = self.backoff_base * 2.0 ** min(attempts - 1, 60) * random.uniform(1.0, 1.1)
+        return min(self.backoff_max, delay)
 
     def outage_backoff(self, attempts: int) -> float:
         """Seconds to wait after failure number `attempts` on an outage: the backoff, capped
         at `outage_backoff_max`, and never below a tenth of a second (no busy loop)."""
-        return max(_MIN_OUTAGE_WAIT, min(self.backoff(attempts), self._outage_backoff_max))
+        return max(_MIN_OUTAGE_WAIT, min(self.backoff(attempts), self.outage_backoff_max))
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -174,16 +168,16 @@ class JobWorker:
                                 " a poll interval: %s", exc)
                 else:
                     log.exception("job worker: claiming jobs failed; retrying after a poll interval")
-                delay = self._poll_interval
+                delay = self.poll_interval
             if delay > 0:
                 await self._sleep(delay)
 
     async def _claim_ready(self) -> float:
         """Start ready jobs in the free slots; return how long to sleep before looking again."""
-        free = self._concurrency - len(self._running)
+        free = self.concurrency - len(self._running)
         if free <= 0:
-            return self._poll_interval  # a finishing job wakes the loop
-        jobs = await self._store.claim(None, free, self._clock())
+            return self.poll_interval  # a finishing job wakes the loop
+        jobs = await self.store.claim(None, free, self.clock())
         for group in await self._grouped(jobs):
             first = group[0]
             run = self._run(first) if len(group) == 1 else self._run_batch(group)
@@ -192,17 +186,17 @@ class JobWorker:
             task.add_done_callback(self._finished)
         if len(jobs) == free:
             return 0.0  # there may be more ready jobs than there were slots
-        due = await self._store.next_job_due()
+        due = await self.store.next_job_due()
         if due is None:
-            return self._poll_interval
-        return min(self._poll_interval, max(0.0, due - self._clock()))
+            return self.poll_interval
+        return min(self.poll_interval, max(0.0, due - self.clock()))
 
     async def _renew_leases(self) -> None:
         """Keep the leases of the running jobs, so no other replica takes them over."""
-        now = self._clock()
+        now = self.clock()
         # Every third of a lease: a lease survives two failed renewals.
-        if self._running and now - self._renewed >= self._store.lease_seconds / 3:
-            await self._store.renew([job for group in self._running.values() for job in group], now)
+        if self._running and now - self._renewed >= self.store.lease_seconds / 3:
+            await self.store.renew([job for group in self._running.values() for job in group], now)
             self._renewed = now
 
     async def _grouped(self, jobs: list[Job]) -> list[list[Job]]:
@@ -213,11 +207,11 @@ class JobWorker:
 
         def place(job: Job) -> None:
             # A retried job runs alone: it (or one batched with it) failed before.
-            if job.kind not in self._batch_handlers or job.attempts > 1:
+            if job.kind not in self.batch_handlers or job.attempts > 1:
                 groups.append([job])
                 return
             batch = batches.get(job.kind)
-            if batch is None or len(batch) >= self._batch_size:
+            if batch is None or len(batch) >= self.batch_size:
                 batch = batches[job.kind] = []
                 groups.append(batch)
             batch.append(job)
@@ -225,24 +219,22 @@ class JobWorker:
         for job in jobs:
             place(job)
         for kind, batch in list(batches.items()):
-            if len(batch) < self._batch_size:
-                for job in await self._store.claim([kind], self._batch_size - len(batch), self._clock()):
+            if len(batch) < self.batch_size:
+                for job in await self.store.claim([kind], self.batch_size - len(batch), self.clock()):
                     place(job)
         return groups
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         try:
             with _span(jobs):
-                await self._batch_handlers[jobs[0].kind]([_payload(job) for job in jobs])
+                await self.batch_handlers[jobs[0].kind]([_payload(job) for job in jobs])
         except Exception as exc:  # which job caused it is unknown: each is retried alone
-            if is_outage(exc):  # none of them did: the batch is retried as it was
-                for job in jobs:
-                    await self._failed(job, exc)
-                return
-            log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone", len(jobs),
-                        jobs[0].kind, type(exc).__name__, str(exc)[:200])
+            outage = is_outage(exc)  # none of them did: the batch is retried as it was
+            if not outage:
+                log.warning("a batch of %d %s jobs failed (%s: %s); each will run alone",
+                            len(jobs), jobs[0].kind, type(exc).__name__, str(exc)[:200])
             for job in jobs:
-                if job.attempts >= job.max_attempts:
+                if job.attempts >= job.max_attempts and not outage:
                     await self._run(job)  # its last attempt: it gets one of its own
                 else:
                     await self._failed(job, exc)
@@ -251,18 +243,16 @@ class JobWorker:
             await self._complete(job)
 
     async def _sleep(self, delay: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await self._wake.wait()
-        except TimeoutError:
-            pass
 
     async def _run(self, job: Job) -> None:
-        handler = self._handlers.get(job.kind)
+        handler = self.handlers.get(job.kind)
         if handler is None:
             log.error("job %d has kind %r, which has no handler; burying it", job.id, job.kind)
             error = f"no handler is registered for job kind {job.kind!r}"
-            await self._settle(job, lambda: self._store.bury(job, error))
+            await self._settle(job, lambda: self.store.bury(job, error))
             return
         try:
             with _span([job]):
@@ -270,11 +260,11 @@ class JobWorker:
         except JobFailed as exc:
             log.error("job %d (%s) failed for good: %s", job.id, job.kind, str(exc)[:200])
             error = str(exc)[:_MAX_FAILED_CHARS]
-            await self._settle(job, lambda: self._store.bury(job, error))
+            await self._settle(job, lambda: self.store.bury(job, error))
         except Exception as exc:  # a handler's failure belongs to its job: retry or bury
             await self._failed(job, exc)
         except asyncio.CancelledError as exc:
-            if _being_cancelled():
+            if (task := asyncio.current_task()) is not None and task.cancelling() > 0:
                 raise  # stop() is cancelling us and will requeue the job
             # Nobody cancelled this task: a cancelled future inside the handler leaked out.
             await self._failed(job, exc)
@@ -282,7 +272,7 @@ class JobWorker:
             await self._complete(job)
 
     async def _complete(self, job: Job) -> None:
-        if not await self._settle(job, lambda: self._store.complete(job)):
+        if not await self._settle(job, lambda: self.store.complete(job)):
             log.warning("job %d (%s) finished after losing its lease: its new claim settles it",
                         job.id, job.kind)
 
@@ -292,18 +282,18 @@ class JobWorker:
             delay = self.outage_backoff(job.attempts)
             log.warning("job %d (%s) met an outage, retrying in %.1fs (attempt not counted): %s",
                         job.id, job.kind, delay, error)
-            await self._settle(job, lambda: self._store.retry_later(
-                job, error, run_after=self._clock() + delay, counted=False))
+            await self._settle(job, lambda: self.store.retry_later(
+                job, error, run_after=self.clock() + delay, counted=False))
             return
         what = f"job {job.id} ({job.kind}) failed attempt {job.attempts} of {job.max_attempts}"
         if job.attempts >= job.max_attempts:
             log.error("%s and is dead: %s", what, error, exc_info=exc)
-            await self._settle(job, lambda: self._store.bury(job, error))
+            await self._settle(job, lambda: self.store.bury(job, error))
             return
         delay = self.backoff(job.attempts)
         log.warning("%s, retrying in %.1fs: %s", what, delay, error)
-        await self._settle(job, lambda: self._store.retry_later(
-            job, error, run_after=self._clock() + delay))
+        await self._settle(job, lambda: self.store.retry_later(
+            job, error, run_after=self.clock() + delay))
 
     async def _settle(self, job: Job, settle: Callable[[], Awaitable[_T]]) -> _T:
         """Record a job's outcome; while the database is unreachable, wait for it (capped
@@ -346,8 +336,3 @@ def _payload(job: Job) -> dict[str, Any]:
     if tracing.QUEUED_BY not in job.payload:
         return job.payload
     return {key: value for key, value in job.payload.items() if key != tracing.QUEUED_BY}
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

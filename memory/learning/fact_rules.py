@@ -88,9 +88,8 @@ def decide(
 def same_subject_new_value(old: str, new: str) -> bool:
     """Rule 2: a shared leading run ending in a single-valued predicate, different values."""
     a, b = words(old), words(new)
-    shared = 0
-    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
-        shared += 1
+    pairs = enumerate(zip(a, b, strict=False))  # stops at the shorter one
+    shared = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
     if shared < MIN_SHARED_WORDS or shared == len(a) or shared == len(b):
         return False  # too little in common, or one is the other plus detail
     head = tuple(a[:shared])

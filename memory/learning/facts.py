@@ -39,7 +39,7 @@ from memory.learning.fact_model import (
 )
 from memory.redact import keep
 from memory.storage import facts
-from memory.storage.database import Database, Transaction
+from memory.storage.database import Connection, Database, Transaction
 from memory.storage.facts import Fact, NewFact
 from memory.storage.fts import search_terms
 
@@ -190,10 +190,9 @@ class FactStore:
         text = self.redact(text)
         now = time.time()
         async with self.db.write() as tx:
-            old = await facts.get(tx, user_id, fact_id)
+            old = await self._must_get(user_id, fact_id, tx)
+            # Never None: the row was just read in this transaction, and chain_id is NOT NULL.
             chain_id = await facts.chain_of(tx, user_id, fact_id)
-            if old is None or chain_id is None:
-                raise FactNotFound(f"no fact {fact_id}", "fact_id")
             if old.valid_to is not None:
                 raise FactError(
                     f"fact {fact_id} is an old version (superseded by {old.superseded_by});"
@@ -221,9 +220,7 @@ class FactStore:
         """Count one more mention: confidence rises by `confidence_step` (capped at 1)."""
         now = time.time()
         async with self.db.write() as tx:
-            old = await facts.get(tx, user_id, fact_id)
-            if old is None:
-                raise FactNotFound(f"no fact {fact_id}", "fact_id")
+            old = await self._must_get(user_id, fact_id, tx)
             turns = sorted({*old.source_turn_ids, *source_turn_ids})
             expiry = old.expires_at if expires_at is None or old.expires_at is None else max(
                 float(old.expires_at), expires_at
@@ -246,9 +243,7 @@ class FactStore:
         """Pin (never evicted, never expires) or unpin the current version of a fact."""
         now = time.time()
         async with self.db.write() as tx:
-            old = await facts.get(tx, user_id, fact_id)
-            if old is None:
-                raise FactNotFound(f"no fact {fact_id}", "fact_id")
+            old = await self._must_get(user_id, fact_id, tx)
             if old.valid_to is not None:
                 raise FactError(f"fact {fact_id} is an old version; pin the current one", "fact_id")
             if pinned and not old.pinned:
@@ -277,8 +272,8 @@ class FactStore:
                 f"at most {self.max_pinned} facts can be pinned; unpin one first", "pinned"
             )
 
-    async def _must_get(self, user_id: str, fact_id: int) -> Fact:
-        fact = await self.get(user_id, fact_id)
+    async def _must_get(self, user_id: str, fact_id: int, conn: Connection | None = None) -> Fact:
+        fact = await facts.get(self.db if conn is None else conn, user_id, fact_id)
         if fact is None:
             raise FactNotFound(f"no fact {fact_id}", "fact_id")
         return fact

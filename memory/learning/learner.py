@@ -32,7 +32,6 @@ from memory.learning.fact_rules import MERGE_CONFIDENCE_STEP, Neighbour, decide,
 from memory.learning.facts import Fact, FactStore
 from memory.learning.lifecycle import evict_down_to, facts_lock
 from memory.learning.llm_output import (
-    ExtractedFact,
     MalformedOutput,
     parse_json,
     validate_facts,
@@ -134,19 +133,14 @@ class Learner:
                     log.info("dropped a fact not grounded in the user's words (job for %s)",
                              session_id)
                     continue
-                await self._apply(user_id, session_id, item, [t.id for t in cited])
+                expires = item.expires or self.facts.default_expiry(item.category, time.time())
+                await self.remember(
+                    user_id, item.fact, item.category, confidence=item.confidence,
+                    importance=item.importance, source="extracted", source_session=session_id,
+                    source_turn_ids=[t.id for t in cited], updates_previous=item.updates_previous,
+                    expires_at=expires,
+                )
             await evict_down_to(self.facts, user_id, self.settings.fact_cap)
-
-    async def _apply(
-        self, user_id: str, session_id: str, item: ExtractedFact, turn_ids: list[int]
-    ) -> Fact:
-        now = time.time()
-        return await self.remember(
-            user_id, item.fact, item.category, confidence=item.confidence,
-            importance=item.importance, source="extracted", source_session=session_id,
-            source_turn_ids=turn_ids, updates_previous=item.updates_previous,
-            expires_at=item.expires or self.facts.default_expiry(item.category, now),
-        )
 
     async def remember(
         self, user_id: str, text: str, category: str, *, confidence: float, importance: int,
@@ -167,11 +161,10 @@ class Learner:
             if named is not None and named.active:
                 neighbours.append(Neighbour(named.id, named.text, named.category, 0.0))
         decision = decide(text, category, previous, neighbours, self.settings.fact_merge_similarity)
-        turn_ids = list(source_turn_ids)
         if decision.action == "merge" and decision.target is not None:
             fact = await self.facts.merge(
                 user_id, decision.target, confidence_step=MERGE_CONFIDENCE_STEP,
-                source_turn_ids=turn_ids, expires_at=expires_at,
+                source_turn_ids=source_turn_ids, expires_at=expires_at,
             )
             # Its vector is unchanged; a pin asked for now holds for the merged fact.
             return await self.facts.set_pinned(user_id, fact.id, True) if pinned else fact
@@ -179,7 +172,7 @@ class Learner:
             fact = await self.facts.supersede(
                 user_id, decision.target, text=text, category=category,
                 confidence=confidence, importance=importance, expires_at=expires_at,
-                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                source=source, source_session=source_session, source_turn_ids=source_turn_ids,
                 restart=True, client=client,
             )
             await self.vectors.delete(ids=[f"f{decision.target}"])
@@ -188,7 +181,7 @@ class Learner:
         else:
             fact = await self.facts.add(
                 user_id, text, category, confidence=confidence, importance=importance,
-                source=source, source_session=source_session, source_turn_ids=turn_ids,
+                source=source, source_session=source_session, source_turn_ids=source_turn_ids,
                 expires_at=expires_at, pinned=pinned, client=client,
             )
         # Now, not only by the queued sync job: the next item of this answer must see it.
@@ -207,31 +200,27 @@ class Learner:
     async def summarize(self, payload: dict[str, Any]) -> None:
         """The summarize job: fold the session's new turns into its rolling summary."""
         user_id, session_id = str(payload["user_id"]), str(payload["session_id"])
+        turn_id = int(payload["turn_id"])
         # The model call too: a job that read the previous summary must store its successor
         # before another job reads it (the worker runs two jobs at once, and replicas more).
         async with summary_lock(self.summaries.db, user_id, session_id):
-            await self._summarize(user_id, session_id, int(payload["turn_id"]), payload)
-
-    async def _summarize(
-        self, user_id: str, session_id: str, turn_id: int, payload: dict[str, Any]
-    ) -> None:
-        previous = await self.summaries.latest(user_id, session_id)
-        if previous is not None and previous.last_turn_id >= turn_id:
-            return  # already covered (a retried or late job)
-        turns = await self.log.path(user_id, turn_id, MAX_SUMMARY_TURNS)
-        if previous is not None:
-            turns = [t for t in turns if t.id > previous.last_turn_id]
-        if not turns:
-            return
-        cap = self.settings.summary_max_tokens
-        messages = summary_messages(turns, previous.text if previous else None, int(cap * 0.7))
-        draft = await self._ask(payload, messages, user_id, validate_summary)
-        text, tokens = _cap_tokens(draft.text, cap)
-        covered = {*(previous.source_turn_ids if previous else ()), *(t.id for t in turns)}
-        await self.summaries.put(
-            user_id, session_id, text, draft.data, source_turn_ids=sorted(covered),
-            last_turn_id=turn_id, user_turns=int(payload.get("user_turns", 0)), tokens=tokens,
-        )
+            previous = await self.summaries.latest(user_id, session_id)
+            if previous is not None and previous.last_turn_id >= turn_id:
+                return  # already covered (a retried or late job)
+            turns = await self.log.path(user_id, turn_id, MAX_SUMMARY_TURNS)
+            if previous is not None:
+                turns = [t for t in turns if t.id > previous.last_turn_id]
+            if not turns:
+                return
+            cap = self.settings.summary_max_tokens
+            messages = summary_messages(turns, previous.text if previous else None, int(cap * 0.7))
+            draft = await self._ask(payload, messages, user_id, validate_summary)
+            text, tokens = _cap_tokens(draft.text, cap)
+            covered = {*(previous.source_turn_ids if previous else ()), *(t.id for t in turns)}
+            await self.summaries.put(
+                user_id, session_id, text, draft.data, source_turn_ids=sorted(covered),
+                last_turn_id=turn_id, user_turns=int(payload.get("user_turns", 0)), tokens=tokens,
+            )
 
     # -- shared
 

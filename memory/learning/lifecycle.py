@@ -47,20 +47,17 @@ async def evict_down_to(facts: FactStore, user_id: str, keep: int, now: float | 
     excess = len(active) - keep
     if excess <= 0:
         return 0
-    candidates = [f for f in active if not f.pinned]
-    candidates.sort(key=lambda f: (f.source == "extracted", eviction_score(f, now)), reverse=True)
-    evicted = 0
-    for fact in candidates[:excess]:
-        evicted += await facts.delete(user_id, fact.id)
-    return evicted
+    candidates = sorted(
+        (f for f in active if not f.pinned),
+        key=lambda f: (f.source == "extracted", eviction_score(f, now)), reverse=True,
+    )
+    return sum([await facts.delete(user_id, fact.id) for fact in candidates[:excess]])
 
 
 async def purge_expired(facts: FactStore, older_than: float) -> int:
     """Delete facts (whole chains) that expired before `older_than`; return how many."""
-    deleted = 0
-    for user_id, fact_id in await fact_rows.expired_before(facts.db, older_than):
-        deleted += await facts.delete(user_id, fact_id)
-    return deleted
+    expired = await fact_rows.expired_before(facts.db, older_than)
+    return sum([await facts.delete(user_id, fact_id) for user_id, fact_id in expired])
 
 
 async def prune_all(facts: FactStore, keep: int, now: float | None = None) -> int:

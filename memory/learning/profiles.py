@@ -119,6 +119,4 @@ class ProfileStore:
 
 
 def _value(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ", ".join(map(str, value))
-    return str(value)
+    return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)

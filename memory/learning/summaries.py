@@ -75,9 +75,8 @@ class SummaryStore:
         """Store the session's new current summary; the previous one becomes history."""
         if not text.strip():
             raise FactError("a summary needs text", "text")
-        redact = self.redact
-        text = redact(text)
-        clean = {key: [redact(str(v)) for v in data.get(key, ())] for key in SUMMARY_KEYS}
+        text = self.redact(text)
+        clean = {key: [self.redact(str(v)) for v in data.get(key, ())] for key in SUMMARY_KEYS}
         async with self.db.write() as tx:
             new_id = await summaries.insert(tx, NewSummary(
                 user_id, session_id, text.strip(), clean, source_turn_ids=source_turn_ids,

@@ -128,14 +128,11 @@ class Spooling:
 
     async def session_turns(self, user_id: str, session_id: str) -> list[NewTurn]:
         """The turns of a session still in the spool, oldest first (each once)."""
-        seen: set[tuple[str, str]] = set()
-        found: list[NewTurn] = []
+        found: dict[tuple[str, str], NewTurn] = {}
         for entry in await self.file.of_session(user_id, session_id):
             for turn in _turns(entry):
-                if (turn.role, turn.content) not in seen:
-                    seen.add((turn.role, turn.content))
-                    found.append(turn)
-        return found
+                found.setdefault((turn.role, turn.content), turn)
+        return list(found.values())
 
     async def drained(self, timeout: float) -> None:
         """Wait until nothing waits (tests, the chaos script); TimeoutError otherwise."""

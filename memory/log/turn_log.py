@@ -112,27 +112,22 @@ class TurnLog:
         new = self._redacted(new)
         hashes = [content_hash(t.role, t.name, t.content) for t in new]
         async with self.db.write() as tx:
-            parent_id, position = await _path_start(tx, user_id, session_id, after)
             known = await turns.known_hashes(tx, user_id, session_id, hashes)
-            ids: list[int] = []
-            if after is None and (0, hashes[0]) not in known:
-                anchor = _window_anchor(known, hashes)
-                if anchor is not None:
-                    # A client that sends only its last N messages: continue where they are.
-                    parent_id, position = await _path_start(tx, user_id, session_id, anchor)
-                    new, hashes, ids = new[1:], hashes[1:], [anchor]
+            start, ids = _stored_path(known, hashes, after)
+            # A sliding window's first turn is the stored one it starts at, not a step after it.
+            window = int(start != after)
+            at = -1 if start is None else await turns.position_of(tx, user_id, session_id, start)
+            parent_id, position = ids[-1] if ids else start, at + 1 + len(ids) - window
+            # Past the stored ones, every turn is new: its parent was just inserted.
             new_ids: list[int] = []
-            for turn, digest in zip(new, hashes, strict=True):
-                turn_id = known.get((parent_id or 0, digest))
-                if turn_id is None:
-                    turn_id = await turns.insert(
-                        tx, user_id, session_id, turn, parent_id=parent_id, position=position,
-                        digest=digest,
-                    )
-                    new_ids.append(turn_id)
-                ids.append(turn_id)
-                parent_id, position = turn_id, position + 1
-            times = [turn.created_at for turn in new]
+            for turn, digest in zip(new[len(ids) :], hashes[len(ids) :], strict=True):
+                parent_id = await turns.insert(
+                    tx, user_id, session_id, turn, parent_id=parent_id, position=position,
+                    digest=digest,
+                )
+                new_ids.append(parent_id)
+                position += 1
+            times = [turn.created_at for turn in new[window:]]
             await sessions.touch(tx, user_id, session_id, times, len(new_ids))
             job_id = None
             if new_ids and job_kind is not None:
@@ -142,7 +137,7 @@ class TurnLog:
                 )
             if then is not None and new_ids and new_ids[-1] == parent_id:
                 await then(tx, parent_id)
-        return AppendResult(parent_id, new_ids, job_id, ids)
+        return AppendResult(parent_id, new_ids, job_id, ids + new_ids)
 
     async def locate(
         self, user_id: str, session_id: str, path: Sequence[NewTurn], *, after: int | None = None
@@ -154,20 +149,7 @@ class TurnLog:
         path = self._redacted(path)
         hashes = [content_hash(t.role, t.name, t.content) for t in path]
         known = await turns.known_hashes(self.db, user_id, session_id, hashes)
-        parent_id = after
-        found: list[int] = []
-        if after is None and (0, hashes[0]) not in known:
-            parent_id = _window_anchor(known, hashes)
-            if parent_id is None:
-                return []
-            hashes, found = hashes[1:], [parent_id]
-        for digest in hashes:
-            turn_id = known.get((parent_id or 0, digest))
-            if turn_id is None:
-                break
-            found.append(turn_id)
-            parent_id = turn_id
-        return found
+        return _stored_path(known, hashes, after)[1]
 
     def _redacted(self, new: Sequence[NewTurn]) -> list[NewTurn]:
         # Redacted before hashing: a resent message hashes the same, so it is stored once.
@@ -218,12 +200,24 @@ class TurnLog:
         return await turns.neighbour_chunks(self.db, ids)
 
 
-async def _path_start(
-    tx: Transaction, user_id: str, session_id: str, after: int | None
-) -> tuple[int | None, int]:
-    if after is None:
-        return None, 0
-    return after, await turns.position_of(tx, user_id, session_id, after) + 1
+def _stored_path(
+    known: dict[tuple[int, str], int], hashes: Sequence[str], after: int | None
+) -> tuple[int | None, list[int]]:
+    """Where a path goes on from (`after`, or the stored turn a sliding window starts at), and
+    the ids of its leading turns stored already, in order (a window's first turn first)."""
+    start, found = after, []
+    if after is None and (0, hashes[0]) not in known:
+        # A client that sends only its last N messages: continue where they are.
+        start = _window_anchor(known, hashes)
+        found = [] if start is None else [start]
+    parent = start
+    for digest in hashes[len(found) :]:
+        turn_id = known.get((parent or 0, digest))
+        if turn_id is None:
+            break
+        found.append(turn_id)
+        parent = turn_id
+    return start, found
 
 
 def _window_anchor(known: dict[tuple[int, str], int], hashes: Sequence[str]) -> int | None:
