@@ -103,10 +103,7 @@ class RecallPipeline:
         """`recall`, or the result of the same request kept while the user's memory is
         unchanged (memory.recall.cache)."""
         with tracing.span("memproxy.recall") as span:
-            recalled = await self._cached_recall(request)
-            if span is not None:
-                _describe(span, request, recalled)
-            return recalled
+            return _described(span, request, await self._cached_recall(request))
 
     async def _cached_recall(self, request: RecallRequest) -> Recalled:
         spooled = await self._spooled(request)
@@ -141,9 +138,7 @@ class RecallPipeline:
         """
         with tracing.span("memproxy.recall") as span:
             recalled = await self._recall(request, await self._spooled(request))
-            if span is not None:
-                _describe(span, request, recalled)
-            return recalled
+            return _described(span, request, recalled)
 
     async def _spooled(self, request: RecallRequest) -> list[NewTurn]:
         if self.spooled is None:
@@ -409,8 +404,13 @@ def _same_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) -> None:
-    """A recall span's attributes: what was asked and found (never the text)."""
+def _described(
+    span: tracing.Span | None, request: RecallRequest, recalled: Recalled
+) -> Recalled:
+    """`recalled`, its span (if any) given its attributes: what was asked and found (never
+    the text)."""
+    if span is None:
+        return recalled
     span.set_attributes({
         "memproxy.recall.budget": request.budget, "memproxy.recall.scope": request.scope,
         "memproxy.recall.candidates": recalled.candidates,
@@ -420,5 +420,4 @@ def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) ->
         "memproxy.recall.truncated": recalled.truncated,
         **({"memproxy.recall.skipped": recalled.skipped} if recalled.skipped else {}),
     })
-
-
+    return recalled
