@@ -168,14 +168,9 @@ class RecallPipeline:
     ) -> Recalled:
         """The block of the session's spooled turns alone (the database is unreachable)."""
         candidates = spooled_candidates(spooled, query, present, request.session_id)
-        ranked = fuse(candidates, self.weights, session_id=request.session_id,
-                      query_identifiers=identifiers(query), now=time.time())
-        packed = pack_ranked(Learned(), ranked, request.budget, request.model,
-                             self.settings.org_budget_share)
-        return Recalled(
-            packed.block, [turn_item(ranked[i]) for i in packed.turns], packed.tokens,
-            packed.truncated, len(ranked), elapsed_ms(started),
-        )
+        ranked = self._fused(request, query, candidates)
+        # The whole block, not a stable injection's delta: `shown` is not looked at.
+        return self._pack(replace(request, shown=frozenset()), Learned(), ranked, started, 0.0)
 
     async def _search(
         self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
@@ -262,10 +257,7 @@ class RecallPipeline:
                     spooled, query, present, request.session_id, scale=scale).items()
                 if _same_text(c.text) not in stored
             }
-        ranked = fuse(
-            candidates, self.weights, session_id=request.session_id,
-            query_identifiers=identifiers(query), now=time.time(),
-        )
+        ranked = self._fused(request, query, candidates)
         if self.weights.conversation:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
@@ -273,6 +265,12 @@ class RecallPipeline:
         if self.weights.user:
             ranked = lift_user(ranked, self.weights.user)
         return ranked
+
+    def _fused(
+        self, request: RecallRequest, query: str, candidates: dict[str, Candidate]
+    ) -> list[Candidate]:
+        return fuse(candidates, self.weights, session_id=request.session_id,
+                    query_identifiers=identifiers(query), now=time.time())
 
     async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
         """Each turn's best chunk first, long items cut to the part that matches,
