@@ -94,9 +94,10 @@ def pack_block(
         return True
 
     def fill(lines: list[str], chosen: list[int], heading: str, cap: float, *,
-             first_anyway: bool = False) -> None:
+             first_anyway: bool = False, in_order: bool = False) -> None:
         """Take the lines not `chosen` yet, in order, within `cap` tokens (the first one
-        past it when `first_anyway`); the heading is paid with the section's first line."""
+        past it when `first_anyway`; none after the first that does not fit when
+        `in_order`); the heading is paid with the section's first line."""
         spent, head = 0.0, count(heading) + 1 if heading else 0
         for i, line in enumerate(lines):
             if i in chosen:
@@ -105,17 +106,16 @@ def pack_block(
             if take(cost, max(cap - spent, cost if first_anyway and not chosen else 0)):
                 chosen.append(i)
                 spent += cost
+            elif in_order:
+                break
 
     fact_lines = [fact_line(f) for f in learned.facts]
     fill(fact_lines, result.facts, FACTS_HEADING, FACTS_SHARE * budget, first_anyway=True)
-    if learned.profile is not None:
-        lines = profile_lines(learned.profile)
-        spent, cap = 0.0, PROFILE_SHARE * budget
-        for i, line in enumerate(lines):
-            cost = count(line) + 1 + (0 if i else count(PROFILE_HEADING) + 1)
-            if not take(cost, cap - spent):
-                break
-            result.profile_lines, spent = i + 1, spent + cost
+    if learned.profile is not None:  # its first lines, as many as fit
+        taken: list[int] = []
+        fill(profile_lines(learned.profile), taken, PROFILE_HEADING, PROFILE_SHARE * budget,
+             in_order=True)
+        result.profile_lines = len(taken)
     for index, summary in enumerate(learned.summaries[:1]):
         head = count(summary_heading(summary)) + 1
         text = fit_text(summary.text, int(SUMMARY_SHARE * budget) - head, count)
@@ -137,16 +137,16 @@ def pack_block(
     # The rest of the room goes to facts (no heading counted: the final count is exact).
     fill(fact_lines, result.facts, "", room)
     fill(shared_lines, result.shared, SHARED_HEADING, room)
-    return _finish(result, learned, [*fact_lines, *shared_lines], entries, budget, count,
+    return _finish(result, learned, (fact_lines, shared_lines), entries, budget, count,
                    preamble)
 
 
 def _finish(
-    result: BlockPack, learned: Learned, lines_of_facts: list[str], entries: Sequence[Entry],
-    budget: int, count: Count, preamble: str,
+    result: BlockPack, learned: Learned, lines_of_facts: tuple[list[str], list[str]],
+    entries: Sequence[Entry], budget: int, count: Count, preamble: str,
 ) -> BlockPack:
     """Render, then drop the lowest-priority line while the block is over the budget.
-    `lines_of_facts`: the rendered lines of the user's facts, then of the shared ones."""
+    `lines_of_facts`: the rendered lines of the user's facts, and of the shared ones."""
     while True:
         lines = _render(result, learned, lines_of_facts, entries)
         if not lines:
@@ -177,12 +177,10 @@ def _finish(
 
 
 def _render(
-    result: BlockPack, learned: Learned, lines_of_facts: list[str], entries: Sequence[Entry]
+    result: BlockPack, learned: Learned, lines_of_facts: tuple[list[str], list[str]],
+    entries: Sequence[Entry],
 ) -> list[str]:
-    lines: list[str] = []
-    if result.facts:
-        order = sorted(result.facts, key=lambda i: (_category_rank(learned.facts[i]), i))
-        lines += [FACTS_HEADING, *(lines_of_facts[i] for i in order)]
+    lines = _by_category(FACTS_HEADING, result.facts, learned.facts, lines_of_facts[0])
     if learned.profile is not None and result.profile_lines:
         lines += [PROFILE_HEADING, *profile_lines(learned.profile)[: result.profile_lines]]
     if result.summary is not None and result.summary_index is not None:
@@ -190,11 +188,15 @@ def _render(
         lines += [summary_heading(summary), "  " + result.summary.replace("\n", "\n  ")]
     if result.turns:
         lines += [TURNS_HEADING, *excerpts([entries[i] for i in result.turns])]
-    if result.shared:
-        order = sorted(result.shared, key=lambda i: (_category_rank(learned.shared[i]), i))
-        first = len(learned.facts)
-        lines += [SHARED_HEADING, *(lines_of_facts[first + i] for i in order)]
-    return lines
+    return lines + _by_category(SHARED_HEADING, result.shared, learned.shared, lines_of_facts[1])
+
+
+def _by_category(
+    heading: str, chosen: list[int], facts: list[LearnedItem], lines: list[str]
+) -> list[str]:
+    """`heading` and the `lines` of the `chosen` facts, by category; nothing if none is."""
+    order = sorted(chosen, key=lambda i: (_category_rank(facts[i]), i))
+    return [heading, *(lines[i] for i in order)] if chosen else []
 
 
 def fact_line(fact: LearnedItem) -> str:

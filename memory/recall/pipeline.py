@@ -103,10 +103,7 @@ class RecallPipeline:
         """`recall`, or the result of the same request kept while the user's memory is
         unchanged (memory.recall.cache)."""
         with tracing.span("memproxy.recall") as span:
-            recalled = await self._cached_recall(request)
-            if span is not None:
-                _describe(span, request, recalled)
-            return recalled
+            return _described(span, request, await self._cached_recall(request))
 
     async def _cached_recall(self, request: RecallRequest) -> Recalled:
         spooled = await self._spooled(request)
@@ -141,9 +138,7 @@ class RecallPipeline:
         """
         with tracing.span("memproxy.recall") as span:
             recalled = await self._recall(request, await self._spooled(request))
-            if span is not None:
-                _describe(span, request, recalled)
-            return recalled
+            return _described(span, request, recalled)
 
     async def _spooled(self, request: RecallRequest) -> list[NewTurn]:
         if self.spooled is None:
@@ -173,14 +168,9 @@ class RecallPipeline:
     ) -> Recalled:
         """The block of the session's spooled turns alone (the database is unreachable)."""
         candidates = spooled_candidates(spooled, query, present, request.session_id)
-        ranked = fuse(candidates, self.weights, session_id=request.session_id,
-                      query_identifiers=identifiers(query), now=time.time())
-        packed = pack_ranked(Learned(), ranked, request.budget, request.model,
-                             self.settings.org_budget_share)
-        return Recalled(
-            packed.block, [turn_item(ranked[i]) for i in packed.turns], packed.tokens,
-            packed.truncated, len(ranked), elapsed_ms(started),
-        )
+        ranked = self._fused(request, query, candidates)
+        # The whole block, not a stable injection's delta: `shown` is not looked at.
+        return self._pack(replace(request, shown=frozenset()), Learned(), ranked, started, 0.0)
 
     async def _search(
         self, request: RecallRequest, query: str, present: str, spooled: list[NewTurn],
@@ -267,10 +257,7 @@ class RecallPipeline:
                     spooled, query, present, request.session_id, scale=scale).items()
                 if _same_text(c.text) not in stored
             }
-        ranked = fuse(
-            candidates, self.weights, session_id=request.session_id,
-            query_identifiers=identifiers(query), now=time.time(),
-        )
+        ranked = self._fused(request, query, candidates)
         if self.weights.conversation:
             ranked = add_conversation(ranked, self.weights.conversation)
         if self.weights.context and ranked:
@@ -278,6 +265,12 @@ class RecallPipeline:
         if self.weights.user:
             ranked = lift_user(ranked, self.weights.user)
         return ranked
+
+    def _fused(
+        self, request: RecallRequest, query: str, candidates: dict[str, Candidate]
+    ) -> list[Candidate]:
+        return fuse(candidates, self.weights, session_id=request.session_id,
+                    query_identifiers=identifiers(query), now=time.time())
 
     async def _excerpt(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
         """Each turn's best chunk first, long items cut to the part that matches,
@@ -409,8 +402,13 @@ def _same_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) -> None:
-    """A recall span's attributes: what was asked and found (never the text)."""
+def _described(
+    span: tracing.Span | None, request: RecallRequest, recalled: Recalled
+) -> Recalled:
+    """`recalled`, its span (if any) given its attributes: what was asked and found (never
+    the text)."""
+    if span is None:
+        return recalled
     span.set_attributes({
         "memproxy.recall.budget": request.budget, "memproxy.recall.scope": request.scope,
         "memproxy.recall.candidates": recalled.candidates,
@@ -420,5 +418,4 @@ def _describe(span: tracing.Span, request: RecallRequest, recalled: Recalled) ->
         "memproxy.recall.truncated": recalled.truncated,
         **({"memproxy.recall.skipped": recalled.skipped} if recalled.skipped else {}),
     })
-
-
+    return recalled

@@ -72,11 +72,7 @@ class UnsavedBlocks:
     ) -> dict[int, Injection]:
         """{index into `messages`: the block kept for that user message}; the user's blocks
         are dropped first when their stamp is not `stamp`."""
-        kept_at = self._by_user.get(user_id)
-        if kept_at is None:
-            return {}
-        if kept_at[0] != stamp:
-            self.forget_user(user_id)
+        if not self._current(user_id, stamp):
             return {}
         found: dict[int, Injection] = {}
         for index, digest in user_turn_digests(messages).items():
@@ -98,10 +94,7 @@ class UnsavedBlocks:
         if digest is None or self.entries <= 0 or size > self.max_bytes:
             return
         key = (user_id, session_id, digest)
-        kept_at = self._by_user.get(user_id)
-        if kept_at is not None and kept_at[0] != stamp:
-            self.forget_user(user_id)
-        elif key in self._kept:
+        if self._current(user_id, stamp) and key in self._kept:
             return
         self._kept[key] = (injection, size)
         self._by_user.setdefault(user_id, (stamp, set()))[1].add(key)
@@ -119,6 +112,13 @@ class UnsavedBlocks:
         kept_at = self._by_user.get(user_id)
         for key in list(kept_at[1]) if kept_at else []:
             self._drop(key)
+
+    def _current(self, user_id: str, stamp: Stamp) -> bool:
+        """Whether blocks of `user_id` are kept at `stamp`; those kept at another are dropped."""
+        kept_at = self._by_user.get(user_id)
+        if kept_at is not None and kept_at[0] != stamp:
+            self.forget_user(user_id)
+        return kept_at is not None and kept_at[0] == stamp
 
     def _drop(self, key: Key) -> None:
         _, size = self._kept.pop(key)
