@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from config.choices import INJECTIONS, MAX_BUDGET, MODES, PLACEMENTS, SCOPES
 
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from config.settings import Settings
 
 _ON_OFF = {"on": True, "off": False}
+_T = TypeVar("_T")
 
 
 class FlagError(ValueError):
@@ -48,64 +49,61 @@ class Flags:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], settings: Settings) -> Flags:
         """Apply the request's X-Memory* headers to the settings' defaults; raise FlagError."""
-        master = _on_off(headers, "x-memory")
-        read = _on_off(headers, "x-memory-read")
-        write = _on_off(headers, "x-memory-write")
-        dry_run = _on_off(headers, "x-memory-dry-run")
-        compact = _on_off(headers, "x-memory-compact")
-        rerank = _on_off(headers, "x-memory-rerank")
-        enabled = settings.memory if master is None else master
+        # Every header is checked, in this order, before any is used.
+        enabled = _on_off(headers, "x-memory", settings.memory)
+        read = _on_off(headers, "x-memory-read", settings.memory_read)
+        write = _on_off(headers, "x-memory-write", settings.memory_write)
+        dry_run = _on_off(headers, "x-memory-dry-run", False)
+        compact = _on_off(headers, "x-memory-compact", settings.compact)
+        rerank = _on_off(headers, "x-memory-rerank", settings.rerank != "off")
         return cls(
-            read=enabled and (settings.memory_read if read is None else read),
-            write=enabled and (settings.memory_write if write is None else write),
+            read=enabled and read,
+            write=enabled and write,
             budget=_budget(headers, settings.memory_budget),
             scope=_choice(headers, "x-memory-scope", SCOPES, settings.memory_scope),
             placement=_choice(
                 headers, "x-memory-placement", PLACEMENTS, settings.memory_placement
             ),
-            dry_run=bool(dry_run),
-            compact=enabled and (settings.compact if compact is None else compact),
+            dry_run=dry_run,
+            compact=enabled and compact,
             mode=_choice(headers, "x-memory-mode", MODES, settings.memory_mode),
             injection=_choice(
                 headers, "x-memory-injection", INJECTIONS, settings.memory_injection
             ),
-            rerank=settings.rerank != "off" if rerank is None else rerank,
+            rerank=rerank,
         )
 
 
-def _on_off(headers: Mapping[str, str], name: str) -> bool | None:
-    raw = headers.get(name)
-    if raw is None:
-        return None
-    value = _ON_OFF.get(raw.strip().lower())
-    if value is None:
-        raise FlagError(_title(name), f"{_title(name)} must be 'on' or 'off', got {raw!r}")
-    return value
+def _on_off(headers: Mapping[str, str], name: str, default: bool) -> bool:
+    return _header(headers, name, default, "'on' or 'off'", lambda text: _ON_OFF.get(text.lower()))
 
 
 def _budget(headers: Mapping[str, str], default: int) -> int:
-    raw = headers.get("x-memory-budget")
-    if raw is None:
-        return default
-    text = raw.strip()
     # isascii: "²" (a latin-1 header byte) passes isdigit() but int() rejects it.
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_BUDGET:
-        raise FlagError(
-            "X-Memory-Budget",
-            f"X-Memory-Budget must be an integer from 0 to {MAX_BUDGET}, got {raw!r}",
-        )
-    return int(text)
+    def parse(text: str) -> int | None:
+        return int(text) if text.isascii() and text.isdigit() and int(text) <= MAX_BUDGET else None
+
+    return _header(headers, "x-memory-budget", default, f"an integer from 0 to {MAX_BUDGET}", parse)
 
 
 def _choice(headers: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    def parse(text: str) -> str | None:
+        return text.lower() if text.lower() in choices else None
+
+    return _header(headers, name, default, f"one of {', '.join(choices)}", parse)
+
+
+def _header(
+    headers: Mapping[str, str], name: str, default: _T, must: str, parse: Callable[[str], _T | None]
+) -> _T:
+    """Header `name`'s value as `parse` reads it (None: not a value it takes), or `default`
+    when the request does not send it; FlagError says what it `must` be."""
     raw = headers.get(name)
     if raw is None:
         return default
-    value = raw.strip().lower()
-    if value not in choices:
-        raise FlagError(
-            _title(name), f"{_title(name)} must be one of {', '.join(choices)}, got {raw!r}"
-        )
+    value = parse(raw.strip())
+    if value is None:
+        raise FlagError(_title(name), f"{_title(name)} must be {must}, got {raw!r}")
     return value
 
 
