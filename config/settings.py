@@ -103,10 +103,8 @@ def load_settings(
     config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
     errors: list[str] = []
     raw = _read_toml(Path(config_file), errors, source) if config_file is not None else {}
-    for f in setting_fields():
-        if f.metadata.get("env", True) and env_name(f.name) in env:
-            raw[f.name] = env[env_name(f.name)]
-    raw.update(flags)
+    raw |= {f.name: env[env_name(f.name)] for f in setting_fields()
+            if f.metadata.get("env", True) and env_name(f.name) in env} | flags
     known = [f.name for f in setting_fields()]
     errors += [f"{key}: unknown setting{_nearest(key, known)}" for key in raw if key not in known]
     errors += otel_errors(env)  # tracing's own variables (config/otel.py)
