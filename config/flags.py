@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from config.choices import INJECTIONS, MAX_BUDGET, MODES, PLACEMENTS, SCOPES
 
@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from config.settings import Settings
 
 _ON_OFF = {"on": True, "off": False}
-_T = TypeVar("_T")
 
 
 class FlagError(ValueError):
@@ -75,36 +74,36 @@ class Flags:
 
 
 def _on_off(headers: Mapping[str, str], name: str, default: bool) -> bool:
-    return _header(headers, name, default, "'on' or 'off'", lambda text: _ON_OFF.get(text.lower()))
+    raw = headers.get(name)
+    value = default if raw is None else _ON_OFF.get(raw.strip().lower())
+    if value is None:
+        raise _bad(name, "'on' or 'off'", raw)
+    return value
 
 
 def _budget(headers: Mapping[str, str], default: int) -> int:
+    raw = headers.get("x-memory-budget")
+    if raw is None:
+        return default
+    text = raw.strip()
     # isascii: "²" (a latin-1 header byte) passes isdigit() but int() rejects it.
-    def parse(text: str) -> int | None:
-        return int(text) if text.isascii() and text.isdigit() and int(text) <= MAX_BUDGET else None
-
-    return _header(headers, "x-memory-budget", default, f"an integer from 0 to {MAX_BUDGET}", parse)
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_BUDGET:
+        raise _bad("x-memory-budget", f"an integer from 0 to {MAX_BUDGET}", raw)
+    return int(text)
 
 
 def _choice(headers: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    def parse(text: str) -> str | None:
-        return text.lower() if text.lower() in choices else None
-
-    return _header(headers, name, default, f"one of {', '.join(choices)}", parse)
-
-
-def _header(
-    headers: Mapping[str, str], name: str, default: _T, must: str, parse: Callable[[str], _T | None]
-) -> _T:
-    """Header `name`'s value as `parse` reads it (None: not a value it takes), or `default`
-    when the request does not send it; FlagError says what it `must` be."""
     raw = headers.get(name)
     if raw is None:
         return default
-    value = parse(raw.strip())
-    if value is None:
-        raise FlagError(_title(name), f"{_title(name)} must be {must}, got {raw!r}")
+    if (value := raw.strip().lower()) not in choices:
+        raise _bad(name, f"one of {', '.join(choices)}", raw)
     return value
+
+
+def _bad(name: str, must: str, raw: str | None) -> FlagError:
+    """The error for header `name`, whose value `raw` is not what it `must` be."""
+    return FlagError(_title(name), f"{_title(name)} must be {must}, got {raw!r}")
 
 
 def _title(name: str) -> str:
