@@ -48,38 +48,36 @@ class Flags:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], settings: Settings) -> Flags:
         """Apply the request's X-Memory* headers to the settings' defaults; raise FlagError."""
-        master = _on_off(headers, "x-memory")
-        read = _on_off(headers, "x-memory-read")
-        write = _on_off(headers, "x-memory-write")
-        dry_run = _on_off(headers, "x-memory-dry-run")
-        compact = _on_off(headers, "x-memory-compact")
-        rerank = _on_off(headers, "x-memory-rerank")
-        enabled = settings.memory if master is None else master
+        # Every header is checked, in this order, before any is used.
+        enabled = _on_off(headers, "x-memory", settings.memory)
+        read = _on_off(headers, "x-memory-read", settings.memory_read)
+        write = _on_off(headers, "x-memory-write", settings.memory_write)
+        dry_run = _on_off(headers, "x-memory-dry-run", False)
+        compact = _on_off(headers, "x-memory-compact", settings.compact)
+        rerank = _on_off(headers, "x-memory-rerank", settings.rerank != "off")
         return cls(
-            read=enabled and (settings.memory_read if read is None else read),
-            write=enabled and (settings.memory_write if write is None else write),
+            read=enabled and read,
+            write=enabled and write,
             budget=_budget(headers, settings.memory_budget),
             scope=_choice(headers, "x-memory-scope", SCOPES, settings.memory_scope),
             placement=_choice(
                 headers, "x-memory-placement", PLACEMENTS, settings.memory_placement
             ),
-            dry_run=bool(dry_run),
-            compact=enabled and (settings.compact if compact is None else compact),
+            dry_run=dry_run,
+            compact=enabled and compact,
             mode=_choice(headers, "x-memory-mode", MODES, settings.memory_mode),
             injection=_choice(
                 headers, "x-memory-injection", INJECTIONS, settings.memory_injection
             ),
-            rerank=settings.rerank != "off" if rerank is None else rerank,
+            rerank=rerank,
         )
 
 
-def _on_off(headers: Mapping[str, str], name: str) -> bool | None:
+def _on_off(headers: Mapping[str, str], name: str, default: bool) -> bool:
     raw = headers.get(name)
-    if raw is None:
-        return None
-    value = _ON_OFF.get(raw.strip().lower())
+    value = default if raw is None else _ON_OFF.get(raw.strip().lower())
     if value is None:
-        raise FlagError(_title(name), f"{_title(name)} must be 'on' or 'off', got {raw!r}")
+        raise _bad(name, "'on' or 'off'", raw)
     return value
 
 
@@ -90,10 +88,7 @@ def _budget(headers: Mapping[str, str], default: int) -> int:
     text = raw.strip()
     # isascii: "²" (a latin-1 header byte) passes isdigit() but int() rejects it.
     if not (text.isascii() and text.isdigit()) or int(text) > MAX_BUDGET:
-        raise FlagError(
-            "X-Memory-Budget",
-            f"X-Memory-Budget must be an integer from 0 to {MAX_BUDGET}, got {raw!r}",
-        )
+        raise _bad("x-memory-budget", f"an integer from 0 to {MAX_BUDGET}", raw)
     return int(text)
 
 
@@ -101,12 +96,14 @@ def _choice(headers: Mapping[str, str], name: str, choices: tuple[str, ...], def
     raw = headers.get(name)
     if raw is None:
         return default
-    value = raw.strip().lower()
-    if value not in choices:
-        raise FlagError(
-            _title(name), f"{_title(name)} must be one of {', '.join(choices)}, got {raw!r}"
-        )
+    if (value := raw.strip().lower()) not in choices:
+        raise _bad(name, f"one of {', '.join(choices)}", raw)
     return value
+
+
+def _bad(name: str, must: str, raw: str | None) -> FlagError:
+    """The error for header `name`, whose value `raw` is not what it `must` be."""
+    return FlagError(_title(name), f"{_title(name)} must be {must}, got {raw!r}")
 
 
 def _title(name: str) -> str:

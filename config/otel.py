@@ -18,10 +18,8 @@ def otel_errors(env: Mapping[str, str]) -> list[str]:
     """One line for each OTEL_* variable memproxy's tracing could not work with."""
     errors = [f"{name}: {value!r} needs a scheme and a host, such as http://localhost:4318"
               for name in ENDPOINTS if (value := env.get(name, "").strip()) and not _is_url(value)]
-    for name in PROTOCOLS:
-        value = env.get(name, "").strip()
-        if value and value not in SUPPORTED_PROTOCOLS:
-            errors.append(f"{name}: {value!r} is not one of http/protobuf, grpc")
+    errors += [f"{name}: {value!r} is not one of http/protobuf, grpc" for name in PROTOCOLS
+               if (value := env.get(name, "").strip()) not in {"", *SUPPORTED_PROTOCOLS}]
     exporters = {part.strip().lower() for part in env.get("OTEL_TRACES_EXPORTER", "").split(",")}
     if unknown := sorted(exporters - EXPORTERS - {""}):
         errors.append(f"OTEL_TRACES_EXPORTER: memproxy exports with otlp (or none), not {', '.join(unknown)}")
@@ -40,7 +38,5 @@ def _propagator_errors(configured: str) -> list[str]:
     names = [name.strip() for name in configured.split(",") if name.strip()]
     installed = {point.name for point in entry_points(group="opentelemetry_propagator")}
     missing = [name for name in names if name.lower() != "none" and name not in installed]
-    if not missing:
-        return []
     return [f"OTEL_PROPAGATORS: {', '.join(missing)} not installed (installed: "
-            f"{', '.join(sorted(installed))}, or none)"]
+            f"{', '.join(sorted(installed))}, or none)"] if missing else []

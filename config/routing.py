@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -20,9 +20,9 @@ class Route:
 
     match: str
     base_url: str | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never print keys
     provider: str | None = None
-    context_window: int | None = None
+    context_window: int | None = field(default=None, repr=False)
 
     @property
     def is_prefix(self) -> bool:
@@ -34,9 +34,6 @@ class Route:
         if self.is_prefix:
             return model.startswith(self.match[:-1])
         return model == self.match
-
-    def __repr__(self) -> str:  # never print keys
-        return f"Route(match={self.match!r}, base_url={self.base_url!r}, provider={self.provider!r})"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import tomllib
@@ -102,10 +103,8 @@ def load_settings(
     config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
     errors: list[str] = []
     raw = _read_toml(Path(config_file), errors, source) if config_file is not None else {}
-    for f in setting_fields():
-        if f.metadata.get("env", True) and env_name(f.name) in env:
-            raw[f.name] = env[env_name(f.name)]
-    raw.update(flags)
+    raw |= {f.name: env[env_name(f.name)] for f in setting_fields()
+            if f.metadata.get("env", True) and env_name(f.name) in env} | flags
     known = [f.name for f in setting_fields()]
     errors += [f"{key}: unknown setting{_nearest(key, known)}" for key in raw if key not in known]
     errors += otel_errors(env)  # tracing's own variables (config/otel.py)
@@ -199,24 +198,8 @@ _HTTP_URLS = {"chroma_url": "a Chroma server's http(s) URL", **dict.fromkeys(
 
 
 def _convert(f: dataclasses.Field[Any], value: Any) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     meta = f.metadata
-    if f.name == "routes":
-        return value if _all(value, Route) else parse_routes(value)
-    if f.name == "api_keys":
-        return value if _all(value, ApiKey) else parse_api_keys(value)
-    if kind == "bool":
-        result: Any = _to_bool(value)
-    elif kind == "int":
-        result = _to_number(value, int)
-    elif kind == "float":
-        result = _to_number(value, float)
-    elif kind in ("Path", "Path | None"):
-        result = None if value in (None, "") and "None" in kind else Path(str(value)).expanduser()
-    elif kind == "str | None":
-        result = None if value in (None, "") else str(value)
-    else:
-        result = str(value)
+    result = _CONVERTERS.get(str(f.type), str)(value)
     if "choices" in meta and str(result).lower() not in meta["choices"]:
         raise ValueError(f"must be one of {', '.join(meta['choices'])}, got {value!r}")
     if "choices" in meta:
@@ -264,3 +247,17 @@ def _to_number(value: Any, kind: type[int] | type[float]) -> int | float:
         return kind(value)
     except (TypeError, ValueError):
         raise ValueError(f"must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+
+
+# How a value is converted, by its field's declared type (a string: the sections use
+# `from __future__ import annotations`); any other type is a plain string.
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "bool": _to_bool,
+    "int": functools.partial(_to_number, kind=int),
+    "float": functools.partial(_to_number, kind=float),
+    "Path": lambda value: Path(str(value)).expanduser(),
+    "Path | None": lambda value: None if value in (None, "") else Path(str(value)).expanduser(),
+    "str | None": lambda value: None if value in (None, "") else str(value),
+    "tuple[Route, ...]": lambda value: value if _all(value, Route) else parse_routes(value),
+    "tuple[ApiKey, ...]": lambda value: value if _all(value, ApiKey) else parse_api_keys(value),
+}

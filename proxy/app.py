@@ -68,7 +68,11 @@ def create_app(
     `embedder` replaces the local model (tests share one loaded model).
     """
 
-    mcp = _mcp_endpoint(settings)
+    mcp: McpEndpoint | None = None
+    if settings.mcp:  # /mcp's app; the MCP SDK is imported only then
+        from proxy.mcp.server import McpEndpoint
+
+        mcp = McpEndpoint(settings.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -79,8 +83,7 @@ def create_app(
         provider = telemetry.configure(os.environ)
         state.tracing = Tracing.from_env(os.environ, Redactor(settings.redact)) if provider.traced else None
         # Compaction reads context windows from litellm's model map.
-        uses_litellm = any(route.provider for route in settings.routes) or settings.compact
-        if uses_litellm:
+        if any(route.provider for route in settings.routes) or settings.compact:
             import proxy.upstream.litellm_transport  # noqa: F401 - import now, not on the first request
         jobs_stop: asyncio.Task[None] | None = None
         mcp_run = contextlib.AsyncExitStack()  # the MCP SDK's task groups, while serving
@@ -188,15 +191,6 @@ def create_app(
     return app
 
 
-def _mcp_endpoint(settings: Settings) -> McpEndpoint | None:
-    """/mcp's app when MEMPROXY_MCP is on; the SDK is imported only then."""
-    if not settings.mcp:
-        return None
-    from proxy.mcp.server import McpEndpoint
-
-    return McpEndpoint(settings.max_body_bytes)
-
-
 def begin_shutdown(app: Starlette, at: float | None = None) -> None:
     """Start the app's shutdown clock at `at` (a time.monotonic() reading) or now: the
     server calls this as the signal arrives, so the grace counts from then."""
@@ -235,9 +229,8 @@ async def readyz(request: Request) -> Response:
         # Said, not counted: a replica whose learning fails still serves every chat.
         parts["learning"] = state.llm.readiness()
     body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
-    try:
+    # A probe gets the status; what fails, and where, is the operator's.
+    with contextlib.suppress(ProxyError):
         require_operator(request, state.settings)
         body["parts"] = parts
-    except ProxyError:
-        pass  # a probe gets the status; what fails, and where, is the operator's
     return JSONResponse(body, status_code=200 if ok else 503)
