@@ -14,8 +14,8 @@ import os
 import shutil
 import tarfile
 import tempfile
-import threading
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -216,32 +216,16 @@ class LocalEmbedder:
         session = self._single
         assert session is not None  # loaded at start whenever there is more than one worker
         # Longest first, taken in turn by whichever thread is free: the threads end together.
-        pending = iter(sorted(batches, key=len, reverse=True))
-        taking = threading.Lock()
-        failures: list[BaseException] = []
-
-        def work() -> None:
-            while not failures:
-                with taking:
-                    picked = next(pending, None)
-                if picked is None:
-                    return
-                try:
-                    result[picked] = self._run(session, [encodings[i] for i in picked])
-                except BaseException as exc:  # re-raised in the calling thread below
-                    failures.append(exc)
-
-        helpers = [
-            threading.Thread(target=work, name="embed", daemon=True)
-            for _ in range(min(self._workers, len(batches)) - 1)
-        ]
-        for helper in helpers:
-            helper.start()
-        work()
-        for helper in helpers:
-            helper.join()
-        if failures:
-            raise failures[0]
+        ordered = sorted(batches, key=len, reverse=True)
+        pool = ThreadPoolExecutor(min(self._workers, len(batches)), thread_name_prefix="embed")
+        try:
+            runs = pool.map(
+                lambda picked: self._run(session, [encodings[i] for i in picked]), ordered
+            )
+            for picked, vectors in zip(ordered, runs, strict=True):
+                result[picked] = vectors
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a failure, the batches not begun never run
 
     def _load(self, threads: int | None) -> ort.InferenceSession:
         return ort.InferenceSession(
