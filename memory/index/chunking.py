@@ -28,8 +28,10 @@ _FENCE_CLOSE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})\s*$")
 _PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")
 _SENTENCE = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+|[\u3002\uff01\uff1f]+\s*|\n\s*")
 _WORD = re.compile(r"\s+")
+# Every line break str.splitlines knows, so code splits into the lines it would give.
+_LINE = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _PROSE_LEVELS = (_PARAGRAPH, _SENTENCE, _WORD)
-_CODE_LEVELS = (_WORD,)  # only for a single line that is over the cap on its own
+_CODE_LEVELS = (_LINE, _WORD)  # words only for a single line that is over the cap on its own
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,7 @@ def chunk_text(text: str, *, max_tokens: int, count: Count, max_chunks: int = 0)
     for kind, segment in segments:
         tidy = _tidy_code if kind == "code" else str.strip
         levels = _CODE_LEVELS if kind == "code" else _PROSE_LEVELS
-        units = _code_units(segment, max_tokens, count) if kind == "code" else [segment]
-        fitted = [part for unit in units for part in _fit(unit, levels, max_tokens, count, tidy)]
+        fitted = _fit(segment, levels, max_tokens, count, tidy)
         pieces.extend((kind, packed) for packed in _pack(fitted, max_tokens, count, tidy))
     return [Chunk(i, kind, piece, count(piece)) for i, (kind, piece) in enumerate(pieces)]
 
@@ -102,13 +103,6 @@ def _fenced_body(lines: Iterator[str], fence: str) -> Iterator[str]:
         closing = _FENCE_CLOSE.match(line.rstrip())
         if closing and closing["fence"][0] == fence[0] and len(closing["fence"]) >= len(fence):
             return
-
-
-def _code_units(block: str, max_tokens: int, count: Count) -> list[str]:
-    """Return a code block whole when it fits, else its lines."""
-    if count(_tidy_code(block)) <= max_tokens:
-        return [block]
-    return block.splitlines(keepends=True)
 
 
 def _fit(
