@@ -102,14 +102,10 @@ class UserVectors:
     def _reserve(self, rows: int) -> None:
         if rows <= len(self.matrix):
             return
-        size = max(rows, 2 * len(self.matrix))
-        grown = np.zeros((size, self.matrix.shape[1]), dtype=np.float32)
-        grown[: len(self.matrix)] = self.matrix
-        self.matrix = grown
+        more = max(rows, 2 * len(self.matrix)) - len(self.matrix)
+        self.matrix = np.pad(self.matrix, ((0, more), (0, 0)))
         for key, column in self.columns.items():
-            self.columns[key] = np.concatenate(
-                [column, np.full(size - len(column), MISSING, dtype=np.int32)]
-            )
+            self.columns[key] = np.pad(column, (0, more), constant_values=MISSING)
 
     def _column(self, key: str) -> npt.NDArray[np.int32]:
         if key not in self.columns:
