@@ -153,10 +153,7 @@ class VectorIndex:
             return set()
 
         def remove() -> set[str]:
-            if where is not None and "user_id" in where:
-                owners = {where["user_id"]}
-            else:
-                owners = self._owners(ids, where)
+            owners = self._owners(ids, where)
             self._cache.changing(owners)
             self._collection.delete(
                 ids=list(ids) if ids is not None else None,
@@ -224,6 +221,8 @@ class VectorIndex:
         self, ids: Sequence[str] | None, where: Mapping[str, str] | None = None
     ) -> set[str]:
         """Users who hold any of the vectors named now."""
+        if where is not None and "user_id" in where:
+            return {where["user_id"]}  # no need to ask Chroma
         found = self._collection.get(
             ids=list(ids) if ids is not None else None,
             where=where_clause(where) if where is not None else None, include=["metadatas"],
