@@ -62,11 +62,6 @@ class EmbeddingModelMissing(Exception):
     """The embedding model files are not on this machine and could not be fetched."""
 
 
-def chroma_cache_dir() -> Path:
-    """Return chromadb's own cache folder for this model (it holds an `onnx/` folder)."""
-    return Path.home() / ".cache" / "chroma" / "onnx_models" / MODEL_NAME
-
-
 def onnx_dir(model_dir: Path) -> Path:
     """Return the folder holding the model files, given it or its parent."""
     nested = model_dir / "onnx"
@@ -89,7 +84,8 @@ def find_model_dir(configured: Path | None) -> Path:
                 f"(missing: {', '.join(absent)})"
             )
         return onnx_dir(configured)
-    cache = chroma_cache_dir()
+    # chromadb's own cache folder for this model (it holds an `onnx/` folder).
+    cache = Path.home() / ".cache" / "chroma" / "onnx_models" / MODEL_NAME
     if not missing_files(cache):
         return onnx_dir(cache)
     log.warning("%s not found in %s; downloading chromadb's copy", MODEL_NAME, cache)
@@ -167,7 +163,11 @@ class LocalEmbedder:
         if absent:
             raise EmbeddingModelMissing(f"{folder} lacks {', '.join(absent)}")
         self._batch_size = max(1, batch_size)
-        self._tokenizer = _load_tokenizer(folder / "tokenizer.json")
+        # Truncating like chromadb and leaving padding to us: tokenizer.json ships fixed
+        # padding to 128 and truncation at 128; chromadb overrides both.
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self._tokenizer.no_padding()
         self._model = folder / "model.onnx"
         self._session = self._load(threads)
         self._inputs = {node.name for node in self._session.get_inputs()}
@@ -287,15 +287,6 @@ def release_options() -> ort.RunOptions:
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
-
-
-def _load_tokenizer(path: Path) -> Tokenizer:
-    """Load the tokenizer, truncating like chromadb and leaving padding to us."""
-    tokenizer = Tokenizer.from_file(str(path))
-    # tokenizer.json ships fixed padding to 128 and truncation at 128; chromadb overrides both.
-    tokenizer.enable_truncation(max_length=MAX_TOKENS)
-    tokenizer.no_padding()
-    return tokenizer
 
 
 def _pad(batch: list[Encoding]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
