@@ -3,7 +3,7 @@
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
 Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on;
-with embedded Chroma the copies are also kept in files beside it (index/vector_copies.py,
+with embedded Chroma the copies are also kept in files beside it (index/vector_cache.py,
 folder `vector-copies/<collection>`), so a restart does not have to ask Chroma for them.
 Writes return the users whose vectors they changed: index/shared_vectors.py counts them in
 the database, so that replicas sharing a Chroma server drop the copies another one made stale.
@@ -38,8 +38,7 @@ from chromadb.config import Settings
 from chromadb.errors import NotFoundError
 
 from memory.index.heap_fill import fill_heap
-from memory.index.vector_cache import Row, VectorCache
-from memory.index.vector_copies import CopyFiles
+from memory.index.vector_cache import CopyFiles, Row, VectorCache
 from memory.outages import CannotOpen, Unavailable
 from memory.storage.file_modes import private_dir, private_tree
 
