@@ -28,8 +28,10 @@ _FENCE_CLOSE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})\s*$")
 _PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")
 _SENTENCE = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+|[\u3002\uff01\uff1f]+\s*|\n\s*")
 _WORD = re.compile(r"\s+")
+# Every line break str.splitlines knows, so code splits into the lines it would give.
+_LINE = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _PROSE_LEVELS = (_PARAGRAPH, _SENTENCE, _WORD)
-_CODE_LEVELS = (_WORD,)  # only for a single line that is over the cap on its own
+_CODE_LEVELS = (_LINE, _WORD)  # words only for a single line that is over the cap on its own
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,9 @@ def chunk_text(text: str, *, max_tokens: int, count: Count, max_chunks: int = 0)
     for kind, segment in segments:
         tidy = _tidy_code if kind == "code" else str.strip
         levels = _CODE_LEVELS if kind == "code" else _PROSE_LEVELS
-        units = _code_units(segment, max_tokens, count) if kind == "code" else [segment]
-        fitted = [part for unit in units for part in _fit(unit, levels, max_tokens, count, tidy)]
-        pieces.extend((kind, packed) for packed in _pack(fitted, max_tokens, count, tidy))
+        fitted = _fit(segment, levels, max_tokens, count, tidy)
+        packed = (tidy(run) for run in _runs(fitted, max_tokens, count, tidy))
+        pieces.extend((kind, text) for text in packed if text)
     return [Chunk(i, kind, piece, count(piece)) for i, (kind, piece) in enumerate(pieces)]
 
 
@@ -104,13 +106,6 @@ def _fenced_body(lines: Iterator[str], fence: str) -> Iterator[str]:
             return
 
 
-def _code_units(block: str, max_tokens: int, count: Count) -> list[str]:
-    """Return a code block whole when it fits, else its lines."""
-    if count(_tidy_code(block)) <= max_tokens:
-        return [block]
-    return block.splitlines(keepends=True)
-
-
 def _fit(
     text: str, levels: tuple[re.Pattern[str], ...], max_tokens: int, count: Count, tidy: Tidy
 ) -> list[str]:
@@ -123,7 +118,7 @@ def _fit(
             # A part ends at most at one boundary of this level, so only finer ones remain.
             finer = levels[depth + 1 :]
             return [piece for part in parts for piece in _fit(part, finer, max_tokens, count, tidy)]
-    return _split_characters(text, max_tokens, count, tidy)
+    return list(_runs(text, max_tokens, count, tidy))
 
 
 def _split_after(text: str, boundary: re.Pattern[str]) -> list[str]:
@@ -132,30 +127,15 @@ def _split_after(text: str, boundary: re.Pattern[str]) -> list[str]:
     return [text[start:end] for start, end in pairwise(cuts) if start < end]
 
 
-def _split_characters(text: str, max_tokens: int, count: Count, tidy: Tidy) -> list[str]:
-    """Cut `text` into the longest prefixes that fit, for a word or line over the cap."""
-    parts: list[str] = []
-    rest, size = text, 1
-    while rest:
-        size = _furthest_fit(rest, lambda prefix: count(tidy(prefix)) <= max_tokens, size)
-        parts.append(rest[:size])
-        rest = rest[size:]
-    return parts
-
-
-def _pack(units: list[str], max_tokens: int, count: Count, tidy: Tidy) -> list[str]:
-    """Greedily join consecutive units while the joined text stays within the cap."""
-    packed: list[str] = []
-    start, taken = 0, 1
-    while start < len(units):
+def _runs(units: Sequence[str], max_tokens: int, count: Count, tidy: Tidy) -> Iterator[str]:
+    """Greedily join consecutive units (pieces, or the characters of a word or line over the
+    cap) into the longest runs whose joined text stays within the cap, in order."""
+    taken = 1
+    while units:
         # Counted as joined, not summed: BPE counts are not additive across boundaries.
-        rest = units[start:]
-        taken = _furthest_fit(rest, lambda joined: count(tidy(joined)) <= max_tokens, taken)
-        text = tidy("".join(rest[:taken]))
-        if text:
-            packed.append(text)
-        start += taken
-    return packed
+        taken = _furthest_fit(units, lambda joined: count(tidy(joined)) <= max_tokens, taken)
+        yield "".join(units[:taken])
+        units = units[taken:]
 
 
 def _furthest_fit(units: Sequence[str], fits_text: Callable[[str], bool], hint: int) -> int:

@@ -14,8 +14,8 @@ import os
 import shutil
 import tarfile
 import tempfile
-import threading
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -62,11 +62,6 @@ class EmbeddingModelMissing(Exception):
     """The embedding model files are not on this machine and could not be fetched."""
 
 
-def chroma_cache_dir() -> Path:
-    """Return chromadb's own cache folder for this model (it holds an `onnx/` folder)."""
-    return Path.home() / ".cache" / "chroma" / "onnx_models" / MODEL_NAME
-
-
 def onnx_dir(model_dir: Path) -> Path:
     """Return the folder holding the model files, given it or its parent."""
     nested = model_dir / "onnx"
@@ -89,7 +84,8 @@ def find_model_dir(configured: Path | None) -> Path:
                 f"(missing: {', '.join(absent)})"
             )
         return onnx_dir(configured)
-    cache = chroma_cache_dir()
+    # chromadb's own cache folder for this model (it holds an `onnx/` folder).
+    cache = Path.home() / ".cache" / "chroma" / "onnx_models" / MODEL_NAME
     if not missing_files(cache):
         return onnx_dir(cache)
     log.warning("%s not found in %s; downloading chromadb's copy", MODEL_NAME, cache)
@@ -167,7 +163,11 @@ class LocalEmbedder:
         if absent:
             raise EmbeddingModelMissing(f"{folder} lacks {', '.join(absent)}")
         self._batch_size = max(1, batch_size)
-        self._tokenizer = _load_tokenizer(folder / "tokenizer.json")
+        # Truncating like chromadb and leaving padding to us: tokenizer.json ships fixed
+        # padding to 128 and truncation at 128; chromadb overrides both.
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self._tokenizer.no_padding()
         self._model = folder / "model.onnx"
         self._session = self._load(threads)
         self._inputs = {node.name for node in self._session.get_inputs()}
@@ -216,32 +216,16 @@ class LocalEmbedder:
         session = self._single
         assert session is not None  # loaded at start whenever there is more than one worker
         # Longest first, taken in turn by whichever thread is free: the threads end together.
-        pending = iter(sorted(batches, key=len, reverse=True))
-        taking = threading.Lock()
-        failures: list[BaseException] = []
-
-        def work() -> None:
-            while not failures:
-                with taking:
-                    picked = next(pending, None)
-                if picked is None:
-                    return
-                try:
-                    result[picked] = self._run(session, [encodings[i] for i in picked])
-                except BaseException as exc:  # re-raised in the calling thread below
-                    failures.append(exc)
-
-        helpers = [
-            threading.Thread(target=work, name="embed", daemon=True)
-            for _ in range(min(self._workers, len(batches)) - 1)
-        ]
-        for helper in helpers:
-            helper.start()
-        work()
-        for helper in helpers:
-            helper.join()
-        if failures:
-            raise failures[0]
+        ordered = sorted(batches, key=len, reverse=True)
+        pool = ThreadPoolExecutor(min(self._workers, len(batches)), thread_name_prefix="embed")
+        try:
+            runs = pool.map(
+                lambda picked: self._run(session, [encodings[i] for i in picked]), ordered
+            )
+            for picked, vectors in zip(ordered, runs, strict=True):
+                result[picked] = vectors
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a failure, the batches not begun never run
 
     def _load(self, threads: int | None) -> ort.InferenceSession:
         return ort.InferenceSession(
@@ -303,15 +287,6 @@ def release_options() -> ort.RunOptions:
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
-
-
-def _load_tokenizer(path: Path) -> Tokenizer:
-    """Load the tokenizer, truncating like chromadb and leaving padding to us."""
-    tokenizer = Tokenizer.from_file(str(path))
-    # tokenizer.json ships fixed padding to 128 and truncation at 128; chromadb overrides both.
-    tokenizer.enable_truncation(max_length=MAX_TOKENS)
-    tokenizer.no_padding()
-    return tokenizer
 
 
 def _pad(batch: list[Encoding]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -44,11 +44,7 @@ def fill_heap() -> bool:
 def mallopt(parameter: int, value: int) -> bool:
     """glibc's `mallopt(parameter, value)` (malloc.h): whether it took it; False where there
     is no glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(parameter, value))
-    except (OSError, AttributeError):
-        return False
+    return _glibc("mallopt", parameter, value)
 
 
 def release_free_heap() -> bool:
@@ -60,8 +56,12 @@ def release_free_heap() -> bool:
     FILL there, so resident), otherwise stay in the process's RSS for good. Walks every
     arena: milliseconds, so it runs after large work only (memory/index/turn_index.py).
     """
+    return _glibc("malloc_trim", 0)
+
+
+def _glibc(function: str, *arguments: int) -> bool:
+    # Both calls return 1 when they did something; no glibc: no CDLL(None) or no such symbol.
     try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.malloc_trim(0))
+        return bool(getattr(ctypes.CDLL(None), function)(*arguments))
     except (OSError, AttributeError):
         return False

@@ -3,7 +3,7 @@
 Every call is synchronous because chromadb is; callers run them in worker threads. We always
 pass our own vectors, so the collection has no embedding function and never loads a model.
 Queries scoped to one user search that user's copy in memory.index.vector_cache when it is on;
-with embedded Chroma the copies are also kept in files beside it (index/vector_copies.py,
+with embedded Chroma the copies are also kept in files beside it (index/vector_cache.py,
 folder `vector-copies/<collection>`), so a restart does not have to ask Chroma for them.
 Writes return the users whose vectors they changed: index/shared_vectors.py counts them in
 the database, so that replicas sharing a Chroma server drop the copies another one made stale.
@@ -38,8 +38,7 @@ from chromadb.config import Settings
 from chromadb.errors import NotFoundError
 
 from memory.index.heap_fill import fill_heap
-from memory.index.vector_cache import Row, VectorCache
-from memory.index.vector_copies import CopyFiles
+from memory.index.vector_cache import CopyFiles, Row, VectorCache
 from memory.outages import CannotOpen, Unavailable
 from memory.storage.file_modes import private_dir, private_tree
 
@@ -153,10 +152,7 @@ class VectorIndex:
             return set()
 
         def remove() -> set[str]:
-            if where is not None and "user_id" in where:
-                owners = {where["user_id"]}
-            else:
-                owners = self._owners(ids, where)
+            owners = self._owners(ids, where)
             self._cache.changing(owners)
             self._collection.delete(
                 ids=list(ids) if ids is not None else None,
@@ -224,6 +220,8 @@ class VectorIndex:
         self, ids: Sequence[str] | None, where: Mapping[str, str] | None = None
     ) -> set[str]:
         """Users who hold any of the vectors named now."""
+        if where is not None and "user_id" in where:
+            return {where["user_id"]}  # no need to ask Chroma
         found = self._collection.get(
             ids=list(ids) if ids is not None else None,
             where=where_clause(where) if where is not None else None, include=["metadatas"],
