@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what mypy reads; at run time each name is imported on first
     from memory.admin.migrate import migrate as migrate
     from memory.admin.rates import SharedBuckets as SharedBuckets
     from memory.admin.record_checks import IGNORED as IGNORED
+    from memory.admin.record_checks import NON_BLANK as NON_BLANK
     from memory.admin.record_checks import RECORD_SHAPES as RECORD_SHAPES
     from memory.admin.record_checks import RecordError as RecordError
     from memory.admin.record_checks import check_record as check_record
@@ -142,7 +143,7 @@ _MODULES: dict[str, str] = {
     "memory.admin.sessions": "MAX_SESSIONS_PAGE=MAX_PAGE SessionInfo CursorError turn_dict",
     "memory.admin.stats": "MAX_METRICS_ROWS",
     "memory.learning.profiles": "ConsentRequired",
-    "memory.admin.record_checks": "RecordError IGNORED RECORD_SHAPES check_record",
+    "memory.admin.record_checks": "RecordError IGNORED RECORD_SHAPES check_record NON_BLANK",
     "memory.admin.clearing": "ClearExpired ClearNotFound ClearReceipt",
     "memory.admin.backup": "backup BackupError BackupResult",
     "memory.admin.migrate": "migrate MigrateError MigrateResult",

@@ -44,7 +44,6 @@ class CannotOpen(Exception):
 
     def __init__(self, part: str, reason: str, fix: str) -> None:
         super().__init__(f"{part}: {reason}; {fix}")
-        self.part = part
 
 
 def is_outage(exc: BaseException) -> bool:

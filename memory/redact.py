@@ -54,14 +54,8 @@ class Redactor:
     def __init__(self, mode: str = "secrets") -> None:
         if mode not in MODES:
             raise ValueError(f"redaction mode must be one of {', '.join(MODES)}, got {mode!r}")
-        self.mode = mode
         rules: tuple[Rule, ...] = () if mode == "off" else SECRET_RULES
         self._rules = rules + (CARD_RULES if "cards" in mode else ())
-
-    @property
-    def active(self) -> bool:
-        """Whether any rule applies."""
-        return bool(self._rules)
 
     def __call__(self, text: str) -> str:
         """`text` with every secret replaced."""

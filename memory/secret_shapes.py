@@ -64,28 +64,20 @@ def _find_all(text: str, needle: str) -> list[int]:
     return found
 
 
-def _whole(kind: str, *, needs_digit: bool = False) -> Callable[[re.Match[str]], str]:
-    def replace(match: re.Match[str]) -> str:
-        if needs_digit and not any(ch.isdigit() for ch in match.group(0)):
-            return match.group(0)
-        return placeholder(kind)
-
-    return replace
-
-
 def _value(kind: str, accept: Callable[[str], bool]) -> Callable[[re.Match[str]], str]:
     """Replace only group `value`, when `accept` says it is a secret."""
 
     def replace(match: re.Match[str]) -> str:
-        value = match.group("value")
-        if not accept(value):
-            return match.group(0)
-        start, end = match.span("value")
-        offset = match.start()
-        whole = match.group(0)
-        return whole[: start - offset] + placeholder(kind) + whole[end - offset :]
+        return _replaced(match, "value", kind) if accept(match.group("value")) else match.group(0)
 
     return replace
+
+
+def _replaced(match: re.Match[str], group: str, kind: str) -> str:
+    """The match with its group `group` replaced by the placeholder of `kind`."""
+    whole, offset = match.group(0), match.start()
+    start, end = match.span(group)
+    return whole[: start - offset] + placeholder(kind) + whole[end - offset :]
 
 
 _CODE_LIKE = re.compile(r"[$%*]|^[A-Za-z_]+$|^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
@@ -114,11 +106,21 @@ def _mixed(value: str) -> bool:
                 any(c.isdigit() for c in value))) >= 2
 
 
-def _whole_if(kind: str, accept: Callable[[str], bool]) -> Callable[[re.Match[str]], str]:
-    """Replace the whole match when `accept` says its group `body` is a secret."""
+def _any(value: str) -> bool:
+    return True
+
+
+def _has_digit(value: str) -> bool:
+    return any(ch.isdigit() for ch in value)
+
+
+def _whole(
+    kind: str, accept: Callable[[str], bool] = _any, group: int | str = 0
+) -> Callable[[re.Match[str]], str]:
+    """Replace the whole match when `accept` says its group `group` is a secret."""
 
     def replace(match: re.Match[str]) -> str:
-        return placeholder(kind) if accept(match.group("body")) else match.group(0)
+        return placeholder(kind) if accept(match.group(group)) else match.group(0)
 
     return replace
 
@@ -153,16 +155,12 @@ def _prefixed(
     literal = re.escape(prefix)
     return Rule(  # the prefix is its needle: text without it costs one str.find
         re.compile(rf"{literal}(?<![\w.-]{literal})(?P<body>{body})(?![\w-])"),
-        _whole_if(kind, accept), (prefix.lower(),),
+        _whole(kind, accept, "body"), (prefix.lower(),),
     )
 
 
-def _any(value: str) -> bool:
-    return True
-
-
 def _hex(value: str) -> bool:
-    return any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
+    return _has_digit(value) and any(c.isalpha() for c in value)
 
 
 # Values an assignment holds that are not secrets: a variable, a template, a placeholder
@@ -261,9 +259,7 @@ def _env_assignment(match: re.Match[str]) -> str:
             return whole
     if not _assigned(value):
         return whole
-    kind = "password" if word.startswith(("PASS", "PWD")) else "secret"
-    begin, end = match.span(group)
-    return whole[: begin - start] + placeholder(kind) + whole[end - start :]
+    return _replaced(match, group, "password" if word.startswith(("PASS", "PWD")) else "secret")
 
 
 # Labels match in any case (they start with a character class rather than (?i), which is
@@ -296,14 +292,14 @@ SECRET_RULES = (
     ),
     Rule(
         re.compile(r"sk-(?<![\w-]sk-)(?:proj-|ant-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
-        _whole("api_key", needs_digit=True),
+        _whole("api_key", _has_digit),
     ),
     Rule(
         re.compile(r"AIza(?<![\w-]AIza)[0-9A-Za-z_-]{35}(?![\w-])"), _whole("api_key")
     ),
     Rule(
         re.compile(r"xox(?<![\w-]xox)[abposr]-[A-Za-z0-9-]{10,}"),
-        _whole("api_key", needs_digit=True),
+        _whole("api_key", _has_digit),
     ),
     Rule(
         re.compile(r"g(?<![\w/]g)(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})"),
@@ -312,17 +308,17 @@ SECRET_RULES = (
     *(  # sk_live_..., rk_test_...: a documentation mention without a body is kept
         Rule(
             re.compile(p + r"(?<![\w-]" + p + r")(?:live|test)_(?P<body>[0-9A-Za-z]{16,})(?![\w-])"),
-            _whole_if("api_key", _mixed),
+            _whole("api_key", _mixed, "body"),
         )
         for p in ("sk_", "rk_")
     ),
     Rule(  # Hugging Face: hf_ and 34 letters; hf_hub_download and half_time are names
         re.compile(r"hf_(?<![\w-]hf_)(?P<body>[A-Za-z0-9]{30,})(?![\w-])"),
-        _whole_if("api_key", _mixed),
+        _whole("api_key", _mixed, "body"),
     ),
     Rule(
         re.compile(r"glpat-(?<![\w-]glpat-)(?P<body>[A-Za-z0-9_-]{20,})(?![\w-])"),
-        _whole_if("gitlab_token", _mixed),
+        _whole("gitlab_token", _mixed, "body"),
     ),
     # memproxy's own key secrets (memory/admin/api_keys.py mints mp-<8 hex>_<43 base64url>)
     _prefixed("mp-", r"[0-9a-f]{8}_[A-Za-z0-9_-]{20,}", "memproxy_key", _any),

@@ -273,10 +273,8 @@ class Conversation(Record):
 
 RECORD_SHAPES: dict[str, type[Record]] = {shape.__name__: shape for shape in (
     TurnRecord, FactRecord, SummaryRecord, ProfileRecord, MetaRecord, Conversation)}
-_MODELS: dict[str, type[Record]] = {
-    "meta": MetaRecord, "turn": TurnRecord, "fact": FactRecord, "summary": SummaryRecord,
-    "profile": ProfileRecord, "conversation": Conversation,
-}
+_MODELS: dict[str, type[Record]] = dict(zip(TYPES, (
+    MetaRecord, TurnRecord, FactRecord, SummaryRecord, ProfileRecord, Conversation), strict=True))
 # Words for pydantic's own errors, where a field's declaration does not say its own.
 _WORDS = {"missing": "is required", "model_type": "must be an object",
           "list_type": "must be a non-empty list", "too_short": "must be a non-empty list"}

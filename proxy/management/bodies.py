@@ -31,12 +31,17 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from config.choices import MAX_BUDGET
-from memory import CATEGORIES, MAX_FACTS_PAGE, MAX_METRICS_ROWS, MAX_SESSIONS_PAGE, MAX_TEXT_CHARS
+from memory import (
+    CATEGORIES,
+    MAX_FACTS_PAGE,
+    MAX_METRICS_ROWS,
+    MAX_SESSIONS_PAGE,
+    MAX_TEXT_CHARS,
+    NON_BLANK,
+)
 from proxy.access.identity import MAX_ID_LENGTH
 from proxy.http.errors import InvalidRequest
 
-# At least one character that is not whitespace to Python (str.strip) nor to ECMAScript.
-NON_BLANK = r"[^\s\x1c-\x1f\x85]"
 MAX_TIME = 32503680000.0  # the year 3000
 MAX_RATE = 1_000_000  # requests per minute
 MAX_QUOTA = 2**62  # tokens per month
