@@ -220,7 +220,8 @@ class JobWorker:
             place(job)
         for kind, batch in list(batches.items()):
             if len(batch) < self.batch_size:
-                for job in await self.store.claim([kind], self.batch_size - len(batch), self.clock()):
+                room = self.batch_size - len(batch)
+                for job in await self.store.claim([kind], room, self.clock()):
                     place(job)
         return groups
 

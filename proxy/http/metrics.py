@@ -32,7 +32,9 @@ class Metrics:
             "memproxy_upstream_errors", "Upstream failures, by kind.", ["kind"]
         )
         self.inflight_streams = gauge("memproxy_inflight_streams", "Streams being relayed now.")
-        self.recall_latency = histogram("memproxy_recall_seconds", "Memory recall time per request.")
+        self.recall_latency = histogram(
+            "memproxy_recall_seconds", "Memory recall time per request."
+        )
         self.injected_tokens = histogram(
             "memproxy_injected_tokens", "Tokens injected per request.",
             buckets=(0, 50, 100, 250, 500, 1000, 2000, 4000, 8000),

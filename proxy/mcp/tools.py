@@ -1,9 +1,10 @@
 """The MCP tools' work, on the memory engine's public surface and the memory API's checks.
 
 Whose memory a call reaches is the HTTP request's (its key and X-Memory-* headers, decided
-when proxy/mcp/server.py authorises it as the memory API does), never an argument: a prompt can write arguments. A tool that
-changes memory asks proxy/access/decision.py's `decide` for "write" on the memory it changes, so an
-organisation's shared memory changes only for an org writer.
+when proxy/mcp/server.py authorises it as the memory API does), never an argument: a prompt
+can write arguments. A tool that changes memory asks proxy/access/decision.py's `decide` for
+"write" on the memory it changes, so an organisation's shared memory changes only for an org
+writer.
 
 Every failure a client can cause is a `ToolFailure` (or the memory API's own error), which
 the server turns into a tool result marked as an error: nothing is stored.

@@ -137,7 +137,8 @@ class MessagesRound(StreamRound):
         if _ours(block):
             return b""  # memory_search's: the client never sees it
         if block.get("type") == "tool_use":
-            return self._hold(event, payload)  # the client's: after the round, unless the round searched
+            # The client's: sent after the round, unless the round searched.
+            return self._hold(event, payload)
         if kind == "content_block_start":
             self._numbers[index] = next(self.numbering)
         return self._numbered(event, payload)
